@@ -1,0 +1,52 @@
+"""pydvm's data store: a pure core with no I/O and no event loop.
+
+Public names:
+
+* :class:`DataStore` -- the store; :class:`StoreParams` its parameters.
+* :class:`Caller` -- an identity (requestor or owner); :class:`Item`.
+* :class:`Reply`, :class:`Found`, :class:`Pending`, :class:`StoreStats` --
+  what operations return.
+* :class:`Clock`, :class:`Timer`, :class:`MonotonicClock`,
+  :class:`FakeScheduler` -- time, injected.
+* :mod:`pydvm.store.rules` -- the range table, the access and ownership
+  predicates, the horizon table.
+
+See ``DESIGN.md`` in this directory for the contracts.
+"""
+
+from .clock import Clock, FakeScheduler, MonotonicClock, Timer, TimerHandle
+from .model import ACCESSOR_OVERHEAD, ITEM_OVERHEAD, Caller, Item, item_nbytes, value_size
+from .store import (
+    DEFAULT_MAX_SIZE,
+    DEFAULT_TIMEOUT,
+    DataStore,
+    Found,
+    Pending,
+    Reason,
+    Reply,
+    StoreParams,
+    StoreStats,
+)
+
+__all__ = [
+    "ACCESSOR_OVERHEAD",
+    "Caller",
+    "Clock",
+    "DEFAULT_MAX_SIZE",
+    "DEFAULT_TIMEOUT",
+    "DataStore",
+    "FakeScheduler",
+    "Found",
+    "ITEM_OVERHEAD",
+    "Item",
+    "MonotonicClock",
+    "Pending",
+    "Reason",
+    "Reply",
+    "StoreParams",
+    "StoreStats",
+    "Timer",
+    "TimerHandle",
+    "item_nbytes",
+    "value_size",
+]

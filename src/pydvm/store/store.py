@@ -1,0 +1,804 @@
+"""The data store: publish, lookup, unpublish, purge, sweep, evict.
+
+A :class:`DataStore` is a plain object.  It performs no I/O, imports no
+event loop, and reads time only through the injected clock; the runtime (or
+a test) hands it a :class:`~pydvm.store.clock.Clock`, a
+:class:`~pydvm.store.clock.Timer` and a callback for answers to parked
+lookups.  Every operation reads the clock once and passes ``now`` down.
+
+Shape of the data
+-----------------
+Items live in ``_items`` by id.  Every question an operation asks has an
+index, so no operation walks the whole store:
+
+=====================  ====================================================
+index                  used by
+=====================  ====================================================
+``_by_key``            lookup, publish's duplicate rule, unpublish(keys)
+``_by_proc``           PROC purges and ``unpublish()`` of a process
+``_by_nspace``         APP and NSPACE purges
+``_by_session``        SESSION purges (wildcard namespace)
+``_lru[uid]``          eviction: a uid's items, least recently used first
+``_idle``              the idle sweep: INDEF/FIRST_READ items, oldest first
+=====================  ====================================================
+
+Because every touch stamps ``last_access`` from a monotonic clock and moves
+the item to the end of ``_lru[uid]`` and ``_idle``, insertion order of those
+ordered dicts *is* ``last_access`` order: eviction pops from the front of
+the uid's dict and the sweep pops from the front of ``_idle`` until it meets
+an item that is not stale.
+
+Every removal -- unpublish, replace, first read, each purge, the sweep,
+eviction -- goes through :meth:`DataStore._remove_keys`, which keeps every
+index, the per-uid usage and the counters in step.
+
+Decide, then change
+-------------------
+``publish`` works out its whole outcome (bad parameters, duplicates, the
+cap) before it touches anything; a refused publish returns with the store
+exactly as it found it.  Lazily expiring a stale collider, replacing own
+keys and evicting happen only after the publish is certain to proceed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Iterable, Mapping
+
+from ..enums import Persistence, Range
+from ..errors import Status
+from .clock import Clock, Timer, TimerHandle
+from .model import INT_MAX, INT_MIN, Caller, Item, Value, item_nbytes
+from .parked import Parked, ParkedLookups
+from .rules import LIFETIME_HORIZONS, ReadVerdict, expires_by, may_read, owns, sweep_interval
+
+log = logging.getLogger("pydvm.store")
+
+#: Default parameter values (SPEC 6).
+DEFAULT_TIMEOUT = 300.0
+DEFAULT_MAX_SIZE = 16 * 1024 * 1024
+
+#: Items the sweep removes per pass before yielding back to the event loop.
+SWEEP_BUDGET = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class StoreParams:
+    """The store's three parameters, read once at construction (SPEC 6).
+
+    ``timeout``: idle seconds before INDEF / unread FIRST_READ items go; 0
+    disables.  ``max_size``: bytes per uid in this store; 0 disables.
+    ``verbose``: trace level (1 traces removals, 2 every operation).
+    """
+
+    timeout: float = DEFAULT_TIMEOUT
+    max_size: int = DEFAULT_MAX_SIZE
+    verbose: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """One answered key: its value and the process that published it."""
+
+    key: str
+    value: Value
+    publisher: tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """The outcome of one store operation.
+
+    ``found`` is non-empty only for lookups that found something (SUCCESS or
+    PARTIAL_SUCCESS).  ``message`` explains refusals (always set for
+    BAD_PARAM).
+    """
+
+    status: Status
+    found: tuple[Found, ...] = ()
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A lookup was parked; its answer will reach ``on_answer(ticket, Reply)``."""
+
+    ticket: Hashable
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """Counters of one store, for ``pydvm store`` and tests."""
+
+    items: int
+    bytes_by_uid: Mapping[int, int]
+    parked: int
+    evictions: int
+    expiries: int
+    consumed: int
+
+
+class Reason:
+    """Why something left the store (trace lines and counters)."""
+
+    UNPUBLISHED = "unpublished"
+    REPLACED = "replaced"
+    CONSUMED = "consumed"  # returned by a lookup of a FIRST_READ item
+    PURGED = "purged"
+    EXPIRED = "expired"
+    EVICTED = "evicted"
+
+
+AnswerSink = Callable[[Hashable, Reply], None]
+
+
+def _bad(message: str) -> Reply:
+    return Reply(Status.ERR_BAD_PARAM, message=message)
+
+
+class DataStore:
+    """One store (the master's or a daemon's).
+
+    Parameters
+    ----------
+    name:
+        Used in logs and statistics (``"master"`` or the node name).
+    clock, timer:
+        Time, injected.  An asyncio loop serves as ``timer``.
+    on_answer:
+        Called as ``on_answer(ticket, reply)`` when a parked lookup is
+        answered (satisfied by a publish, or timed out).  Dropped lookups
+        (requestor terminated, :meth:`cancel`) are never answered.
+    params:
+        :class:`StoreParams`, read once.
+    dvm_nspace:
+        The namespace the DVM itself acts under; the RM range admits it.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        clock: Clock,
+        timer: Timer,
+        on_answer: AnswerSink,
+        params: StoreParams = StoreParams(),
+        dvm_nspace: str = "pydvm",
+    ) -> None:
+        self.name = name
+        self.params = params
+        self.dvm_nspace = dvm_nspace
+        self._clock = clock
+        self._timer = timer
+        self._on_answer = on_answer
+
+        #: id -> Item; the items of this store, and nothing else.
+        self._items: dict[int, Item] = {}
+        #: key -> {id: Item} for every item holding that key (publish order).
+        self._by_key: dict[str, dict[int, Item]] = {}
+        #: (nspace, rank) / nspace / session_id -> {id: Item} of the owner.
+        self._by_proc: dict[tuple[str, int], dict[int, Item]] = {}
+        self._by_nspace: dict[str, dict[int, Item]] = {}
+        self._by_session: dict[int, dict[int, Item]] = {}
+        #: uid -> its items, least recently used first (last_access order).
+        self._lru: dict[int, OrderedDict[int, Item]] = {}
+        #: INDEF and FIRST_READ items, least recently used first.
+        self._idle: OrderedDict[int, Item] = OrderedDict()
+        #: uid -> sum of nbytes of that uid's items; no entry for a uid at 0.
+        self._usage: dict[int, int] = {}
+
+        self._parked = ParkedLookups()
+        self._sweep_handle: TimerHandle | None = None
+        self._next_id = 0
+        self._warned_uids: set[int] = set()
+        self.evictions = 0
+        self.expiries = 0
+        self.consumed = 0
+
+    # ------------------------------------------------------------------
+    # publish
+    # ------------------------------------------------------------------
+
+    def publish(
+        self,
+        caller: Caller,
+        pairs: Mapping[str, Value],
+        range: Range | int = Range.SESSION,
+        persistence: Persistence | int | None = None,
+        access_uids: Iterable[int] = (),
+        access_gids: Iterable[int] = (),
+        replace: bool = False,
+    ) -> Reply:
+        """Store ``pairs`` as one item owned by ``caller`` (SPEC 4, publish).
+
+        Returns SUCCESS, or a refusal that left the store unchanged:
+        BAD_PARAM (message names the problem), DUPLICATE_KEY, or
+        OUT_OF_RESOURCE (larger than the whole cap).  May evict the caller's
+        uid's least recently used items, and may answer parked lookups
+        through ``on_answer`` before returning.
+        """
+        # -- decide: validate -------------------------------------------
+        problem, norm = _check_pairs(pairs)
+        if problem:
+            return _bad(problem)
+        rng = _as_range(range)
+        if rng is None:
+            return _bad(f"unknown range {range!r}")
+        if persistence is None:
+            persist = Persistence.NSPACE
+        else:
+            persist = _as_persistence(persistence)
+            if persist is None:
+                return _bad(f"unknown persistence {persistence!r}")
+            if persist is Persistence.INVALID:
+                persist = Persistence.NSPACE
+        uids = _id_list(access_uids)
+        gids = _id_list(access_gids)
+        if uids is None:
+            return _bad("access uids must be a list of non-negative integers")
+        if gids is None:
+            return _bad("access gids must be a list of non-negative integers")
+        if not isinstance(replace, bool):
+            return _bad("replace must be a bool")
+        nbytes = item_nbytes(norm, uids, gids)
+        now = self._clock.now()
+
+        # -- decide: duplicate rule ---------------------------------------
+        probe = Item(-1, norm, caller, rng, persist, uids, gids, now, nbytes)
+        own: dict[int, list[str]] = {}
+        stale: dict[int, Item] = {}
+        for key in norm:
+            for item in self._by_key.get(key, {}).values():
+                if item.range is not rng:
+                    continue
+                if self._stale(item, now):
+                    stale[item.id] = item  # dead already; the sweep just hasn't come
+                    continue
+                if may_read(caller, item, rng, self.dvm_nspace) is not ReadVerdict.OK:
+                    continue
+                if not owns(caller, item):
+                    return Reply(
+                        Status.ERR_DUPLICATE_KEY,
+                        message=f"key {key!r} is held by another user's item",
+                    )
+                own.setdefault(item.id, []).append(key)
+        if own and not replace:
+            dup = next(iter(own.values()))[0]
+            return Reply(
+                Status.ERR_DUPLICATE_KEY,
+                message=f"key {dup!r} already published (use replace to overwrite your own)",
+            )
+
+        # -- decide: cap ----------------------------------------------------
+        cap = self.params.max_size
+        if cap and nbytes > cap:
+            return Reply(
+                Status.ERR_OUT_OF_RESOURCE,
+                message=f"item of {nbytes} bytes exceeds prte_data_server_max_size={cap}",
+            )
+
+        # -- change: the publish is certain to proceed ----------------------
+        for item in stale.values():
+            if item.id in self._items:
+                self._remove_item(item, Reason.EXPIRED, now)
+        for item_id, keys in own.items():
+            item = self._items.get(item_id)
+            if item is not None:
+                self._remove_keys(item, keys, Reason.REPLACED, now)
+        if cap:
+            self._make_room(caller.uid, nbytes, cap, now)
+        probe.id = self._new_id()
+        self._insert(probe)
+        if self.params.verbose >= 2:
+            log.info("[%s] publish %s by %s:%d uid=%d (%d bytes, %s, %s)", self.name,
+                     list(norm), caller.nspace, caller.rank, caller.uid, nbytes,
+                     rng.name, persist.name)
+
+        # -- answer parked lookups this publish may satisfy -----------------
+        for p in self._parked.wanting(norm):
+            if p.ticket not in self._parked:
+                continue  # answered earlier in this loop
+            reply = self._try_answer(p.requestor, p.keys, p.range, p.need, now)
+            if reply is not None:
+                self._parked.remove(p.ticket)
+                self._on_answer(p.ticket, reply)
+        return Reply(Status.SUCCESS)
+
+    def _make_room(self, uid: int, nbytes: int, cap: int, now: float) -> None:
+        """Evict ``uid``'s least recently used items until ``nbytes`` fits."""
+        while self._usage.get(uid, 0) + nbytes > cap:
+            lru = self._lru[uid]  # non-empty: usage > 0 means items exist
+            victim = next(iter(lru.values()))
+            if uid not in self._warned_uids:
+                self._warned_uids.add(uid)
+                log.warning(
+                    "[%s] uid %d reached the store cap of %d bytes; evicting its least "
+                    "recently used items (raise prte_data_server_max_size to keep more)",
+                    self.name, uid, cap,
+                )
+            self._remove_item(victim, Reason.EVICTED, now)
+
+    # ------------------------------------------------------------------
+    # lookup
+    # ------------------------------------------------------------------
+
+    def lookup(
+        self,
+        caller: Caller,
+        keys: Iterable[str],
+        range: Range | int = Range.SESSION,
+        wait: int | None = None,
+        timeout: float | None = None,
+        ticket: Hashable | None = None,
+    ) -> Reply | Pending:
+        """Look ``keys`` up as ``caller`` (SPEC 4, lookup).
+
+        Without ``wait``: a :class:`Reply` at once -- SUCCESS,
+        PARTIAL_SUCCESS (with what was found), NO_PERMISSIONS, NOT_FOUND or
+        BAD_PARAM.  With ``wait`` (N keys; 0 means all): the reply if
+        already satisfiable, else :class:`Pending` -- the answer (all keys
+        at once, or TIMEOUT after ``timeout`` seconds; ``None`` or 0 waits
+        without limit) goes to ``on_answer(ticket, reply)``.  ``ticket``
+        must be unique among this store's parked lookups; one is made up if
+        not given.
+        """
+        problem, klist = _check_keys(keys)
+        if problem:
+            return _bad(problem)
+        rng = _as_range(range)
+        if rng is None:
+            return _bad(f"unknown range {range!r}")
+        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int) or wait < 0):
+            return _bad(f"wait must be a non-negative integer, not {wait!r}")
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+                return _bad(f"timeout must be a number of seconds, not {timeout!r}")
+            if math.isnan(timeout) or timeout < 0:
+                return _bad(f"timeout must be non-negative, not {timeout!r}")
+        now = self._clock.now()
+        if wait is None:
+            need = 0
+        else:
+            need = len(klist) if wait == 0 else min(wait, len(klist))
+        reply = self._try_answer(caller, klist, rng, need, now)
+        if reply is not None:
+            return reply
+        if ticket is None:
+            ticket = ("auto", self._new_id())
+        if ticket in self._parked:
+            return _bad(f"ticket {ticket!r} is already waiting")
+        p = self._parked.add(ticket, caller, klist, rng, need)
+        if timeout:
+            p.timer = self._timer.call_later(float(timeout), lambda t=ticket: self._time_out(t))
+        if self.params.verbose >= 2:
+            log.info("[%s] parked lookup %s for %s:%d (need %d)", self.name, list(klist),
+                     caller.nspace, caller.rank, need)
+        return Pending(ticket)
+
+    def _try_answer(
+        self, requestor: Caller, keys: tuple[str, ...], rng: Range, need: int, now: float
+    ) -> Reply | None:
+        """The one answering path, for immediate and parked lookups alike.
+
+        Finds, for each key, the first item (in publish order) that passes
+        checks (a), (b), (c).  If fewer than ``need`` keys are found, returns
+        ``None`` having consumed nothing.  Otherwise touches every answering
+        item, removes returned FIRST_READ keys, and returns the reply.
+        """
+        hits: list[tuple[str, Item]] = []
+        refused = False
+        stale: list[Item] = []
+        for key in keys:
+            for item in self._by_key.get(key, {}).values():
+                if self._stale(item, now):
+                    stale.append(item)
+                    continue
+                verdict = may_read(requestor, item, rng, self.dvm_nspace)
+                if verdict is ReadVerdict.OK:
+                    hits.append((key, item))
+                    break
+                if verdict is ReadVerdict.NO_ACCESS:
+                    refused = True
+        for item in stale:  # lazy expiry: reads never see a dead item
+            if item.id in self._items:
+                self._remove_item(item, Reason.EXPIRED, now)
+        if len(hits) < need:
+            return None
+        found = []
+        consumed: dict[int, tuple[Item, list[str]]] = {}
+        for key, item in hits:
+            found.append(Found(key, item.pairs[key], item.owner.proc))
+            self._touch(item, now)
+            if item.persistence is Persistence.FIRST_READ:
+                consumed.setdefault(item.id, (item, []))[1].append(key)
+        for item, ckeys in consumed.values():
+            self.consumed += len(ckeys)
+            self._remove_keys(item, ckeys, Reason.CONSUMED, now)
+        if len(found) == len(keys):
+            return Reply(Status.SUCCESS, tuple(found))
+        if found:
+            return Reply(Status.ERR_PARTIAL_SUCCESS, tuple(found))
+        if refused:
+            return Reply(Status.ERR_NO_PERMISSIONS, message="not readable by this requestor")
+        return Reply(Status.ERR_NOT_FOUND)
+
+    def _time_out(self, ticket: Hashable) -> None:
+        p = self._parked.remove(ticket)
+        if p is not None:
+            if self.params.verbose >= 2:
+                log.info("[%s] parked lookup %s timed out", self.name, list(p.keys))
+            self._on_answer(ticket, Reply(Status.ERR_TIMEOUT, message="lookup timed out"))
+
+    def cancel(self, ticket: Hashable) -> bool:
+        """Drop a parked lookup without answering it (its caller went away).
+
+        Returns True if it was parked.
+        """
+        return self._parked.remove(ticket) is not None
+
+    # ------------------------------------------------------------------
+    # unpublish
+    # ------------------------------------------------------------------
+
+    def unpublish(self, caller: Caller, keys: Iterable[str]) -> Reply:
+        """Remove each named key from every item ``caller`` owns.
+
+        Ownership alone decides (:func:`~pydvm.store.rules.owns`); range and
+        accessor lists are not consulted.  SUCCESS whether or not anything
+        matched; BAD_PARAM for a malformed or empty key list.
+        """
+        problem, klist = _check_keys(keys)
+        if problem:
+            return _bad(problem)
+        now = self._clock.now()
+        for key in klist:
+            for item in list(self._by_key.get(key, {}).values()):
+                if owns(caller, item):
+                    self._remove_keys(item, [key], Reason.UNPUBLISHED, now)
+        return Reply(Status.SUCCESS)
+
+    def unpublish_all(self, caller: Caller) -> Reply:
+        """``unpublish()`` with no keys: everything ``caller``'s process published."""
+        self.purge(Persistence.INVALID, nspace=caller.nspace, rank=caller.rank)
+        return Reply(Status.SUCCESS)
+
+    # ------------------------------------------------------------------
+    # purge
+    # ------------------------------------------------------------------
+
+    def purge(
+        self,
+        horizon: Persistence | int,
+        *,
+        nspace: str | None = None,
+        rank: int | None = None,
+        app_idx: int | None = None,
+        session_id: int | None = None,
+    ) -> int:
+        """Apply a lifetime's end (SPEC 5) and return how many items left.
+
+        The target is a process (``nspace`` and ``rank``), a namespace with
+        all ranks (``nspace``), or every namespace (``nspace=None``, which
+        needs ``session_id``).  ``app_idx`` / ``session_id`` further require
+        the item's own to be equal (an unknown one never matches).  Items go
+        when :func:`~pydvm.store.rules.expires_by` says their persistence
+        ends at ``horizon``.  For lifetime horizons (not ``INVALID``, the
+        explicit unpublish) parked lookups whose requestor the target covers
+        are dropped unanswered.  Raises ValueError for an ill-formed target.
+        """
+        h = _as_persistence(horizon)
+        if h is None or h not in (LIFETIME_HORIZONS | {Persistence.INVALID}):
+            raise ValueError(f"{horizon!r} is not a purge horizon")
+        if nspace is None and session_id is None:
+            raise ValueError("a purge of every namespace needs a session id")
+        if rank is not None and nspace is None:
+            raise ValueError("a purge naming a rank needs its namespace")
+        now = self._clock.now()
+        if nspace is not None and rank is not None:
+            pool = self._by_proc.get((nspace, rank), {})
+        elif nspace is not None:
+            pool = self._by_nspace.get(nspace, {})
+        else:
+            pool = self._by_session.get(session_id, {})  # type: ignore[arg-type]
+        doomed = [
+            item
+            for item in pool.values()
+            if expires_by(item.persistence, h)
+            and (app_idx is None or item.owner.app_idx == app_idx)
+            and (session_id is None or item.owner.session_id == session_id)
+        ]
+        for item in doomed:
+            self._remove_item(item, Reason.PURGED, now)
+        if h in LIFETIME_HORIZONS:
+            for p in self._parked.of_requestors(nspace, rank, app_idx, session_id):
+                self._parked.remove(p.ticket)
+        if doomed and self.params.verbose >= 1:
+            log.info("[%s] purge %s ns=%s rank=%s app=%s session=%s removed %d item(s)",
+                     self.name, h.name, nspace, rank, app_idx, session_id, len(doomed))
+        return len(doomed)
+
+    # ------------------------------------------------------------------
+    # idle sweep
+    # ------------------------------------------------------------------
+
+    def sweep(self, budget: int = SWEEP_BUDGET) -> tuple[int, bool]:
+        """Remove up to ``budget`` idle-expired items.
+
+        An INDEF or FIRST_READ item expires when ``now - last_access`` is
+        *more than* the timeout, never at or before it.  Returns
+        ``(removed, finished)``; ``finished`` is False when the budget ran
+        out with stale items left.
+        """
+        timeout = self.params.timeout
+        if not timeout:
+            return 0, True
+        now = self._clock.now()
+        removed = 0
+        while self._idle:
+            oldest = next(iter(self._idle.values()))
+            if not now - oldest.last_access > timeout:
+                return removed, True
+            if removed >= budget:
+                return removed, False
+            self._remove_item(oldest, Reason.EXPIRED, now)
+            removed += 1
+        return removed, True
+
+    def _stale(self, item: Item, now: float) -> bool:
+        t = self.params.timeout
+        return bool(t) and item.idle_expires and now - item.last_access > t
+
+    def _arm_sweep(self) -> None:
+        if self._sweep_handle is None and self.params.timeout and self._idle:
+            self._sweep_handle = self._timer.call_later(
+                sweep_interval(self.params.timeout), self._on_sweep_timer
+            )
+
+    def _on_sweep_timer(self) -> None:
+        self._sweep_handle = None
+        _, finished = self.sweep()
+        if self._idle and self.params.timeout:
+            delay = sweep_interval(self.params.timeout) if finished else 0.0
+            self._sweep_handle = self._timer.call_later(delay, self._on_sweep_timer)
+
+    @property
+    def sweep_armed(self) -> bool:
+        """True while the sweep timer is scheduled."""
+        return self._sweep_handle is not None
+
+    # ------------------------------------------------------------------
+    # the index keepers: insert, touch, and the one removal helper
+    # ------------------------------------------------------------------
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def _insert(self, item: Item) -> None:
+        iid = item.id
+        self._items[iid] = item
+        for key in item.pairs:
+            self._by_key.setdefault(key, {})[iid] = item
+        owner = item.owner
+        self._by_proc.setdefault(owner.proc, {})[iid] = item
+        self._by_nspace.setdefault(owner.nspace, {})[iid] = item
+        if owner.session_id is not None:
+            self._by_session.setdefault(owner.session_id, {})[iid] = item
+        self._lru.setdefault(owner.uid, OrderedDict())[iid] = item
+        self._usage[owner.uid] = self._usage.get(owner.uid, 0) + item.nbytes
+        if item.idle_expires:
+            self._idle[iid] = item
+            self._arm_sweep()
+
+    def _touch(self, item: Item, now: float) -> None:
+        item.last_access = now
+        self._lru[item.uid].move_to_end(item.id)
+        if item.idle_expires:
+            self._idle.move_to_end(item.id)
+
+    def _remove_item(self, item: Item, reason: str, now: float) -> None:
+        self._remove_keys(item, list(item.pairs), reason, now)
+
+    def _remove_keys(self, item: Item, keys: list[str], reason: str, now: float) -> None:
+        """The one removal path: drop ``keys`` from ``item``.
+
+        Reached by unpublish, replace, first read, every purge, the sweep
+        (and lazy expiry), and eviction.  Keeps ``_by_key`` in step, and
+        either re-charges the shrunken item to its uid or, when it is left
+        empty, unlinks it from every index, releases its usage and counts
+        the reason.
+        """
+        iid = item.id
+        for key in keys:
+            del item.pairs[key]
+            bucket = self._by_key[key]
+            del bucket[iid]
+            if not bucket:
+                del self._by_key[key]
+        uid = item.uid
+        if item.pairs:
+            new = item_nbytes(item.pairs, item.access_uids, item.access_gids)
+            self._usage[uid] += new - item.nbytes
+            item.nbytes = new
+            if self.params.verbose >= 1:
+                log.info("[%s] %s %s of %s:%d (item now %d bytes)", self.name, reason, keys,
+                         item.owner.nspace, item.owner.rank, new)
+            return
+        del self._items[iid]
+        owner = item.owner
+        _unindex(self._by_proc, owner.proc, iid)
+        _unindex(self._by_nspace, owner.nspace, iid)
+        if owner.session_id is not None:
+            _unindex(self._by_session, owner.session_id, iid)
+        _unindex(self._lru, uid, iid)
+        left = self._usage[uid] - item.nbytes
+        if left:
+            self._usage[uid] = left
+        else:
+            del self._usage[uid]
+        if self._idle.pop(iid, None) is not None and not self._idle and self._sweep_handle:
+            self._sweep_handle.cancel()
+            self._sweep_handle = None
+        if reason == Reason.EVICTED:
+            self.evictions += 1
+        elif reason == Reason.EXPIRED:
+            self.expiries += 1
+        if self.params.verbose >= 1:
+            log.info("[%s] %s item %s of %s:%d uid=%d (%d bytes)", self.name, reason, keys,
+                     owner.nspace, owner.rank, uid, item.nbytes)
+
+    # ------------------------------------------------------------------
+    # inspection
+    # ------------------------------------------------------------------
+
+    def stats(self) -> StoreStats:
+        return StoreStats(
+            items=len(self._items),
+            bytes_by_uid=dict(self._usage),
+            parked=len(self._parked),
+            evictions=self.evictions,
+            expiries=self.expiries,
+            consumed=self.consumed,
+        )
+
+    def keys_of_uid(self, uid: int) -> list[str]:
+        """Key names held by ``uid``'s items, least recently used first."""
+        return [k for item in self._lru.get(uid, {}).values() for k in item.pairs]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def items(self) -> list[Item]:
+        """A snapshot list of the items (for tests and inspection)."""
+        return list(self._items.values())
+
+    def check_invariants(self) -> None:
+        """Assert every rule that spans the store's structures."""
+        items = self._items
+        usage: dict[int, int] = {}
+        for iid, item in items.items():
+            assert item.id == iid
+            assert item.pairs, f"empty item {iid} left in the store"
+            assert item.nbytes == item_nbytes(item.pairs, item.access_uids, item.access_gids)
+            usage[item.uid] = usage.get(item.uid, 0) + item.nbytes
+            for key in item.pairs:
+                assert self._by_key[key][iid] is item
+            assert self._by_proc[item.owner.proc][iid] is item
+            assert self._by_nspace[item.owner.nspace][iid] is item
+            if item.owner.session_id is not None:
+                assert self._by_session[item.owner.session_id][iid] is item
+            assert self._lru[item.uid][iid] is item
+            assert (iid in self._idle) == item.idle_expires
+        assert usage == self._usage, f"usage {self._usage} != sum of nbytes {usage}"
+        cap = self.params.max_size
+        if cap:
+            assert all(v <= cap for v in usage.values()), f"a uid is over the cap: {usage}"
+        for index in (self._by_key, self._by_proc, self._by_nspace, self._by_session, self._lru):
+            for bucket in index.values():
+                assert bucket, "empty bucket left in an index"
+                for iid, item in bucket.items():
+                    assert items.get(iid) is item, f"index holds removed item {iid}"
+        for uid, lru in self._lru.items():
+            stamps = [it.last_access for it in lru.values()]
+            assert stamps == sorted(stamps), f"LRU order of uid {uid} is not last_access order"
+            assert all(it.uid == uid for it in lru.values())
+        stamps = [it.last_access for it in self._idle.values()]
+        assert stamps == sorted(stamps), "idle queue is not in last_access order"
+        for iid, item in self._idle.items():
+            assert items.get(iid) is item
+        if self._idle and self.params.timeout:
+            assert self._sweep_handle is not None, "idle items held but no sweep armed"
+        if not self._idle:
+            assert self._sweep_handle is None, "sweep armed with no idle item"
+        self._parked.check_invariants()
+
+
+# ----------------------------------------------------------------------
+# validation helpers: each returns (problem or "", normalised value)
+# ----------------------------------------------------------------------
+
+
+def _unindex(index: dict, key, iid: int) -> None:
+    bucket = index[key]
+    del bucket[iid]
+    if not bucket:
+        del index[key]
+
+
+def _as_range(value) -> Range | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    try:
+        return Range(value)
+    except ValueError:
+        return None
+
+
+def _as_persistence(value) -> Persistence | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    try:
+        return Persistence(value)
+    except ValueError:
+        return None
+
+
+def _id_list(values) -> tuple[int, ...] | None:
+    if values is None:
+        return ()
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        return None
+    out: list[int] = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > 2**32 - 1:
+            return None
+        if v not in out:
+            out.append(v)
+    return tuple(out)
+
+
+def _check_key(key) -> str:
+    if not isinstance(key, str):
+        return f"key must be a str, not {type(key).__name__}"
+    if not key:
+        return "key must not be empty"
+    return ""
+
+
+def _check_keys(keys) -> tuple[str, tuple[str, ...]]:
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+        return "keys must be a list of str", ()
+    klist: list[str] = []
+    for key in keys:
+        problem = _check_key(key)
+        if problem:
+            return problem, ()
+        if key not in klist:
+            klist.append(key)
+    if not klist:
+        return "empty key list", ()
+    return "", tuple(klist)
+
+
+def _check_pairs(pairs) -> tuple[str, dict[str, Value]]:
+    if not isinstance(pairs, Mapping):
+        return "pairs must be a mapping of key to value", {}
+    if not pairs:
+        return "nothing to publish (no pairs)", {}
+    norm: dict[str, Value] = {}
+    for key, value in pairs.items():
+        problem = _check_key(key)
+        if problem:
+            return problem, {}
+        if isinstance(value, bool) or isinstance(value, (str, bytes, float)):
+            pass
+        elif isinstance(value, int):
+            if not INT_MIN <= value <= INT_MAX:
+                return f"int value of {key!r} does not fit in 64 bits", {}
+        else:
+            return f"unsupported value type {type(value).__name__} for key {key!r}", {}
+        norm[key] = value
+    return "", norm
