@@ -1,0 +1,135 @@
+"""Request building and reply reading shared by the blocking and asyncio clients."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Mapping
+
+from .enums import Persistence, Range
+from .errors import BadParamError, Status, UnreachableError, error_for
+from .wire import Message
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """One key returned by a lookup: its value and who published it."""
+
+    key: str
+    value: Any
+    nspace: str
+    rank: int
+
+
+class LookupResult(Mapping[str, Any]):
+    """The answer to a lookup: a mapping of found key to value.
+
+    ``status`` is ``Status.SUCCESS`` when every key was found and
+    ``Status.ERR_PARTIAL_SUCCESS`` when only some were (the others are
+    simply absent).  ``found[key]`` gives the :class:`Found` record with the
+    publisher's namespace and rank.
+    """
+
+    def __init__(self, status: Status, found: dict[str, Found]) -> None:
+        self.status = status
+        self.found = found
+
+    def __getitem__(self, key: str) -> Any:
+        return self.found[key].value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.found)
+
+    def __len__(self) -> int:
+        return len(self.found)
+
+    @property
+    def partial(self) -> bool:
+        return self.status is Status.ERR_PARTIAL_SUCCESS
+
+    def publisher(self, key: str) -> tuple[str, int]:
+        f = self.found[key]
+        return (f.nspace, f.rank)
+
+    def __repr__(self) -> str:
+        return f"LookupResult({self.status.pmix_name}, {dict(self)!r})"
+
+
+def identity_from_env(nspace: str | None, rank: int | None, server: str | None):
+    server = server or os.environ.get("PYDVM_SERVER")
+    nspace = nspace or os.environ.get("PYDVM_NSPACE")
+    if rank is None and os.environ.get("PYDVM_RANK") is not None:
+        rank = int(os.environ["PYDVM_RANK"])
+    if not server or not nspace or rank is None:
+        raise UnreachableError(
+            "not inside a pydvm job: PYDVM_SERVER, PYDVM_NSPACE and PYDVM_RANK must be set")
+    return server, nspace, rank
+
+
+def hello_msg(nspace: str, rank: int) -> Message:
+    return {"t": "hello", "nspace": nspace, "rank": rank}
+
+
+def publish_msg(
+    data: Mapping[str, Any],
+    range: Range | int,
+    persistence: Persistence | int | None,
+    access_uids: Iterable[int],
+    access_gids: Iterable[int],
+    replace: bool,
+) -> Message:
+    if not isinstance(data, Mapping):
+        raise BadParamError("publish takes a mapping of key to value")
+    return {
+        "t": "publish",
+        "pairs": dict(data),
+        "range": int(range),
+        "persist": None if persistence is None else int(persistence),
+        "uids": list(access_uids),
+        "gids": list(access_gids),
+        "replace": bool(replace),
+    }
+
+
+def lookup_msg(keys: Iterable[str] | str, range: Range | int, wait: bool | int,
+               timeout: float | None) -> Message:
+    if isinstance(keys, str):
+        keys = [keys]
+    if wait is True:
+        w: int | None = 0
+    elif wait is False or wait is None:
+        w = None
+    else:
+        w = int(wait)
+    return {"t": "lookup", "keys": list(keys), "range": int(range), "wait": w,
+            "timeout": timeout}
+
+
+def unpublish_msg(keys: Iterable[str] | str | None) -> Message:
+    if isinstance(keys, str):
+        keys = [keys]
+    return {"t": "unpublish", "keys": None if keys is None else list(keys)}
+
+
+def status_of(r: Message) -> Status:
+    try:
+        return Status(r.get("status"))
+    except ValueError:
+        return Status.ERR_BAD_PARAM
+
+
+def check(r: Message) -> None:
+    """Raise the matching PMIxError unless ``r`` reports success."""
+    st = status_of(r)
+    if st is not Status.SUCCESS:
+        raise error_for(st, str(r.get("msg") or ""))
+
+
+def lookup_result(r: Message) -> LookupResult:
+    st = status_of(r)
+    if st not in (Status.SUCCESS, Status.ERR_PARTIAL_SUCCESS):
+        raise error_for(st, str(r.get("msg") or ""))
+    found = {}
+    for key, value, ns, rank in r.get("found") or ():
+        found[key] = Found(key, value, ns, rank)
+    return LookupResult(st, found)

@@ -1,0 +1,89 @@
+"""The asyncio client: the same operations as :class:`pydvm.Client`, awaitable.
+
+Several requests may be in flight on one connection at once (a waiting
+lookup does not hold up a publish)::
+
+    async with await pydvm.aio.Client.connect() as c:
+        await c.publish({"port": 5555})
+        r = await c.lookup(["peer"], wait=True, timeout=10)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Iterable, Mapping
+
+from . import _proto
+from ._proto import Found, LookupResult
+from .enums import Persistence, Range
+from .errors import BadParamError, UnreachableError
+from .wire import Channel, Message
+
+__all__ = ["Client", "Found", "LookupResult"]
+
+
+class Client:
+    """An asyncio connection to this node's daemon; make one with :meth:`connect`."""
+
+    def __init__(self, channel: Channel, nspace: str, rank: int, node: str | None) -> None:
+        self._ch = channel
+        self.nspace = nspace
+        self.rank = rank
+        self.node = node
+
+    @classmethod
+    async def connect(cls, server: str | None = None, nspace: str | None = None,
+                      rank: int | None = None) -> "Client":
+        """Connect and introduce this process; raises UnreachableError."""
+        server, nspace, rank = _proto.identity_from_env(nspace, rank, server)
+        loop = asyncio.get_running_loop()
+        try:
+            _, ch = await loop.create_unix_connection(
+                lambda: Channel(_ignore, name=f"daemon {server}"), server)
+        except OSError as exc:
+            raise UnreachableError(f"cannot connect to the daemon at {server}: {exc}") from None
+        r = await ch.call(_proto.hello_msg(nspace, rank))
+        try:
+            _proto.check(r)
+        except BaseException:
+            ch.close("hello refused")
+            raise
+        return cls(ch, nspace, rank, r.get("node"))
+
+    async def publish(self, data: Mapping[str, Any], *, range: Range = Range.SESSION,
+                      persistence: Persistence | None = None, access_uids: Iterable[int] = (),
+                      access_gids: Iterable[int] = (), replace: bool = False) -> None:
+        """See :meth:`pydvm.Client.publish`."""
+        _proto.check(await self._call(_proto.publish_msg(
+            data, range, persistence, access_uids, access_gids, replace)))
+
+    async def lookup(self, keys: Iterable[str] | str, *, range: Range = Range.SESSION,
+                     wait: bool | int = False, timeout: float | None = None) -> LookupResult:
+        """See :meth:`pydvm.Client.lookup`."""
+        return _proto.lookup_result(await self._call(_proto.lookup_msg(keys, range, wait,
+                                                                       timeout)))
+
+    async def unpublish(self, keys: Iterable[str] | str | None = None) -> None:
+        """See :meth:`pydvm.Client.unpublish`."""
+        _proto.check(await self._call(_proto.unpublish_msg(keys)))
+
+    async def close(self) -> None:
+        self._ch.close("client closed")
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def _call(self, msg: Message) -> Message:
+        if self._ch.closed:
+            raise UnreachableError(f"connection closed: {self._ch.close_reason}")
+        try:
+            return await self._ch.call(msg)
+        except TypeError as exc:
+            raise BadParamError(f"cannot encode request: {exc}") from None
+
+
+def _ignore(ch: Channel, msg: Message) -> None:
+    pass

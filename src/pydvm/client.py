@@ -1,0 +1,137 @@
+"""The blocking client a job process uses to publish, look up and unpublish.
+
+Inside a job (``pydvm run``) every process has ``PYDVM_SERVER``,
+``PYDVM_NSPACE`` and ``PYDVM_RANK`` in its environment; ``Client()`` reads
+them and connects to its node's daemon.  Example, a two-application
+rendezvous::
+
+    # server.py (app 0)                      # worker.py (app 1)
+    from pydvm import Client                 from pydvm import Client
+    with Client() as c:                      with Client() as c:
+        c.publish({"addr": "10.0.0.1:5555"})     r = c.lookup(["addr"], wait=True,
+        ...                                                   timeout=30)
+                                                 connect(r["addr"])
+
+    pydvm run -n 1 python server.py : -n 4 python worker.py
+
+Errors come back as exceptions, one class per PMIx status (see
+:mod:`pydvm.errors`); a lookup that found only some keys returns a
+:class:`LookupResult` whose ``status`` is ``Status.ERR_PARTIAL_SUCCESS``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import threading
+from typing import Any, Iterable, Mapping
+
+from . import _proto
+from ._proto import Found, LookupResult
+from .enums import Persistence, Range
+from .errors import BadParamError, UnreachableError
+from .wire import BlockingChannel, Message
+
+__all__ = ["Client", "Found", "LookupResult"]
+
+
+class Client:
+    """A connection to this node's daemon.  Thread-safe; one request at a time.
+
+    ``server``, ``nspace`` and ``rank`` default to the job environment.
+    Raises :class:`~pydvm.errors.UnreachableError` if the daemon cannot be
+    reached, and :class:`~pydvm.errors.NoPermissionsError` if it does not
+    know this process.
+    """
+
+    def __init__(self, server: str | None = None, nspace: str | None = None,
+                 rank: int | None = None) -> None:
+        self.server, self.nspace, self.rank = _proto.identity_from_env(nspace, rank, server)
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self.server)
+        except OSError as exc:
+            sock.close()
+            raise UnreachableError(f"cannot connect to the daemon at {self.server}: {exc}") from None
+        self._ch = BlockingChannel(sock)
+        r = self._call(_proto.hello_msg(self.nspace, self.rank))
+        _proto.check(r)
+        self.node = r.get("node")
+
+    def publish(
+        self,
+        data: Mapping[str, Any],
+        *,
+        range: Range = Range.SESSION,
+        persistence: Persistence | None = None,
+        access_uids: Iterable[int] = (),
+        access_gids: Iterable[int] = (),
+        replace: bool = False,
+    ) -> None:
+        """Publish ``data`` (key -> str/bytes/int/float/bool) as one item.
+
+        ``persistence`` defaults to NSPACE (until this job ends).  Raises
+        DuplicateKeyError, OutOfResourceError or BadParamError on refusal;
+        a refused publish stored nothing.
+        """
+        self._check(_proto.publish_msg(data, range, persistence, access_uids, access_gids,
+                                       replace))
+
+    def lookup(
+        self,
+        keys: Iterable[str] | str,
+        *,
+        range: Range = Range.SESSION,
+        wait: bool | int = False,
+        timeout: float | None = None,
+    ) -> LookupResult:
+        """Look keys up.  ``wait=True`` waits for all of them, ``wait=N`` for N.
+
+        Returns a :class:`LookupResult` (SUCCESS or PARTIAL_SUCCESS).  Raises
+        NotFoundError, NoPermissionsError, LookupTimeoutError (after
+        ``timeout`` seconds of waiting; None waits without limit) or
+        BadParamError.
+        """
+        return _proto.lookup_result(self._call(_proto.lookup_msg(keys, range, wait, timeout)))
+
+    def unpublish(self, keys: Iterable[str] | str | None = None) -> None:
+        """Remove the named keys from every item this user owns; with no
+        keys, remove everything this process published.  Succeeds whether or
+        not anything matched."""
+        self._check(_proto.unpublish_msg(keys))
+
+    def close(self) -> None:
+        self._ch.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- plumbing ---------------------------------------------------------
+
+    def _check(self, msg: Message) -> None:
+        _proto.check(self._call(msg))
+
+    def _call(self, msg: Message) -> Message:
+        with self._lock:
+            rid = next(self._ids)
+            msg["id"] = rid
+            try:
+                self._ch.send(msg)
+            except TypeError as exc:  # a value msgpack cannot encode
+                raise BadParamError(f"cannot encode request: {exc}") from None
+            except OSError as exc:
+                raise UnreachableError(f"daemon connection failed: {exc}") from None
+            while True:
+                try:
+                    r = self._ch.recv()
+                except (OSError, ConnectionError, ValueError) as exc:
+                    raise UnreachableError(f"daemon connection lost: {exc}") from None
+                if r.get("t") == "reply" and r.get("id") == rid:
+                    return r
+                if r.get("t") == "error":
+                    raise UnreachableError(f"daemon dropped the connection: {r.get('msg')}")

@@ -1,0 +1,168 @@
+"""DVM URIs, the per-DVM secret, and the connection handshake.
+
+A DVM's URI is ``tcp://HOST:PORT/DVMID``.  It carries no secret, so it can
+be printed, put in ``PYDVM_URI`` and passed on command lines.  The secret
+(32 random bytes) lives in ``$PYDVM_STATE_DIR/<DVMID>.secret`` (default
+``~/.pydvm``; directory 0700, file 0600) for tools of the same user, and
+reaches daemons on their standard input -- never in argv, the environment
+or a log line.
+
+Handshake on the master's TCP port: the master sends
+``{"t": "challenge", "nonce": <32 bytes>, "dvm": DVMID}``; the peer answers
+``{"t": "auth", "role": "daemon"|"tool", "mac": HMAC-SHA256(secret, nonce +
+role)}`` plus role fields.  A wrong MAC, a wrong first message or silence
+for :data:`HANDSHAKE_TIMEOUT` seconds closes the connection with a logged
+reason; nothing of such a peer reaches a store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..wire import Channel, Message
+
+HANDSHAKE_TIMEOUT = 10.0
+_URI_RE = re.compile(r"^tcp://(?P<host>\[[^\]]+\]|[^:/]+):(?P<port>\d+)/(?P<dvm>[A-Za-z0-9_-]+)$")
+
+
+class UriError(ValueError):
+    """A DVM URI that cannot be parsed, or whose secret cannot be found."""
+
+
+@dataclass(frozen=True)
+class DvmUri:
+    host: str
+    port: int
+    dvmid: str
+
+    def __str__(self) -> str:
+        return f"tcp://{self.host}:{self.port}/{self.dvmid}"
+
+    @classmethod
+    def parse(cls, text: str) -> "DvmUri":
+        m = _URI_RE.match(text.strip())
+        if not m:
+            raise UriError(f"not a pydvm URI: {text!r} (expected tcp://HOST:PORT/DVMID)")
+        host = m["host"].strip("[]")
+        return cls(host, int(m["port"]), m["dvm"])
+
+
+def state_dir() -> Path:
+    d = os.environ.get("PYDVM_STATE_DIR")
+    return Path(d) if d else Path.home() / ".pydvm"
+
+
+def new_secret() -> bytes:
+    return secrets.token_bytes(32)
+
+
+def write_secret(dvmid: str, secret: bytes) -> Path:
+    d = state_dir()
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(d, 0o700)
+    path = d / f"{dvmid}.secret"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, secret.hex().encode())
+    finally:
+        os.close(fd)
+    return path
+
+
+def read_secret(dvmid: str) -> bytes:
+    path = state_dir() / f"{dvmid}.secret"
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except FileNotFoundError:
+        raise UriError(f"no credentials for DVM {dvmid} in {path.parent} "
+                       "(is it running, and started by this user?)") from None
+    except ValueError:
+        raise UriError(f"corrupt credentials file {path}") from None
+
+
+def remove_secret(dvmid: str) -> None:
+    try:
+        (state_dir() / f"{dvmid}.secret").unlink()
+    except FileNotFoundError:
+        pass
+
+
+def mac(secret: bytes, nonce: bytes, role: str) -> bytes:
+    return hmac.new(secret, nonce + role.encode(), hashlib.sha256).digest()
+
+
+def check_auth(secret: bytes, nonce: bytes, msg: Message) -> str:
+    """Return "" if ``msg`` is a valid auth answer to ``nonce``, else the reason."""
+    if msg.get("t") != "auth":
+        return f"expected an auth message, got {msg.get('t')!r}"
+    role = msg.get("role")
+    if role not in ("daemon", "tool"):
+        return f"unknown role {role!r}"
+    got = msg.get("mac")
+    if not isinstance(got, bytes) or not hmac.compare_digest(got, mac(secret, nonce, role)):
+        return "bad credentials"
+    return ""
+
+
+async def connect(
+    uri: DvmUri,
+    secret: bytes,
+    role: str,
+    on_message,
+    on_close=None,
+    fields: dict | None = None,
+    timeout: float = HANDSHAKE_TIMEOUT,
+) -> tuple[Channel, Message]:
+    """Open an authenticated channel to a master; returns (channel, welcome).
+
+    Raises ConnectionError (with the reason) if the master is unreachable or
+    refuses the credentials.
+    """
+    loop = asyncio.get_running_loop()
+    first: asyncio.Future = loop.create_future()
+
+    def on_first(ch: Channel, msg: Message) -> None:
+        if not first.done():
+            first.set_result(msg)
+        else:
+            on_message(ch, msg)
+
+    def closed(ch: Channel, reason: str) -> None:
+        if not first.done():
+            first.set_exception(ConnectionError(f"master {uri.host}:{uri.port} closed: {reason}"))
+        if on_close is not None:
+            on_close(ch, reason)
+
+    try:
+        _, ch = await asyncio.wait_for(
+            loop.create_connection(
+                lambda: Channel(on_first, closed, name=f"master {uri.host}:{uri.port}"),
+                uri.host, uri.port),
+            timeout)
+    except (OSError, asyncio.TimeoutError) as exc:
+        raise ConnectionError(f"cannot reach DVM master at {uri.host}:{uri.port}: {exc}") from None
+    try:
+        challenge = await asyncio.wait_for(first, timeout)
+        if challenge.get("t") != "challenge" or not isinstance(challenge.get("nonce"), bytes):
+            raise ConnectionError("master sent no challenge")
+        if challenge.get("dvm") != uri.dvmid:
+            raise ConnectionError(f"{uri.host}:{uri.port} is DVM {challenge.get('dvm')}, "
+                                  f"not {uri.dvmid}")
+        auth = {"t": "auth", "role": role, "mac": mac(secret, challenge["nonce"], role)}
+        auth.update(fields or {})
+        ch.on_message = on_message
+        welcome = await ch.call(auth, timeout)
+    except BaseException:
+        ch.close("handshake failed")
+        raise
+    if welcome.get("status") != 0:
+        ch.close("refused")
+        raise ConnectionError(f"master refused the connection: {welcome.get('msg')}")
+    return ch, welcome

@@ -1,0 +1,116 @@
+"""Applying data requests (publish, lookup, unpublish) to a store.
+
+Shared by the master (for requests relayed by daemons and sent by tools) and
+the daemons (LOCAL-range requests of their own clients), so that both stores
+read a request the same way.  The identity is always decided by the caller
+of :func:`apply`; nothing in the message is trusted for it.
+
+Wire fields of a data request::
+
+    publish:   pairs{str: value}, range:int, persist:int|None, uids:[int],
+               gids:[int], replace:bool
+    lookup:    keys:[str], range:int, wait:int|None, timeout:float|None
+    unpublish: keys:[str] | None (None: everything the caller published)
+
+Replies carry ``found: [[key, value, nspace, rank], ...]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Hashable
+
+from ..enums import Range
+from ..errors import Status
+from ..store import Caller, DataStore, Pending, Reply
+from ..wire import Message, reply
+
+DATA_OPS = frozenset({"publish", "lookup", "unpublish"})
+
+#: Fields a daemon forwards to the master for each op; anything else a
+#: client sent (notably requestor claims) is dropped on the daemon.
+FORWARDED_FIELDS = {
+    "publish": ("pairs", "range", "persist", "uids", "gids", "replace"),
+    "lookup": ("keys", "range", "wait", "timeout"),
+    "unpublish": ("keys",),
+}
+
+
+def request_range(msg: Message) -> Any:
+    """The range that routes this request (SESSION when absent)."""
+    return msg.get("range", int(Range.SESSION))
+
+
+def encode(rid: Any, r: Reply) -> Message:
+    out = reply(rid, r.status, r.message)
+    if r.found:
+        out["found"] = [[f.key, f.value, f.publisher[0], f.publisher[1]] for f in r.found]
+    return out
+
+
+def apply(store: DataStore, caller: Caller, msg: Message, ticket: Hashable) -> Message | None:
+    """Run one data request; return its reply, or None if a lookup parked.
+
+    A parked lookup is answered later through the store's ``on_answer``
+    with ``ticket``.  Never raises for bad input: a malformed request gets a
+    BAD_PARAM reply naming the problem.
+    """
+    t = msg["t"]
+    rid = msg.get("id")
+    if t == "publish":
+        r = store.publish(
+            caller,
+            msg.get("pairs"),
+            msg.get("range", int(Range.SESSION)),
+            msg.get("persist"),
+            msg.get("uids") or (),
+            msg.get("gids") or (),
+            msg.get("replace", False),
+        )
+    elif t == "lookup":
+        out = store.lookup(
+            caller,
+            msg.get("keys"),
+            msg.get("range", int(Range.SESSION)),
+            msg.get("wait"),
+            msg.get("timeout"),
+            ticket=ticket,
+        )
+        if isinstance(out, Pending):
+            return None
+        r = out
+    elif t == "unpublish":
+        keys = msg.get("keys")
+        r = store.unpublish_all(caller) if keys is None else store.unpublish(caller, keys)
+    else:
+        return reply(rid, Status.ERR_BAD_PARAM, f"unknown data operation {t!r}")
+    return encode(rid, r)
+
+
+def parse_caller_fields(v: Any) -> tuple[str, int, int, int | None] | None:
+    """Validate ``[nspace, rank, uid, gid]`` as relayed by a daemon."""
+    if not isinstance(v, (list, tuple)) or len(v) != 4:
+        return None
+    ns, rank, uid, gid = v
+    if not isinstance(ns, str) or not _is_int(rank) or not _is_int(uid):
+        return None
+    if gid is not None and not _is_int(gid):
+        return None
+    return ns, rank, uid, gid
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+AnswerRouter = Callable[[Hashable, Reply], None]
+
+
+def route_answer(ticket: Hashable, r: Reply) -> None:
+    """The ``on_answer`` sink both runtimes give their stores.
+
+    Tickets are ``(channel, request id)``; the answer goes back on that
+    channel.  A channel that closed meanwhile swallows it.
+    """
+    channel, rid = ticket  # type: ignore[misc]
+    channel.peer.get("parked", set()).discard(rid)
+    channel.send(encode(rid, r))

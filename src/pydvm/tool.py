@@ -1,0 +1,114 @@
+"""Tool-side helpers: talk to a DVM's master (used by the command line).
+
+A tool is any process that connects to the master directly rather than
+through a daemon: ``pydvm run``, ``stop``, ``session``, ``store``, ``info``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from typing import Any
+
+from .errors import Status
+from .runtime.auth import DvmUri, connect, read_secret
+from .wire import Channel, Message
+
+
+class ToolError(RuntimeError):
+    """A tool request failed; the message is meant for the user."""
+
+
+def resolve_uri(text: str | None) -> DvmUri:
+    text = text or os.environ.get("PYDVM_URI")
+    if not text:
+        raise ToolError("no DVM given: use --dvm URI or set PYDVM_URI")
+    return DvmUri.parse(text)
+
+
+async def open_tool(uri: DvmUri, on_message=None) -> Channel:
+    try:
+        secret = read_secret(uri.dvmid)
+        ch, _ = await connect(uri, secret, "tool", on_message or (lambda ch, m: None))
+    except (ConnectionError, ValueError) as exc:
+        raise ToolError(str(exc)) from None
+    return ch
+
+
+async def call(uri: DvmUri, msg: Message, timeout: float | None = None) -> Message:
+    ch = await open_tool(uri)
+    try:
+        r = await ch.call(msg, timeout)
+    finally:
+        ch.close("done")
+    if r.get("status") != 0:
+        name = _status_name(r.get("status"))
+        raise ToolError(f"{name}: {r.get('msg') or 'request failed'}")
+    return r
+
+
+def _status_name(st: Any) -> str:
+    try:
+        return Status(st).pmix_name
+    except ValueError:
+        return f"status {st}"
+
+
+async def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output: bool,
+                  env: dict[str, str] | None = None, cwd: str | None = None) -> int:
+    """Submit a job and forward its output; return its exit status.
+
+    Ctrl-C (SIGINT) or SIGTERM asks the master to kill the job; the tool then
+    waits for the job's end and exits with 128 + the signal number.
+    """
+    out = sys.stdout.buffer
+    err = sys.stderr.buffer
+    state: dict[str, Any] = {"nspace": None, "signal": None}
+
+    def on_message(ch: Channel, msg: Message) -> None:
+        t = msg.get("t")
+        if t == "output":
+            data = msg.get("data") or b""
+            if tag_output:
+                data = f"[{msg.get('nspace')},{msg.get('rank')}] ".encode() + data
+            stream = err if msg.get("fd") == 2 else out
+            stream.write(data)
+            stream.flush()
+        elif t == "started":
+            state["nspace"] = msg.get("nspace")
+            if state["signal"] is not None:
+                ch.send({"t": "kill_job", "id": 0, "nspace": state["nspace"]})
+
+    ch = await open_tool(uri, on_message)
+    loop = asyncio.get_running_loop()
+
+    def interrupted(signum: int) -> None:
+        if state["signal"] is not None:
+            return
+        state["signal"] = signum
+        if state["nspace"] is not None:
+            ch.send({"t": "kill_job", "id": 0, "nspace": state["nspace"]})
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, interrupted, sig)
+    try:
+        r = await ch.call({
+            "t": "run", "apps": apps, "session": session,
+            "env": dict(os.environ if env is None else env),
+            "cwd": cwd or os.getcwd(),
+        })
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        ch.close("done")
+    out.flush()
+    if r.get("status") != 0:
+        sys.stderr.write(f"pydvm run: {_status_name(r.get('status'))}: {r.get('msg')}\n")
+        return 1
+    if r.get("msg"):
+        sys.stderr.write(f"pydvm run: {r['nspace']}: {r['msg']}\n")
+    if state["signal"] is not None:
+        return 128 + state["signal"]
+    return int(r.get("exit") or 0)

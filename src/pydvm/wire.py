@@ -1,0 +1,302 @@
+"""The wire: length-prefixed msgpack frames, and the connections that carry them.
+
+Every connection in a DVM (client <-> daemon over a Unix socket, daemon and
+tool <-> master over TCP) carries the same frames::
+
+    +-------------------+---------------------------------+
+    | length: u32, BE   | msgpack map, length bytes       |
+    +-------------------+---------------------------------+
+
+Each map has ``"t"``, its message type.  Requests carry ``"id"``, an integer
+chosen by the sender and unique among its outstanding requests; the answer is
+``{"t": "reply", "id": <same>, "status": <PMIx status>, "msg": str, ...}``.
+Every request gets exactly one reply, including refusals of malformed or
+unknown requests; a connection that breaks answers all of its outstanding
+requests locally with ``PMIX_ERR_UNREACH`` (see :class:`Channel`).
+
+Frame errors (an oversized length, a body that is not a msgpack map with a
+string ``"t"``) cannot be answered reliably, so the receiver logs the reason,
+sends an ``error`` frame when it can and closes the connection.  Other
+connections are unaffected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+from typing import Any, Callable
+
+import msgpack
+
+from .errors import Status
+
+log = logging.getLogger("pydvm.wire")
+
+HEADER = struct.Struct("!I")
+#: Largest frame accepted by default.  Large enough for a publish up to the
+#: default store cap (16 MiB) with room to spare; a peer announcing more is
+#: dropped before the body is read.
+MAX_FRAME = 64 * 1024 * 1024
+
+Message = dict[str, Any]
+ReplyCallback = Callable[[Message], None]
+
+
+class FrameError(Exception):
+    """The byte stream cannot be read as frames any more."""
+
+
+def pack(msg: Message) -> bytes:
+    """Encode one message as a frame."""
+    body = msgpack.packb(msg, use_bin_type=True)
+    return HEADER.pack(len(body)) + body
+
+
+def unpack_body(body: bytes) -> Message:
+    """Decode one frame body; raises FrameError if it is not a typed map."""
+    try:
+        msg = msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise FrameError(f"undecodable frame body ({type(exc).__name__}: {exc})") from None
+    if not isinstance(msg, dict):
+        raise FrameError(f"frame is a {type(msg).__name__}, not a map")
+    if not isinstance(msg.get("t"), str):
+        raise FrameError("frame has no string message type 't'")
+    return msg
+
+
+def reply(req_id: Any, status: Status | int, msg: str = "", **fields: Any) -> Message:
+    """Build the reply to request ``req_id``."""
+    out: Message = {"t": "reply", "id": req_id, "status": int(status), "msg": msg}
+    out.update(fields)
+    return out
+
+
+class FrameDecoder:
+    """Incremental frame parser: feed bytes, get whole messages.
+
+    Pure and synchronous, so it can be fuzzed without sockets.
+    """
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Message]:
+        """Add ``data``; return every complete message.  Raises FrameError."""
+        buf = self._buf
+        buf += data
+        out: list[Message] = []
+        pos = 0
+        n = len(buf)
+        while n - pos >= 4:
+            (size,) = HEADER.unpack_from(buf, pos)
+            if size > self.max_frame:
+                raise FrameError(f"frame of {size} bytes exceeds the limit of {self.max_frame}")
+            if n - pos - 4 < size:
+                break
+            body = bytes(buf[pos + 4 : pos + 4 + size])
+            pos += 4 + size
+            out.append(unpack_body(body))
+        if pos:
+            del buf[:pos]
+        return out
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of an incomplete frame held (a truncated frame at EOF)."""
+        return len(self._buf)
+
+
+class Channel(asyncio.Protocol):
+    """One framed connection, with request/reply bookkeeping.
+
+    ``on_message(channel, msg)`` receives every frame that is not a reply to
+    one of our own requests; it runs synchronously in the event loop.
+    ``on_close(channel, reason)`` runs once when the connection ends.
+
+    :meth:`request` sends a request and arranges for ``callback(reply)`` to
+    run when the reply arrives -- or, if the connection ends first, with a
+    locally made ``PMIX_ERR_UNREACH`` reply, so no caller is left hanging.
+    """
+
+    def __init__(
+        self,
+        on_message: Callable[["Channel", Message], None],
+        on_close: Callable[["Channel", str], None] | None = None,
+        *,
+        name: str = "?",
+        max_frame: int = MAX_FRAME,
+    ) -> None:
+        self.on_message = on_message
+        self.on_close = on_close
+        self.name = name
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.close_reason = ""
+        self.peer: dict[str, Any] = {}  # filled by the server (credentials, role...)
+        self._decoder = FrameDecoder(max_frame)
+        self._pending: dict[int, ReplyCallback] = {}
+        self._next_id = 0
+        self._closed_waiter: asyncio.Future | None = None
+
+    # -- asyncio.Protocol ---------------------------------------------------
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        try:
+            messages = self._decoder.feed(data)
+        except FrameError as exc:
+            self.send_error(Status.ERR_BAD_PARAM, str(exc))
+            self.close(f"protocol error: {exc}")
+            return
+        for msg in messages:
+            if self.closed:
+                return
+            if msg["t"] == "reply":
+                cb = self._pending.pop(msg.get("id"), None) if _hashable(msg.get("id")) else None
+                if cb is not None:
+                    cb(msg)
+                    continue
+            try:
+                self.on_message(self, msg)
+            except Exception:  # a handler bug must not take the connection's peers down
+                log.exception("%s: handler failed on %r message", self.name, msg.get("t"))
+                if "id" in msg and msg["t"] != "reply":
+                    self.send(reply(msg.get("id"), Status.ERR_BAD_PARAM, "internal error"))
+
+    def eof_received(self) -> bool | None:
+        if self._decoder.pending_bytes:
+            self.close(f"connection ended inside a frame ({self._decoder.pending_bytes} bytes)")
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._finish(self.close_reason or (f"connection lost: {exc}" if exc else "peer closed"))
+
+    # -- sending --------------------------------------------------------------
+
+    def send(self, msg: Message) -> None:
+        if self.closed or self.transport is None:
+            return
+        self.transport.write(pack(msg))
+
+    def send_error(self, status: Status, text: str) -> None:
+        self.send({"t": "error", "status": int(status), "msg": text})
+
+    def request(self, msg: Message, callback: ReplyCallback) -> int:
+        """Send ``msg`` with a fresh ``id``; ``callback`` gets the reply."""
+        self._next_id += 1
+        rid = self._next_id
+        msg["id"] = rid
+        if self.closed:
+            callback(reply(rid, Status.ERR_UNREACH, f"connection to {self.name} is closed"))
+            return rid
+        self._pending[rid] = callback
+        self.send(msg)
+        return rid
+
+    def forget(self, rid: int) -> None:
+        """Stop waiting for the reply to ``rid`` (it will be ignored)."""
+        self._pending.pop(rid, None)
+
+    async def call(self, msg: Message, timeout: float | None = None) -> Message:
+        """Awaitable :meth:`request`; a timeout yields a TIMEOUT reply."""
+        fut = asyncio.get_running_loop().create_future()
+
+        def done(r: Message) -> None:
+            if not fut.done():
+                fut.set_result(r)
+
+        rid = self.request(msg, done)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            self.forget(rid)
+            return reply(rid, Status.ERR_TIMEOUT, f"no reply from {self.name} in {timeout}s")
+
+    # -- closing ----------------------------------------------------------------
+
+    def close(self, reason: str = "closed") -> None:
+        """Close the connection, logging ``reason`` if it is an error."""
+        if self.closed:
+            return
+        self.close_reason = reason
+        if self.transport is not None:
+            self.transport.close()
+        self._finish(reason)
+
+    def _finish(self, reason: str) -> None:
+        if not self.closed:
+            self.closed = True
+            self.close_reason = reason
+        pending, self._pending = self._pending, {}
+        for rid, cb in pending.items():
+            try:
+                cb(reply(rid, Status.ERR_UNREACH, f"connection to {self.name} lost: {reason}"))
+            except Exception:
+                log.exception("%s: reply callback failed", self.name)
+        if self.on_close is not None:
+            on_close, self.on_close = self.on_close, None
+            on_close(self, reason)
+        if self._closed_waiter is not None and not self._closed_waiter.done():
+            self._closed_waiter.set_result(reason)
+
+    async def wait_closed(self) -> str:
+        if self.closed:
+            return self.close_reason
+        if self._closed_waiter is None:
+            self._closed_waiter = asyncio.get_running_loop().create_future()
+        return await self._closed_waiter
+
+
+def _hashable(value: Any) -> bool:
+    return isinstance(value, (int, str)) and not isinstance(value, bool)
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)
+
+
+class BlockingChannel:
+    """A framed connection for synchronous code (the blocking client).
+
+    One request at a time per thread; a lock makes it safe to share.
+    """
+
+    def __init__(self, sock: socket.socket, max_frame: int = MAX_FRAME) -> None:
+        self.sock = sock
+        self._decoder = FrameDecoder(max_frame)
+        self._queue: list[Message] = []
+
+    def send(self, msg: Message) -> None:
+        self.sock.sendall(pack(msg))
+
+    def recv(self, timeout: float | None = None) -> Message:
+        """Next message; raises ConnectionError on EOF, socket.timeout on timeout."""
+        self.sock.settimeout(timeout)
+        while not self._queue:
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise ConnectionError("server closed the connection")
+            self._queue.extend(self._decoder.feed(data))
+        return self._queue.pop(0)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
