@@ -25,13 +25,16 @@ are PROC and 8 NSPACE (the sweep store holds INDEF items; timeout 300 s).
 Keys and values are zero-padded so every item accounts the same ``nbytes``,
 which lets ``max_size`` be set so each uid is exactly full at the target size.
 
-Method: each store is built to its size first, then every operation is timed
-in batches with :func:`time.perf_counter_ns` (garbage collection off),
-over several rounds after one warm-up round; the per-operation cost is the
-median over rounds.  Operations that remove items are balanced outside the
-timed region (a publish's key is unpublished again, unpublished and purged
-items are published again, the sweep's victims replaced), so the store
-stays at its size.  Keys are picked at random at every size.  Time is a
+Method: the stores of every size are built first; then, round after round,
+each store is visited in turn and every operation timed in a batch with
+:func:`time.perf_counter_ns` (garbage collection off).  A visit runs one
+unrecorded warm-up round before the recorded one, and the per-operation cost
+is the median over the recorded rounds.  Visiting the sizes in turn makes a
+slow spell of the (shared) machine hit every size alike.  Operations that
+remove items are balanced outside the timed region (a publish's key is
+unpublished again, unpublished and purged items are published again, the
+sweep's victims replaced), so each store stays at its size.  Keys and
+processes are picked at random, the same way at every size.  Time is a
 :class:`~pydvm.store.clock.FakeScheduler`, which also serves as the timer.
 
 Then the Python memory per item (tracemalloc) of a store of 1 KiB values is
@@ -45,8 +48,8 @@ Run
 ---
 From the project root, with the package installed::
 
-    python bench/store_scaling.py              # the default run (under ~2 min)
-    python bench/store_scaling.py --quick      # fewer rounds, a smoke test
+    python bench/store_scaling.py              # the default run (~20 s)
+    python bench/store_scaling.py --quick      # 1k and 10k, few rounds: a smoke test
     python bench/store_scaling.py --sizes 1000 10000 --rounds 31
 """
 
@@ -89,6 +92,7 @@ TIMEOUT = 300.0  # prte_data_server_timeout of every store (SPEC 6 default)
 
 UID_COUNTS = (1, 100)
 DEFAULT_SIZES = (1_000, 10_000, 100_000)
+QUICK_SIZES = (1_000, 10_000)
 MEMORY_ITEMS = 10_000
 MEMORY_VALUE_BYTES = 1024
 
@@ -457,7 +461,6 @@ def measure(sizes: list[int], cfg: Settings) -> dict[tuple[str, int], dict[int, 
                     results.setdefault((op, n_uids), {})[n] = ns
             del runs
             gc.collect()
-            print(f"  {bench.__name__}: {n_uids} uid(s) done", file=sys.stderr)
     return results
 
 
@@ -501,7 +504,7 @@ def report(results: dict[tuple[str, int], dict[int, float]], sizes: list[int]) -
     """Print the cost table; return the worst largest/smallest ratio."""
     lo, hi = sizes[0], sizes[-1]
     ratio_head = f"{fmt_size(hi)}/{fmt_size(lo)}"
-    print(f"per-operation cost in µs (median of rounds; sweep: per expired item)")
+    print("per-operation cost in µs (median of rounds; sweep: per expired item)")
     print(f"{'operation':<16}{'uids':>5}" + "".join(f"{fmt_size(n):>10}" for n in sizes)
           + f"{ratio_head:>11}")
     worst = 0.0
@@ -518,10 +521,11 @@ def report(results: dict[tuple[str, int], dict[int, float]], sizes: list[int]) -
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Per-operation cost of the pydvm data store at growing sizes.")
-    parser.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES),
-                        metavar="N", help="store sizes in items (default: 1000 10000 100000)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=None, metavar="N",
+                        help="store sizes in items, multiples of 1000 "
+                             "(default: 1000 10000 100000; 1000 10000 with --quick)")
     parser.add_argument("--rounds", type=int, default=None,
-                        help="timed rounds per operation (default 21, 5 with --quick)")
+                        help="recorded rounds per operation (default 31, 5 with --quick)")
     parser.add_argument("--batch", type=int, default=100,
                         help="operations per timed batch (default 100)")
     parser.add_argument("--purge-batch", type=int, default=25,
@@ -530,11 +534,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="stale items per timed sweep (default 100)")
     parser.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     parser.add_argument("--quick", action="store_true",
-                        help="few rounds: a smoke test, not a measurement")
+                        help="1k and 10k, 5 rounds: a smoke test, not a measurement")
     args = parser.parse_args(argv)
 
+    if args.sizes is None:
+        args.sizes = list(QUICK_SIZES if args.quick else DEFAULT_SIZES)
     sizes = sorted(set(args.sizes))
-    rounds = args.rounds if args.rounds is not None else (5 if args.quick else 21)
+    rounds = args.rounds if args.rounds is not None else (5 if args.quick else 31)
     cfg = Settings(rounds=rounds, batch=args.batch, purge_batch=args.purge_batch,
                    k=args.sweep_k, seed=args.seed)
     if len(sizes) < 2:
@@ -568,8 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     for n_uids in UID_COUNTS:
         traced, accounted = memory_per_item(MEMORY_ITEMS, n_uids)
         print(f"{n_uids:>5}{traced:>15.0f}{accounted:>18}{traced / accounted:>18.2f}")
-    print(f"({time.perf_counter() - start:.0f} s)", file=sys.stderr)
     print()
+    print(f"(ran in {time.perf_counter() - start:.0f} s)")
     print(f"scaling ratio {worst:.2f}")
     return 0
 

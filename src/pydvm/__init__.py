@@ -5,9 +5,20 @@
 are :class:`Range`, :class:`Persistence` and :class:`Status`.
 """
 
+from ._proto import Found, LookupResult
+from .client import Client
 from .enums import Persistence, Range
 from .errors import PMIxError, Status
 
 __version__ = "0.1.0"
 
-__all__ = ["Persistence", "PMIxError", "Range", "Status", "__version__"]
+__all__ = [
+    "Client",
+    "Found",
+    "LookupResult",
+    "Persistence",
+    "PMIxError",
+    "Range",
+    "Status",
+    "__version__",
+]

@@ -317,7 +317,9 @@ class Daemon:
             ch.close(why)
             return
         ch.name = f"client {ns}:{rank} pid {pid}"
-        ch.peer.update(caller=Caller(ns, rank, uid, gid, self.node, lp.app_idx, job.session_id),
+        # The default session (0) never ends: no session horizon applies to it.
+        ch.peer.update(caller=Caller(ns, rank, uid, gid, self.node, lp.app_idx,
+                                     job.session_id or None),
                        parked=set(), forwarded={})
         ch.on_message = self._on_client
         self._clients.add(ch)

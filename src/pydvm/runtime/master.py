@@ -357,9 +357,9 @@ class Master:
                         node: str | None) -> Caller:
         job = self.jobs.get(ns)
         proc = job.procs.get(rank) if job else None
-        return Caller(ns, rank, uid, gid, node,
-                      proc.app_idx if proc else None,
-                      job.session_id if job else None)
+        # The default session never ends, so no session horizon applies to it.
+        sid = job.session_id if job and job.session_id != DEFAULT_SESSION else None
+        return Caller(ns, rank, uid, gid, node, proc.app_idx if proc else None, sid)
 
     def _data_op(self, ch: Channel, msg: Message, caller: Caller) -> None:
         rid = msg.get("id")
@@ -646,7 +646,8 @@ class Master:
             params={k: [r.value, r.source, P.REGISTRY[k].help] for k, r in self.resolved.items()},
             nodes=[[n.name, n.slots, n.state] for n in self.nodes.values()],
             sessions=sorted(self.sessions), jobs=sorted(self.jobs),
-            dvm=self.dvmid, uri=str(self.uri),
+            dvm=self.dvmid, uri=str(self.uri), pid=os.getpid(),
+            daemon_pids={n.name: n.process.pid for n in self.nodes.values() if n.process},
         ))
 
 

@@ -100,6 +100,8 @@ class Item:
     access_gids: tuple[int, ...]
     last_access: float
     nbytes: int = field(default=0)
+    #: True from insertion until the removal helper unlinks it.
+    live: bool = field(default=False)
 
     @property
     def uid(self) -> int:

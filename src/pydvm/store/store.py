@@ -8,16 +8,20 @@ lookups.  Every operation reads the clock once and passes ``now`` down.
 
 Shape of the data
 -----------------
-Items live in ``_items`` by id.  Every question an operation asks has an
-index, so no operation walks the whole store:
+Every item is in exactly one uid's ``_lru`` dict (that is where "all items"
+are); ``Item.live`` says whether it is still in the store.  Every question an
+operation asks has an index, so no operation walks the whole store:
 
 =====================  ====================================================
 index                  used by
 =====================  ====================================================
 ``_by_key``            lookup, publish's duplicate rule, unpublish(keys)
-``_by_proc``           PROC purges and ``unpublish()`` of a process
-``_by_nspace``         APP and NSPACE purges
-``_by_session``        SESSION purges (wildcard namespace)
+``_by_owner[ns][rank]`` PROC purges, ``unpublish()`` of a process; with
+                       all ranks, APP and NSPACE purges
+``_by_session``        SESSION purges (wildcard namespace); items whose
+                       session is unknown (or the never-purged default
+                       session, which the runtime passes as unknown) are
+                       not indexed here
 ``_lru[uid]``          eviction: a uid's items, least recently used first
 ``_idle``              the idle sweep: INDEF/FIRST_READ items, oldest first
 =====================  ====================================================
@@ -175,13 +179,13 @@ class DataStore:
         self._timer = timer
         self._on_answer = on_answer
 
-        #: id -> Item; the items of this store, and nothing else.
-        self._items: dict[int, Item] = {}
+        #: number of live items (each is in exactly one ``_lru[uid]``).
+        self._count = 0
         #: key -> {id: Item} for every item holding that key (publish order).
         self._by_key: dict[str, dict[int, Item]] = {}
-        #: (nspace, rank) / nspace / session_id -> {id: Item} of the owner.
-        self._by_proc: dict[tuple[str, int], dict[int, Item]] = {}
-        self._by_nspace: dict[str, dict[int, Item]] = {}
+        #: nspace -> rank -> {id: Item}, and session_id -> {id: Item}, of the owner.
+        #: Nested so that a removal touches small dicts rather than big ones.
+        self._by_owner: dict[str, dict[int, dict[int, Item]]] = {}
         self._by_session: dict[int, dict[int, Item]] = {}
         #: uid -> its items, least recently used first (last_access order).
         self._lru: dict[int, OrderedDict[int, Item]] = {}
@@ -248,7 +252,7 @@ class DataStore:
 
         # -- decide: duplicate rule ---------------------------------------
         probe = Item(-1, norm, caller, rng, persist, uids, gids, now, nbytes)
-        own: dict[int, list[str]] = {}
+        own: dict[int, tuple[Item, list[str]]] = {}
         stale: dict[int, Item] = {}
         for key in norm:
             for item in self._by_key.get(key, {}).values():
@@ -264,9 +268,9 @@ class DataStore:
                         Status.ERR_DUPLICATE_KEY,
                         message=f"key {key!r} is held by another user's item",
                     )
-                own.setdefault(item.id, []).append(key)
+                own.setdefault(item.id, (item, []))[1].append(key)
         if own and not replace:
-            dup = next(iter(own.values()))[0]
+            dup = next(iter(own.values()))[1][0]
             return Reply(
                 Status.ERR_DUPLICATE_KEY,
                 message=f"key {dup!r} already published (use replace to overwrite your own)",
@@ -282,11 +286,10 @@ class DataStore:
 
         # -- change: the publish is certain to proceed ----------------------
         for item in stale.values():
-            if item.id in self._items:
+            if item.live:
                 self._remove_item(item, Reason.EXPIRED, now)
-        for item_id, keys in own.items():
-            item = self._items.get(item_id)
-            if item is not None:
+        for item, keys in own.values():
+            if item.live:
                 self._remove_keys(item, keys, Reason.REPLACED, now)
         if cap:
             self._make_room(caller.uid, nbytes, cap, now)
@@ -358,6 +361,8 @@ class DataStore:
                 return _bad(f"timeout must be a number of seconds, not {timeout!r}")
             if math.isnan(timeout) or timeout < 0:
                 return _bad(f"timeout must be non-negative, not {timeout!r}")
+        if wait is not None and ticket is not None and ticket in self._parked:
+            return _bad(f"ticket {ticket!r} is already waiting")
         now = self._clock.now()
         if wait is None:
             need = 0
@@ -368,8 +373,6 @@ class DataStore:
             return reply
         if ticket is None:
             ticket = ("auto", self._new_id())
-        if ticket in self._parked:
-            return _bad(f"ticket {ticket!r} is already waiting")
         p = self._parked.add(ticket, caller, klist, rng, need)
         if timeout:
             p.timer = self._timer.call_later(float(timeout), lambda t=ticket: self._time_out(t))
@@ -403,7 +406,7 @@ class DataStore:
                 if verdict is ReadVerdict.NO_ACCESS:
                     refused = True
         for item in stale:  # lazy expiry: reads never see a dead item
-            if item.id in self._items:
+            if item.live:
                 self._remove_item(item, Reason.EXPIRED, now)
         if len(hits) < need:
             return None
@@ -497,14 +500,17 @@ class DataStore:
         if rank is not None and nspace is None:
             raise ValueError("a purge naming a rank needs its namespace")
         now = self._clock.now()
-        if nspace is not None and rank is not None:
-            pool = self._by_proc.get((nspace, rank), {})
-        elif nspace is not None:
-            pool = self._by_nspace.get(nspace, {})
+        if nspace is not None:
+            ranks = self._by_owner.get(nspace, {})
+            if rank is not None:
+                pools = [ranks.get(rank, {})]
+            else:
+                pools = list(ranks.values())
         else:
-            pool = self._by_session.get(session_id, {})  # type: ignore[arg-type]
+            pools = [self._by_session.get(session_id, {})]  # type: ignore[arg-type]
         doomed = [
             item
+            for pool in pools
             for item in pool.values()
             if expires_by(item.persistence, h)
             and (app_idx is None or item.owner.app_idx == app_idx)
@@ -579,12 +585,12 @@ class DataStore:
 
     def _insert(self, item: Item) -> None:
         iid = item.id
-        self._items[iid] = item
+        item.live = True
+        self._count += 1
         for key in item.pairs:
             self._by_key.setdefault(key, {})[iid] = item
         owner = item.owner
-        self._by_proc.setdefault(owner.proc, {})[iid] = item
-        self._by_nspace.setdefault(owner.nspace, {})[iid] = item
+        self._by_owner.setdefault(owner.nspace, {}).setdefault(owner.rank, {})[iid] = item
         if owner.session_id is not None:
             self._by_session.setdefault(owner.session_id, {})[iid] = item
         self._lru.setdefault(owner.uid, OrderedDict())[iid] = item
@@ -627,10 +633,13 @@ class DataStore:
                 log.info("[%s] %s %s of %s:%d (item now %d bytes)", self.name, reason, keys,
                          item.owner.nspace, item.owner.rank, new)
             return
-        del self._items[iid]
+        item.live = False
+        self._count -= 1
         owner = item.owner
-        _unindex(self._by_proc, owner.proc, iid)
-        _unindex(self._by_nspace, owner.nspace, iid)
+        ranks = self._by_owner[owner.nspace]
+        _unindex(ranks, owner.rank, iid)
+        if not ranks:
+            del self._by_owner[owner.nspace]
         if owner.session_id is not None:
             _unindex(self._by_session, owner.session_id, iid)
         _unindex(self._lru, uid, iid)
@@ -656,7 +665,7 @@ class DataStore:
 
     def stats(self) -> StoreStats:
         return StoreStats(
-            items=len(self._items),
+            items=self._count,
             bytes_by_uid=dict(self._usage),
             parked=len(self._parked),
             evictions=self.evictions,
@@ -669,25 +678,25 @@ class DataStore:
         return [k for item in self._lru.get(uid, {}).values() for k in item.pairs]
 
     def __len__(self) -> int:
-        return len(self._items)
+        return self._count
 
     def items(self) -> list[Item]:
         """A snapshot list of the items (for tests and inspection)."""
-        return list(self._items.values())
+        return [item for lru in self._lru.values() for item in lru.values()]
 
     def check_invariants(self) -> None:
         """Assert every rule that spans the store's structures."""
-        items = self._items
+        items = {item.id: item for item in self.items()}
+        assert len(items) == self._count, "an item is in two LRU dicts, or the count is off"
         usage: dict[int, int] = {}
         for iid, item in items.items():
-            assert item.id == iid
+            assert item.live
             assert item.pairs, f"empty item {iid} left in the store"
             assert item.nbytes == item_nbytes(item.pairs, item.access_uids, item.access_gids)
             usage[item.uid] = usage.get(item.uid, 0) + item.nbytes
             for key in item.pairs:
                 assert self._by_key[key][iid] is item
-            assert self._by_proc[item.owner.proc][iid] is item
-            assert self._by_nspace[item.owner.nspace][iid] is item
+            assert self._by_owner[item.owner.nspace][item.owner.rank][iid] is item
             if item.owner.session_id is not None:
                 assert self._by_session[item.owner.session_id][iid] is item
             assert self._lru[item.uid][iid] is item
@@ -696,7 +705,9 @@ class DataStore:
         cap = self.params.max_size
         if cap:
             assert all(v <= cap for v in usage.values()), f"a uid is over the cap: {usage}"
-        for index in (self._by_key, self._by_proc, self._by_nspace, self._by_session, self._lru):
+        owner_buckets = [b for ranks in self._by_owner.values() for b in ranks.values()]
+        assert all(self._by_owner.values()), "empty namespace left in _by_owner"
+        for index in (self._by_key, dict(enumerate(owner_buckets)), self._by_session, self._lru):
             for bucket in index.values():
                 assert bucket, "empty bucket left in an index"
                 for iid, item in bucket.items():

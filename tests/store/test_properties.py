@@ -1,0 +1,440 @@
+"""Property-based tests: random operation sequences against independent oracles.
+
+The state machine drives one store through publishes (several uids, gids,
+processes, every range and persistence, accessor lists, replace, a small
+cap so eviction happens), immediate and waiting lookups, unpublish by keys
+and of a whole process, purges of every horizon and target shape, cancels
+and time steps on a FakeScheduler.  After every step it runs
+``check_invariants()`` and recomputes the per-uid usage from the items
+itself.  Outcomes are checked against oracles written from the SPEC (the
+horizon table, the duplicate/cap decision, the lookup answer) using the
+separately tested predicates of :mod:`pydvm.store.rules`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from pydvm.store import DataStore, FakeScheduler, Pending, Reply, StoreParams, item_nbytes
+from pydvm.store.rules import ReadVerdict, may_read, owns, sweep_interval
+from storekit import (
+    GID_A, GID_B, GID_C, UID_A, UID_B, UID_C, Persistence as P, Range, Status, caller, snapshot,
+)
+
+CALLERS = [
+    caller("ns-0", 0, uid=UID_A, gid=GID_A, node="n1", app_idx=0, session_id=1),
+    caller("ns-0", 1, uid=UID_A, gid=GID_A, node="n2", app_idx=1, session_id=1),
+    caller("ns-0", 2, uid=UID_A, gid=None, node="n1", app_idx=1, session_id=1),
+    caller("ns-1", 0, uid=UID_B, gid=GID_B, node="n1", app_idx=0, session_id=1),
+    caller("ns-1", 1, uid=UID_A, gid=GID_B, node=None, app_idx=None, session_id=1),
+    caller("ns-2", 0, uid=UID_B, gid=GID_B, node="n2", app_idx=0, session_id=2),
+    caller("ns-2", 1, uid=UID_C, gid=GID_C, node="n2", app_idx=0, session_id=2),
+    caller("ns-3", 0, uid=UID_A, gid=GID_A, node="n1", app_idx=None, session_id=None),
+    caller("pydvm", 0, uid=UID_A, gid=GID_A, node="n1", app_idx=None, session_id=None),
+]
+NSPACES = sorted({c.nspace for c in CALLERS})
+KEYS = ["k0", "k1", "k2", "k3"]
+
+values = st.one_of(
+    st.text(max_size=30),
+    st.binary(max_size=30),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.floats(allow_nan=False),
+    st.booleans(),
+)
+pairs_st = st.dictionaries(st.sampled_from(KEYS), values, min_size=1, max_size=3)
+persist_st = st.sampled_from(
+    [None, P.INVALID, P.INDEF, P.FIRST_READ, P.PROC, P.APP, P.NSPACE, P.SESSION]
+)
+uids_st = st.lists(st.sampled_from([UID_A, UID_B, UID_C]), max_size=2)
+gids_st = st.lists(st.sampled_from([GID_A, GID_B, GID_C]), max_size=2)
+
+#: horizon -> persistences it removes (literal SPEC 5 table)
+REMOVES = {
+    P.PROC: {P.PROC},
+    P.APP: {P.PROC, P.APP},
+    P.NSPACE: {P.PROC, P.APP, P.NSPACE},
+    P.SESSION: {P.PROC, P.APP, P.NSPACE, P.SESSION},
+    P.INVALID: {P.INDEF, P.FIRST_READ, P.PROC, P.APP, P.NSPACE, P.SESSION},
+}
+IDLE = {P.INDEF, P.FIRST_READ}
+
+purge_st = st.one_of(
+    st.builds(lambda c: (P.PROC, dict(nspace=c.nspace, rank=c.rank)), st.sampled_from(CALLERS)),
+    st.builds(lambda c: (P.INVALID, dict(nspace=c.nspace, rank=c.rank)), st.sampled_from(CALLERS)),
+    st.builds(lambda ns, a: (P.APP, dict(nspace=ns, app_idx=a)), st.sampled_from(NSPACES),
+              st.sampled_from([0, 1])),
+    st.builds(lambda ns: (P.NSPACE, dict(nspace=ns)), st.sampled_from(NSPACES)),
+    st.builds(lambda ns: (P.SESSION, dict(nspace=ns)), st.sampled_from(NSPACES)),
+    st.builds(lambda s: (P.SESSION, dict(nspace=None, session_id=s)), st.sampled_from([1, 2, 3])),
+)
+
+BAD_PUBLISHES = [
+    dict(pairs={}),
+    dict(pairs={"k0": None}),
+    dict(pairs={"k0": [1]}),
+    dict(pairs={"": 1}),
+    dict(pairs={"k0": 2**64}),
+    dict(pairs={"k0": 1}, range=42),
+    dict(pairs={"k0": 1}, range=True),
+    dict(pairs={"k0": 1}, persistence=9),
+    dict(pairs={"k0": 1}, access_uids=[-5]),
+    dict(pairs={"k0": 1}, access_gids="x"),
+]
+
+
+def _covers(target: dict, who) -> bool:
+    """Does a purge target cover this process (owner or requestor)?"""
+    if target.get("nspace") is not None and who.nspace != target["nspace"]:
+        return False
+    if target.get("rank") is not None and who.rank != target["rank"]:
+        return False
+    if target.get("app_idx") is not None and who.app_idx != target["app_idx"]:
+        return False
+    if target.get("session_id") is not None and who.session_id != target["session_id"]:
+        return False
+    return True
+
+
+def _item_state(it):
+    return (dict(it.pairs), it.last_access, it.nbytes)
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """A DataStore under random operations, checked step by step."""
+
+    @initialize(timeout=st.sampled_from([0, 4, 6, 8]), cap=st.sampled_from([0, 250, 400, 700]))
+    def setup(self, timeout, cap):
+        self.sched = FakeScheduler()
+        self.answers: list = []
+        self.timeout = timeout
+        self.cap = cap
+        self.store = DataStore(
+            name="prop", clock=self.sched, timer=self.sched,
+            on_answer=lambda t, r: self.answers.append((t, r)),
+            params=StoreParams(timeout=timeout, max_size=cap),
+        )
+        self.pending: dict[int, dict] = {}
+        self.next_ticket = 0
+        self.drained = 0
+
+    # -- helpers ------------------------------------------------------------
+
+    def _stale(self, it, now) -> bool:
+        return bool(self.timeout) and it.persistence in IDLE and now - it.last_access > self.timeout
+
+    def _drain(self, *, allow_timeout: bool) -> list:
+        """Check answers delivered since the last drain against what was parked."""
+        new = self.answers[self.drained:]
+        self.drained = len(self.answers)
+        now = self.sched.now()
+        for ticket, reply in new:
+            assert ticket in self.pending, f"answer for a ticket not parked: {ticket!r}"
+            p = self.pending.pop(ticket)
+            if reply.status is Status.ERR_TIMEOUT:
+                assert allow_timeout, "TIMEOUT outside a time step"
+                assert p["deadline"] is not None and p["deadline"] <= now
+                assert reply.found == ()
+            else:
+                assert reply.status in (Status.SUCCESS, Status.ERR_PARTIAL_SUCCESS), reply
+                got = [f.key for f in reply.found]
+                assert len(got) == len(set(got)) and set(got) <= set(p["keys"])
+                assert len(got) >= p["need"]
+                assert (reply.status is Status.SUCCESS) == (len(got) == len(p["keys"]))
+        return new
+
+    def _expected_lookup(self, req, keys, rng):
+        """Oracle: SPEC 4's answer, computed from the items before the lookup."""
+        now = self.sched.now()
+        klist = list(dict.fromkeys(keys))
+        items = sorted(self.store.items(), key=lambda it: it.id)  # publish order
+        hits, refused = [], False
+        for k in klist:
+            for it in items:
+                if k not in it.pairs or self._stale(it, now):
+                    continue
+                verdict = may_read(req, it, rng, self.store.dvm_nspace)
+                if verdict is ReadVerdict.OK:
+                    hits.append((k, it))
+                    break
+                if verdict is ReadVerdict.NO_ACCESS:
+                    refused = True
+        if len(hits) == len(klist):
+            status = Status.SUCCESS
+        elif hits:
+            status = Status.ERR_PARTIAL_SUCCESS
+        elif refused:
+            status = Status.ERR_NO_PERMISSIONS
+        else:
+            status = Status.ERR_NOT_FOUND
+        found = [(k, it.pairs[k], it.owner.proc) for k, it in hits]
+        return klist, hits, status, found
+
+    def _check_answered(self, reply, hits, status, found, now):
+        assert reply.status is status, (reply, status)
+        assert [(f.key, f.value, f.publisher) for f in reply.found] == found
+        live = {it.id: it for it in self.store.items()}
+        for k, it in hits:
+            if it.persistence is P.FIRST_READ:
+                assert it.id not in live or k not in live[it.id].pairs, "FIRST_READ key survived"
+            else:
+                assert live[it.id].last_access == now, "answered item not restamped"
+
+    # -- rules --------------------------------------------------------------
+
+    @rule(who=st.sampled_from(CALLERS), pairs=pairs_st, rng=st.sampled_from(list(Range)),
+          persistence=persist_st, uids=uids_st, gids=gids_st, replace=st.booleans())
+    def publish(self, who, pairs, rng, persistence, uids, gids, replace):
+        store = self.store
+        now = self.sched.now()
+        before = snapshot(store)
+        pre = {it.id: (it, _item_state(it)) for it in store.items()}
+        timers = self.sched.pending()
+        persist = P.NSPACE if persistence in (None, P.INVALID) else persistence
+        uids_n, gids_n = tuple(dict.fromkeys(uids)), tuple(dict.fromkeys(gids))
+        nbytes = item_nbytes(pairs, uids_n, gids_n)
+
+        # oracle: duplicate rule, then the cap
+        foreign = own = False
+        for it, _ in pre.values():
+            if it.range is not rng or not (set(it.pairs) & set(pairs)) or self._stale(it, now):
+                continue
+            if may_read(who, it, rng, store.dvm_nspace) is not ReadVerdict.OK:
+                continue
+            if owns(who, it):
+                own = True
+            else:
+                foreign = True
+        if foreign or (own and not replace):
+            expected = Status.ERR_DUPLICATE_KEY
+        elif self.cap and nbytes > self.cap:
+            expected = Status.ERR_OUT_OF_RESOURCE
+        else:
+            expected = Status.SUCCESS
+
+        reply = store.publish(who, pairs, range=rng, persistence=persistence,
+                              access_uids=uids, access_gids=gids, replace=replace)
+        assert reply.status is expected, (reply, expected)
+        if reply.status is not Status.SUCCESS:
+            assert snapshot(store) == before, "refused publish changed the store"
+            assert self.sched.pending() == timers
+            assert len(self.answers) == self.drained, "refused publish answered a lookup"
+            return
+
+        new_answers = self._drain(allow_timeout=False)
+        after = snapshot(store)
+        if self.cap:
+            assert after["bytes_by_uid"].get(who.uid, 0) <= self.cap
+        if new_answers:
+            return  # parked lookups may have consumed FIRST_READ keys anywhere
+        stored = [it for it in store.items() if it.id not in pre]
+        assert len(stored) == 1
+        new = stored[0]
+        assert (new.owner, new.pairs, new.range, new.persistence) == (who, pairs, rng, persist)
+        assert (new.access_uids, new.access_gids) == (uids_n, gids_n)
+        assert new.last_access == now and new.nbytes == nbytes
+        # other uids' items are untouched by eviction
+        live = {it.id: it for it in store.items()}
+        for iid, (it, state) in pre.items():
+            if it.uid != who.uid and not self._stale(it, now):
+                assert iid in live and _item_state(live[iid]) == state
+        # eviction takes the uid's least recently used items, and only as many as needed
+        if not replace and after["expiries"] == before["expiries"]:
+            gone = [pre[i][0] for i in pre if i not in live]
+            assert len(gone) == after["evictions"] - before["evictions"]
+            assert all(it.uid == who.uid for it in gone)
+            if gone:
+                survivors = [live[i] for i in pre if i in live and live[i].uid == who.uid]
+                newest_gone = max(pre[it.id][1][1] for it in gone)
+                assert all(s.last_access >= newest_gone for s in survivors)
+                freed = sum(pre[it.id][1][2] for it in gone)
+                used = before["bytes_by_uid"].get(who.uid, 0)
+                assert used - freed + nbytes <= self.cap
+                assert any(used - freed + pre[it.id][1][2] + nbytes > self.cap for it in gone)
+
+    @rule(who=st.sampled_from(CALLERS), bad=st.sampled_from(BAD_PUBLISHES))
+    def publish_bad(self, who, bad):
+        before = snapshot(self.store)
+        kw = dict(bad)
+        reply = self.store.publish(who, kw.pop("pairs"), **kw)
+        assert reply.status is Status.ERR_BAD_PARAM and reply.message
+        assert snapshot(self.store) == before
+
+    @rule(who=st.sampled_from(CALLERS), keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=3),
+          rng=st.sampled_from(list(Range)))
+    def lookup(self, who, keys, rng):
+        now = self.sched.now()
+        klist, hits, status, found = self._expected_lookup(who, keys, rng)
+        reply = self.store.lookup(who, keys, range=rng)
+        assert isinstance(reply, Reply)
+        self._check_answered(reply, hits, status, found, now)
+        assert len(self.answers) == self.drained
+
+    @rule(who=st.sampled_from(CALLERS), keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=3),
+          rng=st.sampled_from(list(Range)), wait=st.integers(0, 3),
+          timeout=st.sampled_from([None, 0, 1, 3, 7]))
+    def lookup_wait(self, who, keys, rng, wait, timeout):
+        now = self.sched.now()
+        klist, hits, status, found = self._expected_lookup(who, keys, rng)
+        need = len(klist) if wait == 0 else min(wait, len(klist))
+        pre = {it.id: (it, _item_state(it)) for it in self.store.items()}
+        ticket = self.next_ticket
+        self.next_ticket += 1
+        reply = self.store.lookup(who, keys, range=rng, wait=wait, timeout=timeout, ticket=ticket)
+        if len(hits) >= need:
+            assert isinstance(reply, Reply)
+            self._check_answered(reply, hits, status, found, now)
+        else:
+            assert reply == Pending(ticket)
+            self.pending[ticket] = dict(
+                keys=klist, need=need, requestor=who,
+                deadline=(now + timeout) if timeout else None,
+            )
+            # parking consumes and touches nothing (stale items may be lazily expired)
+            live = {it.id: it for it in self.store.items()}
+            for iid, (it, state) in pre.items():
+                if not self._stale(it, now):
+                    assert iid in live and _item_state(live[iid]) == state
+        assert len(self.answers) == self.drained
+
+    @rule(who=st.sampled_from(CALLERS), keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=3))
+    def unpublish(self, who, keys):
+        pre = {it.id: (it, set(it.pairs)) for it in self.store.items()}
+        parked = self.store.stats().parked
+        assert self.store.unpublish(who, keys).status is Status.SUCCESS
+        live = {it.id: it for it in self.store.items()}
+        for iid, (it, ks) in pre.items():
+            left = ks - set(keys) if owns(who, it) else ks
+            if left:
+                assert iid in live and set(live[iid].pairs) == left
+            else:
+                assert iid not in live
+        assert self.store.stats().parked == parked
+
+    @rule(who=st.sampled_from(CALLERS))
+    def unpublish_all(self, who):
+        pre = {it.id: (it, _item_state(it)) for it in self.store.items()}
+        parked = self.store.stats().parked
+        assert self.store.unpublish_all(who).status is Status.SUCCESS
+        live = {it.id: it for it in self.store.items()}
+        for iid, (it, state) in pre.items():
+            if it.owner.proc == who.proc:
+                assert iid not in live
+            else:
+                assert iid in live and _item_state(live[iid]) == state
+        assert self.store.stats().parked == parked
+
+    @rule(purge=purge_st)
+    def purge(self, purge):
+        horizon, target = purge
+        pre = {it.id: (it, _item_state(it)) for it in self.store.items()}
+        doomed = {iid for iid, (it, _) in pre.items()
+                  if _covers(target, it.owner) and it.persistence in REMOVES[horizon]}
+        n = self.store.purge(horizon, **target)
+        assert n == len(doomed)
+        live = {it.id: it for it in self.store.items()}
+        assert set(live) == set(pre) - doomed
+        for iid, it in live.items():
+            assert _item_state(it) == pre[iid][1]
+        if horizon is not P.INVALID:
+            for t in [t for t, p in self.pending.items() if _covers(target, p["requestor"])]:
+                del self.pending[t]
+        assert len(self.answers) == self.drained, "a purge answered a lookup"
+
+    @precondition(lambda self: bool(self.pending))
+    @rule(data=st.data())
+    def cancel(self, data):
+        ticket = data.draw(st.sampled_from(sorted(self.pending)))
+        assert self.store.cancel(ticket) is True
+        del self.pending[ticket]
+        assert self.store.cancel(ticket) is False
+
+    @rule(dt=st.sampled_from([0.5, 1, 1.5, 2, 3, 5, 10]))
+    def advance(self, dt):
+        pre = {it.id: (it, _item_state(it)) for it in self.store.items()}
+        self.sched.advance(dt)
+        now = self.sched.now()
+        self._drain(allow_timeout=True)
+        live = {it.id: it for it in self.store.items()}
+        for iid, (it, state) in pre.items():
+            if iid in live:
+                assert _item_state(live[iid]) == state, "time alone changed an item"
+            else:
+                assert it.persistence in IDLE, "a lifetime item vanished with time"
+                assert self.timeout and now - state[1] > self.timeout, "expired early"
+        if self.timeout:
+            limit = self.timeout + sweep_interval(self.timeout)
+            for it in live.values():
+                if it.persistence in IDLE:
+                    assert now - it.last_access <= limit, "idle item outlived timeout + interval"
+        for t, p in self.pending.items():
+            assert p["deadline"] is None or p["deadline"] > now, f"ticket {t} not timed out"
+
+    # -- after every step ---------------------------------------------------
+
+    @invariant()
+    def store_is_consistent(self):
+        if not hasattr(self, "store"):
+            return
+        self.store.check_invariants()
+        items = self.store.items()
+        usage: dict[int, int] = {}
+        for it in items:
+            assert it.pairs
+            assert it.nbytes == item_nbytes(it.pairs, it.access_uids, it.access_gids)
+            usage[it.uid] = usage.get(it.uid, 0) + it.nbytes
+        stats = self.store.stats()
+        assert dict(stats.bytes_by_uid) == usage
+        assert stats.items == len(items)
+        if self.cap:
+            assert all(v <= self.cap for v in usage.values())
+        assert stats.parked == len(self.pending)
+        has_idle = any(it.persistence in IDLE for it in items)
+        assert self.store.sweep_armed == bool(self.timeout and has_idle)
+
+
+StoreMachine.TestCase.settings = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+
+
+class TestStoreKeepsEveryRuleUnderRandomOperations(StoreMachine.TestCase):
+    """Random publish/lookup/unpublish/purge/cancel/advance sequences never break a rule."""
+
+
+# ---------------------------------------------------------------------------
+# smaller properties
+# ---------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(pairs=st.dictionaries(st.text(min_size=1, max_size=8), values, max_size=5),
+       extra_key=st.text(min_size=1, max_size=8), extra=values, uids=uids_st, gids=gids_st)
+def test_nbytes_is_monotone_in_what_was_stored(pairs, extra_key, extra, uids, gids):
+    """Adding a pair or an accessor never lowers nbytes (no type choice evades the cap)."""
+    base = item_nbytes(pairs, tuple(uids), tuple(gids))
+    if extra_key not in pairs:
+        assert item_nbytes({**pairs, extra_key: extra}, tuple(uids), tuple(gids)) >= base
+    assert item_nbytes(pairs, tuple(uids) + (1,), tuple(gids)) == base + 4
+    expected = 128 + 4 * (len(uids) + len(gids))
+    for k, v in pairs.items():
+        expected += len(k.encode()) + (
+            1 if isinstance(v, bool) else 8 if isinstance(v, (int, float))
+            else len(v.encode()) if isinstance(v, str) else len(v)
+        )
+    assert base == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(t=st.floats(min_value=0.01, max_value=10_000, allow_nan=False))
+def test_sweep_interval_is_clamped_quarter_of_timeout(t):
+    """sweep_interval(t) == min(60, max(1, t/4)), always within [1, 60]."""
+    iv = sweep_interval(t)
+    assert 1.0 <= iv <= 60.0
+    assert math.isclose(iv, min(60.0, max(1.0, t / 4)))
