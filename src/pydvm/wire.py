@@ -87,6 +87,11 @@ class FrameDecoder:
     def feed(self, data: bytes) -> list[Message]:
         """Add ``data``; return every complete message.  Raises FrameError."""
         buf = self._buf
+        if not buf and len(data) >= 4:
+            # Fast path: exactly one whole frame, the common case of a request.
+            (size,) = HEADER.unpack_from(data, 0)
+            if size == len(data) - 4 and size <= self.max_frame:
+                return [unpack_body(data[4:])]
         buf += data
         out: list[Message] = []
         pos = 0
@@ -281,13 +286,16 @@ class BlockingChannel:
         self.sock = sock
         self._decoder = FrameDecoder(max_frame)
         self._queue: list[Message] = []
+        self._timeout: float | None = sock.gettimeout()
 
     def send(self, msg: Message) -> None:
         self.sock.sendall(pack(msg))
 
     def recv(self, timeout: float | None = None) -> Message:
         """Next message; raises ConnectionError on EOF, socket.timeout on timeout."""
-        self.sock.settimeout(timeout)
+        if timeout != self._timeout:
+            self.sock.settimeout(timeout)
+            self._timeout = timeout
         while not self._queue:
             data = self.sock.recv(1 << 16)
             if not data:

@@ -758,9 +758,10 @@ def _as_persistence(value) -> Persistence | None:
 
 
 def _id_list(values) -> tuple[int, ...] | None:
-    if values is None:
+    if values is None or values == ():
         return ()
-    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+    if not isinstance(values, (list, tuple)) and (
+            isinstance(values, (str, bytes)) or not isinstance(values, Iterable)):
         return None
     out: list[int] = []
     for v in values:
@@ -780,7 +781,8 @@ def _check_key(key) -> str:
 
 
 def _check_keys(keys) -> tuple[str, tuple[str, ...]]:
-    if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+    if not isinstance(keys, (list, tuple)) and (
+            isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable)):
         return "keys must be a list of str", ()
     klist: list[str] = []
     for key in keys:
@@ -795,7 +797,7 @@ def _check_keys(keys) -> tuple[str, tuple[str, ...]]:
 
 
 def _check_pairs(pairs) -> tuple[str, dict[str, Value]]:
-    if not isinstance(pairs, Mapping):
+    if not isinstance(pairs, dict) and not isinstance(pairs, Mapping):
         return "pairs must be a mapping of key to value", {}
     if not pairs:
         return "nothing to publish (no pairs)", {}
