@@ -26,6 +26,7 @@ import asyncio
 import logging
 import socket
 import struct
+import time
 from typing import Any, Callable
 
 import msgpack
@@ -146,6 +147,8 @@ class Channel(asyncio.Protocol):
         self._pending: dict[int, ReplyCallback] = {}
         self._next_id = 0
         self._closed_waiter: asyncio.Future | None = None
+        #: time.monotonic() of the last bytes received (for heartbeats).
+        self.last_rx = time.monotonic()
 
     # -- asyncio.Protocol ---------------------------------------------------
 
@@ -161,6 +164,7 @@ class Channel(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        self.last_rx = time.monotonic()
         try:
             messages = self._decoder.feed(data)
         except FrameError as exc:
@@ -264,6 +268,25 @@ class Channel(asyncio.Protocol):
         if self._closed_waiter is None:
             self._closed_waiter = asyncio.get_running_loop().create_future()
         return await self._closed_waiter
+
+
+async def heartbeat(channels: Callable[[], list[Channel]], interval: float) -> None:
+    """Ping every channel each ``interval`` seconds; close those silent for 3.
+
+    Both ends of a master-daemon link run this, so each notices a dead or
+    unreachable peer within about three periods even when TCP does not.
+    """
+    while True:
+        await asyncio.sleep(interval)
+        now = time.monotonic()
+        for ch in channels():
+            if ch.closed:
+                continue
+            silent = now - ch.last_rx
+            if silent > 3 * interval:
+                ch.close(f"no heartbeat from {ch.name} for {silent:.1f}s")
+            else:
+                ch.send({"t": "ping"})
 
 
 def _hashable(value: Any) -> bool:

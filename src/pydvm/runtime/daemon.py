@@ -39,7 +39,7 @@ from .. import params as P
 from ..enums import Persistence, Range
 from ..errors import Status
 from ..store import Caller, DataStore, MonotonicClock, StoreParams
-from ..wire import Channel, Message, peer_credentials, reply
+from ..wire import Channel, Message, heartbeat, peer_credentials, reply
 from . import dataops
 from .auth import DvmUri, connect
 from .master import stats_entry
@@ -119,6 +119,7 @@ class Daemon:
             self.socket_path)
         os.chmod(self.socket_path, 0o700)
         self.master.send({"t": "ready"})
+        self._spawn(heartbeat(lambda: [self.master], values["pydvm_heartbeat_interval"]))
         log.info("daemon %s serving clients at %s", self.node, self.socket_path)
         await self._done.wait()
         return 0
@@ -141,10 +142,21 @@ class Daemon:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
         self._done.set()
 
-    def _spawn(self, coro) -> asyncio.Task:
+    def _spawn(self, coro, answer_id=None) -> asyncio.Task:
+        """Run ``coro`` as a task; if it fails and ``answer_id`` names a master
+        request, answer that request with the failure."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+
+        def done(t: asyncio.Task) -> None:
+            self._tasks.discard(t)
+            if t.cancelled() or t.exception() is None:
+                return
+            log.error("internal error", exc_info=t.exception())
+            if answer_id is not None and self.master is not None:
+                self.master.send(reply(answer_id, Status.ERR_UNREACH,
+                                       f"{self.node}: internal error: {t.exception()!r}"))
+        task.add_done_callback(done)
         return task
 
     # ------------------------------------------------------------------
@@ -155,7 +167,7 @@ class Daemon:
         t = msg["t"]
         rid = msg.get("id")
         if t == "launch":
-            self._spawn(self._launch(msg))
+            self._spawn(self._launch(msg), rid)
         elif t == "kill":
             job = self.jobs.get(msg.get("nspace"))
             if job is not None:
@@ -172,7 +184,7 @@ class Daemon:
                 await self._kill_all(KILL_GRACE)
                 ch.send(reply(rid, Status.SUCCESS))
                 await self._exit()
-            self._spawn(run())
+            self._spawn(run(), rid)
         elif t == "ping":
             if rid is not None:
                 ch.send(reply(rid, Status.SUCCESS))

@@ -34,7 +34,7 @@ from .. import params as P
 from ..enums import Persistence
 from ..errors import Status
 from ..store import Caller, DataStore, MonotonicClock, StoreParams
-from ..wire import Channel, Message, reply
+from ..wire import Channel, Message, heartbeat, reply
 from . import dataops
 from .auth import HANDSHAKE_TIMEOUT, DvmUri, check_auth, remove_secret, write_secret
 from .jobs import HostSpec, JobRecord, ProcState, SessionRecord, build_job
@@ -115,6 +115,10 @@ class Master:
         self._stopped = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._peers: set[Channel] = set()
+        #: (node, nspace, rank, uid, gid) -> resolved Caller; cleared whenever
+        #: a job ends, since resolution depends on the job records.
+        self._callers: dict[tuple, Caller] = {}
+        self._heartbeat: asyncio.Task | None = None
 
     # ------------------------------------------------------------------
     # start / stop
@@ -149,6 +153,10 @@ class Master:
         except BaseException:
             await self._teardown()
             raise
+        self._heartbeat = self._spawn(heartbeat(
+            lambda: [n.channel for n in self.nodes.values()
+                     if n.state == "up" and n.channel is not None],
+            self.values["pydvm_heartbeat_interval"]))
         return self.uri
 
     async def _launch_daemons(self) -> None:
@@ -202,6 +210,8 @@ class Master:
         await self._teardown()
 
     async def _teardown(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
         acks = []
         for node in self.nodes.values():
             if node.channel is not None and not node.channel.closed:
@@ -225,16 +235,23 @@ class Master:
         remove_secret(self.dvmid)
         self._stopped.set()
 
-    def _spawn(self, coro) -> asyncio.Task:
+    def _spawn(self, coro, answer: tuple[Channel, Any] | None = None) -> asyncio.Task:
+        """Run ``coro`` as a task.  If it fails and ``answer`` names a request
+        (channel, id), that request is answered with the failure, so its
+        caller is never left waiting."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._task_done)
+        task.add_done_callback(lambda t: self._task_done(t, answer))
         return task
 
-    def _task_done(self, task: asyncio.Task) -> None:
+    def _task_done(self, task: asyncio.Task, answer: tuple[Channel, Any] | None) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("internal task failed", exc_info=task.exception())
+        if task.cancelled() or task.exception() is None:
+            return
+        log.error("internal error", exc_info=task.exception())
+        if answer is not None:
+            ch, rid = answer
+            ch.send(reply(rid, Status.ERR_UNREACH, f"internal error: {task.exception()!r}"))
 
     # ------------------------------------------------------------------
     # connections
@@ -327,8 +344,11 @@ class Master:
             if fields is None:
                 ch.send(reply(msg.get("id"), Status.ERR_BAD_PARAM, "malformed caller"))
                 return
-            ns, rank, uid, gid = fields
-            self._data_op(ch, msg, self._resolve_caller(ns, rank, uid, gid, ch.peer["node"]))
+            key = (ch.peer["node"], *fields)
+            caller = self._callers.get(key)
+            if caller is None:
+                caller = self._callers[key] = self._resolve_caller(*fields, ch.peer["node"])
+            self._data_op(ch, msg, caller)
         elif t == "cancel":
             ref = msg.get("ref")
             if isinstance(ref, int) and ref in ch.peer["parked"]:
@@ -406,6 +426,7 @@ class Master:
         self.store.purge(Persistence.NSPACE, nspace=job.nspace)
         await self._broadcast_purge(Persistence.NSPACE, nspace=job.nspace)
         self.jobs.pop(job.nspace, None)
+        self._callers.clear()
         session = self.sessions.get(job.session_id)
         if session is not None:
             session.jobs.discard(job.nspace)
@@ -481,7 +502,7 @@ class Master:
         except ValueError as exc:
             ch.send(reply(rid, Status.ERR_BAD_PARAM, str(exc)))
             return
-        self._spawn(self._run_job(ch, rid, job, per_node))
+        self._spawn(self._run_job(ch, rid, job, per_node), (ch, rid))
 
     def _plan_job(self, msg: Message) -> tuple[JobRecord, dict[str, list[dict]]]:
         sid = msg.get("session", DEFAULT_SESSION)
@@ -577,7 +598,7 @@ class Master:
         async def run() -> None:
             await self.stop()
             ch.send(reply(msg.get("id"), Status.SUCCESS, pid=os.getpid()))
-        self._spawn(run())
+        self._spawn(run(), (ch, msg.get("id")))
 
     def _tool_session_new(self, ch: Channel, msg: Message) -> None:
         hosts = msg.get("hosts")
@@ -621,7 +642,7 @@ class Master:
             await self._broadcast_purge(Persistence.SESSION, session_id=sid)
             del self.sessions[sid]
             ch.send(reply(rid, Status.SUCCESS))
-        self._spawn(run())
+        self._spawn(run(), (ch, rid))
 
     def _tool_store(self, ch: Channel, msg: Message) -> None:
         uid = ch.peer["uid"]
@@ -638,7 +659,7 @@ class Master:
                 else:
                     stores.append({"store": name, "error": r.get("msg", "")})
             ch.send(reply(msg.get("id"), Status.SUCCESS, stores=stores))
-        self._spawn(run())
+        self._spawn(run(), (ch, msg.get("id")))
 
     def _tool_info(self, ch: Channel, msg: Message) -> None:
         ch.send(reply(
