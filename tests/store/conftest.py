@@ -11,7 +11,8 @@ from typing import Hashable
 
 import pytest
 
-from pydvm.store import DataStore, FakeScheduler, Reply, StoreParams
+from pydvm.store import DataStore, Reply, StoreParams
+from pydvm.store.clock import FakeScheduler
 from pydvm.store.store import DEFAULT_MAX_SIZE, DEFAULT_TIMEOUT
 
 

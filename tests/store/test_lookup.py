@@ -186,6 +186,18 @@ def test_first_read_item_shrinks_key_by_key_and_leaves_with_last(store):
     assert store.stats().consumed == 2
 
 
+def test_first_read_lookup_of_several_keys_consumes_each_returned_key(store):
+    """One lookup returning several FIRST_READ keys (of one or more items) consumes all of them."""
+    store.publish(alice, {"k1": 1, "k2": 2}, persistence=P.FIRST_READ)
+    store.publish(alice2, {"k3": 3}, persistence=P.FIRST_READ)
+    store.publish(alice2, {"keep": 4}, persistence=P.FIRST_READ)
+    r = store.lookup(alice, ["k1", "k2", "k3"])
+    assert found_map(r) == {"k1": (1, alice.proc), "k2": (2, alice.proc), "k3": (3, alice2.proc)}
+    assert keys_in_store(store) == {"keep"}
+    assert store.stats().consumed == 3
+    assert store.lookup(alice, ["k1", "k2", "k3"]).status is Status.ERR_NOT_FOUND
+
+
 def test_first_read_partial_lookup_consumes_only_returned_keys(store):
     """A PARTIAL_SUCCESS lookup consumes the FIRST_READ keys it returned and no others."""
     store.publish(alice, {"k1": 1, "k2": 2}, persistence=P.FIRST_READ)

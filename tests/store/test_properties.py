@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from pydvm.store import DataStore, FakeScheduler, Pending, Reply, StoreParams, item_nbytes
@@ -49,6 +49,8 @@ pairs_st = st.dictionaries(st.sampled_from(KEYS), values, min_size=1, max_size=3
 persist_st = st.sampled_from(
     [None, P.INVALID, P.INDEF, P.FIRST_READ, P.PROC, P.APP, P.NSPACE, P.SESSION]
 )
+#: ranges, biased towards the always-admitting ones so that lookups often succeed
+range_st = st.sampled_from([Range.SESSION, Range.SESSION, Range.GLOBAL, Range.UNDEF] + list(Range))
 uids_st = st.lists(st.sampled_from([UID_A, UID_B, UID_C]), max_size=2)
 gids_st = st.lists(st.sampled_from([GID_A, GID_B, GID_C]), max_size=2)
 
@@ -106,7 +108,7 @@ def _item_state(it):
 class StoreMachine(RuleBasedStateMachine):
     """A DataStore under random operations, checked step by step."""
 
-    @initialize(timeout=st.sampled_from([0, 4, 6, 8]), cap=st.sampled_from([0, 250, 400, 700]))
+    @initialize(timeout=st.sampled_from([0, 4, 6, 8]), cap=st.sampled_from([0, 180, 250, 400, 700]))
     def setup(self, timeout, cap):
         self.sched = FakeScheduler()
         self.answers: list = []
@@ -185,9 +187,23 @@ class StoreMachine(RuleBasedStateMachine):
 
     # -- rules --------------------------------------------------------------
 
-    @rule(who=st.sampled_from(CALLERS), pairs=pairs_st, rng=st.sampled_from(list(Range)),
+    @rule(who=st.sampled_from(CALLERS), pairs=pairs_st, rng=range_st,
           persistence=persist_st, uids=uids_st, gids=gids_st, replace=st.booleans())
     def publish(self, who, pairs, rng, persistence, uids, gids, replace):
+        self._publish(who, pairs, rng, persistence, uids, gids, replace)
+
+    @rule(who=st.sampled_from(CALLERS[:2]), pairs=pairs_st, rng=range_st,
+          persistence=persist_st, replace=st.booleans())
+    def publish_as_main_user(self, who, pairs, rng, persistence, replace):
+        self._publish(who, pairs, rng, persistence, [], [], replace)
+
+    @rule(who=st.sampled_from(CALLERS), key=st.sampled_from(KEYS),
+          size=st.integers(min_value=0, max_value=800), persistence=persist_st,
+          replace=st.booleans())
+    def publish_big(self, who, key, size, persistence, replace):
+        self._publish(who, {key: "x" * size}, Range.SESSION, persistence, [], [], replace)
+
+    def _publish(self, who, pairs, rng, persistence, uids, gids, replace):
         store = self.store
         now = self.sched.now()
         before = snapshot(store)
@@ -218,6 +234,7 @@ class StoreMachine(RuleBasedStateMachine):
         reply = store.publish(who, pairs, range=rng, persistence=persistence,
                               access_uids=uids, access_gids=gids, replace=replace)
         assert reply.status is expected, (reply, expected)
+        event(f"publish {reply.status.name}")
         if reply.status is not Status.SUCCESS:
             assert snapshot(store) == before, "refused publish changed the store"
             assert self.sched.pending() == timers
@@ -226,6 +243,10 @@ class StoreMachine(RuleBasedStateMachine):
 
         new_answers = self._drain(allow_timeout=False)
         after = snapshot(store)
+        if new_answers:
+            event("publish answered a parked lookup")
+        if after["evictions"] > before["evictions"]:
+            event("publish evicted")
         if self.cap:
             assert after["bytes_by_uid"].get(who.uid, 0) <= self.cap
         if new_answers:
@@ -264,17 +285,18 @@ class StoreMachine(RuleBasedStateMachine):
         assert snapshot(self.store) == before
 
     @rule(who=st.sampled_from(CALLERS), keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=3),
-          rng=st.sampled_from(list(Range)))
+          rng=range_st)
     def lookup(self, who, keys, rng):
         now = self.sched.now()
         klist, hits, status, found = self._expected_lookup(who, keys, rng)
         reply = self.store.lookup(who, keys, range=rng)
         assert isinstance(reply, Reply)
+        event(f"lookup {reply.status.name}")
         self._check_answered(reply, hits, status, found, now)
         assert len(self.answers) == self.drained
 
     @rule(who=st.sampled_from(CALLERS), keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=3),
-          rng=st.sampled_from(list(Range)), wait=st.integers(0, 3),
+          rng=range_st, wait=st.integers(0, 3),
           timeout=st.sampled_from([None, 0, 1, 3, 7]))
     def lookup_wait(self, who, keys, rng, wait, timeout):
         now = self.sched.now()
@@ -289,6 +311,7 @@ class StoreMachine(RuleBasedStateMachine):
             self._check_answered(reply, hits, status, found, now)
         else:
             assert reply == Pending(ticket)
+            event("lookup parked")
             self.pending[ticket] = dict(
                 keys=klist, need=need, requestor=who,
                 deadline=(now + timeout) if timeout else None,
@@ -335,6 +358,7 @@ class StoreMachine(RuleBasedStateMachine):
                   if _covers(target, it.owner) and it.persistence in REMOVES[horizon]}
         n = self.store.purge(horizon, **target)
         assert n == len(doomed)
+        event(f"purge {horizon.name} removed {'some' if n else 'none'}")
         live = {it.id: it for it in self.store.items()}
         assert set(live) == set(pre) - doomed
         for iid, it in live.items():
@@ -357,8 +381,11 @@ class StoreMachine(RuleBasedStateMachine):
         pre = {it.id: (it, _item_state(it)) for it in self.store.items()}
         self.sched.advance(dt)
         now = self.sched.now()
-        self._drain(allow_timeout=True)
+        if self._drain(allow_timeout=True):
+            event("advance timed out a lookup")
         live = {it.id: it for it in self.store.items()}
+        if set(pre) - set(live):
+            event("advance expired items")
         for iid, (it, state) in pre.items():
             if iid in live:
                 assert _item_state(live[iid]) == state, "time alone changed an item"
@@ -397,8 +424,9 @@ class StoreMachine(RuleBasedStateMachine):
 
 
 StoreMachine.TestCase.settings = settings(
-    max_examples=150,
+    max_examples=200,
     stateful_step_count=40,
+    database=None,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
@@ -413,7 +441,7 @@ class TestStoreKeepsEveryRuleUnderRandomOperations(StoreMachine.TestCase):
 # ---------------------------------------------------------------------------
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, database=None)
 @given(pairs=st.dictionaries(st.text(min_size=1, max_size=8), values, max_size=5),
        extra_key=st.text(min_size=1, max_size=8), extra=values, uids=uids_st, gids=gids_st)
 def test_nbytes_is_monotone_in_what_was_stored(pairs, extra_key, extra, uids, gids):
@@ -431,7 +459,7 @@ def test_nbytes_is_monotone_in_what_was_stored(pairs, extra_key, extra, uids, gi
     assert base == expected
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, database=None)
 @given(t=st.floats(min_value=0.01, max_value=10_000, allow_nan=False))
 def test_sweep_interval_is_clamped_quarter_of_timeout(t):
     """sweep_interval(t) == min(60, max(1, t/4)), always within [1, 60]."""

@@ -142,6 +142,15 @@ def test_custom_lookup_range_refuses_even_listed_requestor(rstore):
     assert rstore.lookup(bob, ["k", "j"], range=Range.CUSTOM).status is Status.ERR_NOT_FOUND
 
 
+def test_custom_lookup_range_refuses_publisher_its_own_lists_admit(rstore):
+    """CUSTOM as a lookup range refuses even when the item's lists admit both requestor and publisher."""
+    rstore.publish(ANCHOR, {"k": "v"}, range=Range.SESSION, access_uids=[UID_A, UID_B])
+    rstore.publish(ANCHOR, {"c": "v"}, range=Range.CUSTOM, access_uids=[UID_A, UID_B])
+    for who in (bob, ANCHOR):
+        assert rstore.lookup(who, ["k", "c"], range=Range.SESSION).status is Status.SUCCESS
+        assert rstore.lookup(who, ["k", "c"], range=Range.CUSTOM).status is Status.ERR_NOT_FOUND
+
+
 def test_local_range_with_unknown_node_admits_nobody(rstore):
     """LOCAL: a publisher with no known node is behind no daemon; nobody (itself included) reads."""
     nowhere = caller(nspace="ns-z", node=None)
