@@ -29,17 +29,6 @@ from hostnet import HostNet, unavailable_reason  # noqa: E402
 _REASON = unavailable_reason()
 
 
-def pytest_collection_modifyitems(config, items):
-    if not _REASON:
-        return
-    skip = pytest.mark.skip(reason=f"multi-node tests need test hosts: {_REASON}")
-    for item in items:
-        if str(HERE) in str(item.fspath) and "needs_netns" not in item.keywords:
-            continue
-        if str(HERE) in str(item.fspath):
-            item.add_marker(skip)
-
-
 def start_net_dvm(tmp: Path, net: HostNet, hosts: list[str] | None = None,
                   mca: dict[str, str] | None = None) -> dvmkit.Dvm:
     """A DVM whose daemons run in ``net``'s namespaces, launched over 'ssh'."""

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from storekit import (
-    UID_B, Pending, Persistence as P, Range, Status, alice, alice2, bob, snapshot,
+    UID_B, Pending, Persistence as P, Status, alice, alice2, bob, snapshot,
 )
 
 

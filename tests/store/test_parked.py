@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from storekit import (
-    GID_A, UID_A, UID_B, Pending, Persistence as P, Range, Reply, Status, alice, alice2,
+    UID_A, UID_B, Pending, Persistence as P, Range, Reply, Status, alice, alice2,
     bob, caller, found_map, item_with_key, keys_in_store, snapshot,
 )
 

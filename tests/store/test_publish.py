@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 
 from storekit import (
     GID_A, GID_B, UID_A, UID_B, Persistence as P, Range, Status, alice, alice2, bob,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from storekit import (
-    GID_A, GID_B, UID_A, UID_B, Range, Status, bob, caller, found_map,
+    GID_A, UID_A, UID_B, Range, Status, bob, caller, found_map,
 )
 
 DVM_NS = "dvm-test"

@@ -7,7 +7,7 @@ import pytest
 from pydvm.store.rules import sweep_interval
 from pydvm.store.store import SWEEP_BUDGET
 from storekit import (
-    Persistence as P, Status, alice, alice2, item_with_key, keys_in_store, snapshot,
+    Persistence as P, Status, alice, alice2, item_with_key, keys_in_store,
 )
 
 

@@ -49,14 +49,14 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable, Mapping
 
 from ..enums import Persistence, Range
 from ..errors import Status
 from .clock import Clock, Timer, TimerHandle
 from .model import INT_MAX, INT_MIN, Caller, Item, Value, item_nbytes
-from .parked import Parked, ParkedLookups
+from .parked import ParkedLookups
 from .rules import LIFETIME_HORIZONS, ReadVerdict, expires_by, may_read, owns, sweep_interval
 
 log = logging.getLogger("pydvm.store")
