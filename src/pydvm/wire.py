@@ -46,7 +46,15 @@ ReplyCallback = Callable[[Message], None]
 
 
 class FrameError(Exception):
-    """The byte stream cannot be read as frames any more."""
+    """The byte stream cannot be read as frames any more.
+
+    ``messages`` holds the whole messages decoded before the bad frame, so
+    a caller can still answer them before closing.
+    """
+
+    def __init__(self, text: str, messages: list | None = None) -> None:
+        super().__init__(text)
+        self.messages: list = messages or []
 
 
 def pack(msg: Message) -> bytes:
@@ -58,7 +66,7 @@ def pack(msg: Message) -> bytes:
 def unpack_body(body: bytes) -> Message:
     """Decode one frame body; raises FrameError if it is not a typed map."""
     try:
-        msg = msgpack.unpackb(body, raw=False, strict_map_key=True)
+        msg = msgpack.unpackb(body, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
         raise FrameError(f"undecodable frame body ({type(exc).__name__}: {exc})") from None
     if not isinstance(msg, dict):
@@ -100,12 +108,16 @@ class FrameDecoder:
         while n - pos >= 4:
             (size,) = HEADER.unpack_from(buf, pos)
             if size > self.max_frame:
-                raise FrameError(f"frame of {size} bytes exceeds the limit of {self.max_frame}")
+                raise FrameError(f"frame of {size} bytes exceeds the limit of {self.max_frame}",
+                                 out)
             if n - pos - 4 < size:
                 break
             body = bytes(buf[pos + 4 : pos + 4 + size])
             pos += 4 + size
-            out.append(unpack_body(body))
+            try:
+                out.append(unpack_body(body))
+            except FrameError as exc:
+                raise FrameError(str(exc), out) from None
         if pos:
             del buf[:pos]
         return out
@@ -167,10 +179,15 @@ class Channel(asyncio.Protocol):
         self.last_rx = time.monotonic()
         try:
             messages = self._decoder.feed(data)
+            bad = None
         except FrameError as exc:
-            self.send_error(Status.ERR_BAD_PARAM, str(exc))
-            self.close(f"protocol error: {exc}")
-            return
+            messages, bad = exc.messages, exc
+        self._dispatch(messages)
+        if bad is not None and not self.closed:
+            self.send_error(Status.ERR_BAD_PARAM, str(bad))
+            self.close(f"protocol error: {bad}", error=True)
+
+    def _dispatch(self, messages: list[Message]) -> None:
         for msg in messages:
             if self.closed:
                 return
@@ -188,7 +205,8 @@ class Channel(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         if self._decoder.pending_bytes:
-            self.close(f"connection ended inside a frame ({self._decoder.pending_bytes} bytes)")
+            self.close(f"connection ended inside a frame ({self._decoder.pending_bytes} bytes)",
+                       error=True)
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -237,10 +255,16 @@ class Channel(asyncio.Protocol):
 
     # -- closing ----------------------------------------------------------------
 
-    def close(self, reason: str = "closed") -> None:
-        """Close the connection, logging ``reason`` if it is an error."""
+    def close(self, reason: str = "closed", *, error: bool = False) -> None:
+        """Close the connection; ``error`` logs ``reason`` as a warning.
+
+        Every close for cause (bad frames, refused handshakes, lost
+        heartbeats) passes ``error=True``, so the reason is in the log.
+        """
         if self.closed:
             return
+        if error:
+            log.warning("%s: closed: %s", self.name, reason)
         self.close_reason = reason
         if self.transport is not None:
             self.transport.close()
@@ -284,7 +308,7 @@ async def heartbeat(channels: Callable[[], list[Channel]], interval: float) -> N
                 continue
             silent = now - ch.last_rx
             if silent > 3 * interval:
-                ch.close(f"no heartbeat from {ch.name} for {silent:.1f}s")
+                ch.close(f"no heartbeat from {ch.name} for {silent:.1f}s", error=True)
             else:
                 ch.send({"t": "ping"})
 

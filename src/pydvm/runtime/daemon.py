@@ -312,21 +312,21 @@ class Daemon:
         rid = msg.get("id")
         if msg["t"] != "hello":
             ch.send(reply(rid, Status.ERR_BAD_PARAM, "first message must be hello"))
-            ch.close(f"client sent {msg['t']!r} before hello")
+            ch.close(f"client sent {msg['t']!r} before hello", error=True)
             return
         try:
             pid, uid, gid = peer_credentials(ch.transport.get_extra_info("socket"))
         except OSError as exc:
-            ch.close(f"no peer credentials: {exc}")
+            ch.close(f"no peer credentials: {exc}", error=True)
             return
         ns, rank = msg.get("nspace"), msg.get("rank")
         job = self.jobs.get(ns) if isinstance(ns, str) else None
-        lp = job.procs.get(rank) if job is not None and isinstance(rank, int) else None
+        ok_rank = isinstance(rank, int) and not isinstance(rank, bool)
+        lp = job.procs.get(rank) if job is not None and ok_rank else None
         if lp is None or lp.ended:
-            why = f"{ns}:{rank} is not a running process of this node"
-            log.warning("client pid %d refused: %s", pid, why)
+            why = f"{ns!r}:{rank!r} is not a running process of this node"
             ch.send(reply(rid, Status.ERR_NO_PERMISSIONS, why))
-            ch.close(why)
+            ch.close(f"client pid {pid} refused: {why}", error=True)
             return
         ch.name = f"client {ns}:{rank} pid {pid}"
         # The default session (0) never ends: no session horizon applies to it.
@@ -346,14 +346,14 @@ class Daemon:
         if not isinstance(rid, int) or isinstance(rid, bool):
             ch.send(reply(None, Status.ERR_BAD_PARAM, "request without an integer id"))
             return
+        if rid in ch.peer["parked"] or rid in ch.peer["forwarded"]:
+            ch.send(reply(rid, Status.ERR_BAD_PARAM, f"request id {rid} is still outstanding"))
+            return
         caller: Caller = ch.peer["caller"]
         if t == "unpublish":
             dataops.apply(self.store, caller, msg, (ch, rid))
             self._forward(ch, msg, caller)
         elif dataops.request_range(msg) == Range.LOCAL:
-            if rid in ch.peer["parked"]:
-                ch.send(reply(rid, Status.ERR_BAD_PARAM, f"request id {rid} is already waiting"))
-                return
             out = dataops.apply(self.store, caller, msg, (ch, rid))
             if out is None:
                 ch.peer["parked"].add(rid)
@@ -388,8 +388,6 @@ class Daemon:
             self.master.forget(mid)
             if not self.master.closed:
                 self.master.send({"t": "cancel", "ref": mid})
-        if reason.startswith(("protocol error", "connection ended inside")):
-            log.warning("%s: closed: %s", ch.name, reason)
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -265,14 +265,13 @@ class Master:
         loop = asyncio.get_running_loop()
         ch.peer["auth_timer"] = loop.call_later(
             HANDSHAKE_TIMEOUT, lambda: (not ch.peer.get("role")) and
-            ch.close(f"no handshake within {HANDSHAKE_TIMEOUT:.0f}s"))
+            ch.close(f"no handshake within {HANDSHAKE_TIMEOUT:.0f}s", error=True))
 
     def _on_unauthenticated(self, ch: Channel, msg: Message) -> None:
         problem = check_auth(self.secret, ch.peer["nonce"], msg)
         if problem:
-            log.warning("%s: refused: %s", ch.name, problem)
             ch.send(reply(msg.get("id"), Status.ERR_NO_PERMISSIONS, problem))
-            ch.close(f"handshake refused: {problem}")
+            ch.close(f"handshake refused: {problem}", error=True)
             return
         ch.peer["auth_timer"].cancel()
         if msg["role"] == "daemon":
@@ -290,9 +289,8 @@ class Master:
         node = self.nodes.get(name) if isinstance(name, str) else None
         if node is None or node.state != "launching":
             why = f"unexpected daemon for node {name!r}"
-            log.warning("%s: %s", ch.name, why)
             ch.send(reply(msg.get("id"), Status.ERR_NO_PERMISSIONS, why))
-            ch.close(why)
+            ch.close(why, error=True)
             return
         ch.peer.update(role="daemon", node=name, parked=set())
         ch.name = f"daemon {name}"
@@ -313,8 +311,6 @@ class Master:
             for ns, tool in list(self._job_tool.items()):
                 if tool is ch and ns in self.jobs:
                     self._kill_job(ns, "its pydvm run went away")
-        elif reason.startswith(("protocol error", "handshake", "no handshake")):
-            log.warning("%s: closed: %s", ch.name, reason)
 
     def _node_lost(self, name: str, reason: str) -> None:
         node = self.nodes[name]

@@ -1,0 +1,895 @@
+"""Bad input on a real DVM's sockets: the offender is answered or closed, with a
+logged reason, and everybody else keeps being served.
+
+Two sockets take input from outside:
+
+* a daemon's client socket (Unix, ``$PYDVM_SERVER``), whose first message
+  must be ``hello {nspace, rank}`` naming a running process of that node;
+* the master's TCP port (``tcp://HOST:PORT/DVMID``), which opens with a
+  challenge that must be answered with an HMAC of the DVM's secret.
+
+Every test here talks to them with raw sockets from the test process while
+a job (``jobs/hold_client.py``) holds an ordinary client connection open on
+the same daemon; at the end that job must still be served on its connection,
+a new job must publish and look up through the same daemon, and the tools
+(``pydvm store --json``) must still work.  Every read is bounded by a socket
+timeout and every wait polls with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import queue
+import re
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from dvmkit import job_script, pid_alive, wait_for
+from pydvm.runtime import master as master_mod
+from pydvm.runtime.auth import DvmUri, mac, read_secret
+from pydvm.wire import HEADER, MAX_FRAME, FrameDecoder, pack
+
+pytestmark = pytest.mark.e2e
+
+BAD_PARAM = -27
+NO_PERMISSIONS = -23
+#: Bound on any single socket read or expected closure.
+IO_TIMEOUT = 5.0
+#: Bound on waiting for expected log lines.  They are written in the event-loop
+#: step of the close they explain, so this is generous.
+WAIT_TIMEOUT = 2.0
+#: Bound on waiting for a store counter (each poll is a ``pydvm store`` run).
+STORE_TIMEOUT = 5.0
+
+
+# ---------------------------------------------------------------------------
+# raw connections
+# ---------------------------------------------------------------------------
+
+
+class Peer:
+    """One raw connection to a pydvm socket; every read is bounded."""
+
+    _ids = itertools.count(1000)
+
+    def __init__(self, sock: socket.socket, what: str) -> None:
+        self.sock = sock
+        self.what = what
+        sock.settimeout(IO_TIMEOUT)
+        self._dec = FrameDecoder()
+        self._queue: list[dict] = []
+        self.eof = False
+
+    @classmethod
+    def unix(cls, path: str) -> "Peer":
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(IO_TIMEOUT)
+        s.connect(path)
+        return cls(s, f"unix:{path}")
+
+    @classmethod
+    def tcp(cls, host: str, port: int) -> "Peer":
+        s = socket.create_connection((host, port), timeout=IO_TIMEOUT)
+        return cls(s, f"tcp:{host}:{port}")
+
+    # -- sending ---------------------------------------------------------
+
+    def send(self, msg: dict) -> None:
+        self.sock.sendall(pack(msg))
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    # -- receiving -------------------------------------------------------
+
+    def _read(self, deadline: float) -> bool:
+        """Read once into the queue; False at EOF (or reset).  Fails at the deadline."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"{self.what}: nothing within {IO_TIMEOUT}s "
+                                 "(neither an answer nor a closed connection)")
+        self.sock.settimeout(left)
+        try:
+            data = self.sock.recv(1 << 16)
+        except socket.timeout:
+            raise AssertionError(f"{self.what}: nothing within {IO_TIMEOUT}s "
+                                 "(neither an answer nor a closed connection)") from None
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            self.eof = True
+            return False
+        self._queue.extend(self._dec.feed(data))
+        return True
+
+    def recv(self, timeout: float = IO_TIMEOUT) -> dict:
+        """The next message other than a heartbeat ping; fails on EOF or timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            while not self._queue:
+                if self.eof or not self._read(deadline):
+                    raise AssertionError(f"{self.what}: connection closed while a message was due")
+            msg = self._queue.pop(0)
+            if msg.get("t") != "ping":
+                return msg
+
+    def call(self, msg: dict, timeout: float = IO_TIMEOUT) -> dict:
+        """Send a request (with a fresh id unless it has one); return the reply to it."""
+        msg = dict(msg)
+        msg.setdefault("id", next(self._ids))
+        self.send(msg)
+        r = self.recv(timeout)
+        assert r.get("t") == "reply", r
+        assert r.get("id") == msg["id"], (msg, r)
+        return r
+
+    def expect_closed(self, timeout: float = IO_TIMEOUT) -> list[dict]:
+        """Read until the other side closes; return what it sent first.  Fails if it stays open."""
+        deadline = time.monotonic() + timeout
+        while not self.eof:
+            self._read(deadline)
+        out, self._queue = [m for m in self._queue if m.get("t") != "ping"], []
+        return out
+
+    # -- ending ----------------------------------------------------------
+
+    @property
+    def log_name(self) -> str:
+        """How the master names this connection in its log before the handshake (a regex)."""
+        return re.escape(f"peer {self.sock.getsockname()}")
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def half_close(self) -> None:
+        """Shut our sending side: the peer sees EOF, we can still read."""
+        self.sock.shutdown(socket.SHUT_WR)
+
+
+def frame_of_body(body: bytes) -> bytes:
+    return HEADER.pack(len(body)) + body
+
+
+def truncated_frame() -> bytes:
+    """The start of a frame announcing 100 bytes, with only 10 of them."""
+    return HEADER.pack(100) + b"\x8a" + b"\x00" * 9
+
+
+def oversized_header() -> bytes:
+    return HEADER.pack(MAX_FRAME + 1)
+
+
+def assert_only_error_frames(msgs: list[dict], *, limit_named: bool = False) -> None:
+    """What a peer gets before a protocol-error close: at most "error" frames (BAD_PARAM)."""
+    for m in msgs:
+        assert m.get("t") == "error", m
+        assert m.get("status") == BAD_PARAM, m
+        assert m.get("msg"), m
+        if limit_named:
+            assert str(MAX_FRAME) in m["msg"], m
+
+
+# ---------------------------------------------------------------------------
+# logs
+# ---------------------------------------------------------------------------
+
+
+def log_lines(dvm, name: str, pattern: str) -> list[str]:
+    rx = re.compile(pattern)
+    return [ln for ln in dvm.log(name).splitlines() if rx.search(ln)]
+
+
+class LogCheck:
+    """A test's expected log lines, checked together at the end of the test.
+
+    Checked after the rest of the rule (others still served), so a missing
+    log line does not hide whether the rest held, and one short deadline
+    covers them all: each line is written in the event-loop step of the close
+    it explains, long before the end of the test.
+    """
+
+    def __init__(self, dvm) -> None:
+        self.dvm = dvm
+        self.wanted: list[tuple[str, str, int, str]] = []
+
+    def expect(self, name: str, pattern: str, count: int = 1, label: str = "") -> None:
+        self.wanted.append((name, pattern, count, label))
+
+    def _missing(self) -> list[str]:
+        out = []
+        for name, pattern, count, label in self.wanted:
+            got = len(log_lines(self.dvm, name, pattern))
+            if got < count:
+                out.append(f"{label + ': ' if label else ''}{name}.log has {got} line(s) "
+                           f"matching {pattern!r}, expected {count}")
+        return out
+
+    def check(self) -> None:
+        deadline = time.monotonic() + WAIT_TIMEOUT
+        while (missing := self._missing()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if missing:
+            logs = "\n".join(f"--- {n}.log ---\n{self.dvm.log(n) or '(empty)'}"
+                             for n in sorted({w[0] for w in self.wanted}))
+            raise AssertionError("missing log lines:\n" + "\n".join(missing) + "\n" + logs)
+
+
+CRASH_PATTERNS = r"Traceback|handler failed|internal task failed|lost node|lost the master"
+
+
+def assert_no_crash(dvm) -> None:
+    """No log shows a handler exception, a failed task or a lost node."""
+    for name in ("master", "a", "b", "c"):
+        bad = log_lines(dvm, name, CRASH_PATTERNS)
+        assert not bad, f"{name}.log:\n{dvm.log(name)}"
+    for name, pid in dvm.daemon_pids.items():
+        assert pid_alive(pid), f"daemon {name} died"
+    assert pid_alive(dvm.pid), "the master died"
+
+
+# ---------------------------------------------------------------------------
+# the job that holds a client connection
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class HeldJob:
+    """``pydvm run`` of jobs/hold_client.py, with its stdout read by a thread."""
+
+    proc: subprocess.Popen
+    go: Path
+    server: str = ""
+    nspace: str = ""
+    rank: int = 0
+    node: str = ""
+
+    def __post_init__(self) -> None:
+        self._lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for ln in self.proc.stdout:
+            self._lines.put(ln.rstrip("\n"))
+        self._lines.put(None)
+
+    def line(self, prefix: str, timeout: float = 20.0) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                ln = self._lines.get(timeout=max(left, 0.01))
+            except queue.Empty:
+                raise AssertionError(f"no {prefix!r} line from the held job in {timeout}s") from None
+            if ln is None:
+                raise AssertionError(f"held job ended before printing {prefix!r} "
+                                     f"(exit {self.proc.poll()}): {self.proc.stderr.read()}")
+            if ln.startswith(prefix):
+                return ln
+
+    def hello(self) -> dict:
+        return {"t": "hello", "nspace": self.nspace, "rank": self.rank}
+
+    def release_and_check(self) -> None:
+        """The held job is still running; told to go on, it is served on its old connection."""
+        assert self.proc.poll() is None, "the held job ended early"
+        self.go.touch()
+        assert self.line("HELD") == "HELD still-served"
+        try:
+            rc = self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the held job did not end after being released") from None
+        assert rc == 0, self.proc.stderr.read()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def held(dvm, tmp_path):
+    """A running job holding a client connection open on its daemon."""
+    go = tmp_path / "go"
+    proc = dvm.run_bg("-n", "1", *job_script("hold_client"), str(go))
+    job = HeldJob(proc, go)
+    try:
+        _, job.server, job.nspace, rank, job.node = job.line("READY").split()
+        job.rank = int(rank)
+        yield job
+    finally:
+        job.kill()
+
+
+_keys = itertools.count()
+
+
+def assert_others_still_served(dvm, held: HeldJob) -> None:
+    """Tools work, a new job publishes and looks up through the same daemon, the held job is served."""
+    stores = dvm.store()
+    assert set(stores) == {"master", "a", "b", "c"}
+    for s in stores.values():
+        assert "error" not in s, s
+    key = f"after{next(_keys)}"
+    p = dvm.run("--host", held.node, "-n", "1", "sh", "-c",
+                f"pydvm publish {key}=fine && pydvm lookup {key}", timeout=30)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"FOUND {key} fine from " in p.stdout, p.stdout
+    held.release_and_check()
+    assert_no_crash(dvm)
+
+
+#: How our raw connections are named in the logs (regexes).  The daemon names a
+#: client connection "client" before hello and "client NS:RANK pid PID" after
+#: it; the master names a connection "peer (HOST, PORT)" before the handshake
+#: (:attr:`Peer.log_name`) and "tool#N" once it is a tool.
+BEFORE_HELLO = r"\bclient: "
+TOOL = r"\btool#\d+: "
+
+
+def greeted_name(held: HeldJob) -> str:
+    """The daemon's name for our connection once it said hello as the held job."""
+    return re.escape(f"client {held.nspace}:{held.rank} pid {os.getpid()}: ")
+
+
+def client(held: HeldJob) -> Peer:
+    """A raw connection to the held job's daemon, greeted with a valid hello."""
+    peer = Peer.unix(held.server)
+    r = peer.call(held.hello())
+    assert r["status"] == 0, r
+    assert r.get("node") == held.node
+    return peer
+
+
+def master_uri(dvm) -> DvmUri:
+    return DvmUri.parse(dvm.uri)
+
+
+def master_peer(dvm) -> tuple[Peer, dict]:
+    """A raw TCP connection to the master and the challenge it opened with."""
+    uri = master_uri(dvm)
+    peer = Peer.tcp(uri.host, uri.port)
+    challenge = peer.recv()
+    assert challenge["t"] == "challenge", challenge
+    assert challenge["dvm"] == uri.dvmid
+    assert isinstance(challenge["nonce"], bytes) and len(challenge["nonce"]) == 32
+    return peer, challenge
+
+
+def secret_of(dvm, monkeypatch) -> bytes:
+    monkeypatch.setenv("PYDVM_STATE_DIR", dvm.env["PYDVM_STATE_DIR"])
+    return read_secret(master_uri(dvm).dvmid)
+
+
+def tool(dvm, monkeypatch) -> Peer:
+    """A raw TCP connection to the master, authenticated as a tool."""
+    secret = secret_of(dvm, monkeypatch)
+    peer, challenge = master_peer(dvm)
+    r = peer.call({"t": "auth", "role": "tool", "mac": mac(secret, challenge["nonce"], "tool")})
+    assert r["status"] == 0, r
+    return peer
+
+
+def daemon_sockets(dvm) -> dict[str, str]:
+    """Every daemon's client socket: /tmp/pydvm-UID/DVMID-NODE-*/client.sock."""
+    base = Path(tempfile.gettempdir()) / f"pydvm-{os.getuid()}"
+    dvmid = master_uri(dvm).dvmid
+    return {p.parent.name[len(dvmid) + 1:].rsplit("-", 1)[0]: str(p)
+            for p in base.glob(f"{dvmid}-*/client.sock")}
+
+
+def parked(dvm, store: str) -> int:
+    return dvm.store()[store]["parked"]
+
+
+# ---------------------------------------------------------------------------
+# the daemon's client socket
+# ---------------------------------------------------------------------------
+
+GARBAGE = {
+    # (bytes, send a valid hello first)
+    "an HTTP request (reads as a huge length)": (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", False),
+    "a frame whose body is no msgpack": (frame_of_body(b"\xc1\xc1\xc1"), True),
+    "a frame holding an array": (frame_of_body(msgpack.packb([1, 2, 3])), False),
+    "a map without a type": (frame_of_body(msgpack.packb({"id": 1, "keys": ["k"]})), True),
+    "a map with an integer type": (frame_of_body(msgpack.packb({"t": 3, "id": 1})), True),
+    "an empty body": (frame_of_body(b""), True),
+}
+
+
+def test_garbage_on_client_socket_closes_only_that_connection(dvm, held):
+    """Bytes that are no frame close that client connection with a logged protocol error."""
+    logs = LogCheck(dvm)
+    bystander = client(held)
+    for what, (data, hello_first) in GARBAGE.items():
+        peer = client(held) if hello_first else Peer.unix(held.server)
+        try:
+            peer.send_raw(data)
+            assert_only_error_frames(peer.expect_closed())
+        except AssertionError as exc:
+            raise AssertionError(f"{what}: {exc}") from None
+        finally:
+            peer.close()
+    greeted = sum(1 for _, hello_first in GARBAGE.values() if hello_first)
+    logs.expect(held.node, BEFORE_HELLO + r"closed: protocol error", len(GARBAGE) - greeted,
+                "before hello")
+    logs.expect(held.node, greeted_name(held) + r"closed: protocol error", greeted, "after hello")
+    # A connection opened before the garbage is still served.
+    assert bystander.call({"t": "lookup", "keys": ["nothing-here"]})["status"] == -46
+    bystander.close()
+    assert_others_still_served(dvm, held)
+    logs.check()
+
+
+def test_truncated_frame_on_client_socket_is_logged_and_closed(dvm, held):
+    """A connection ending inside a frame is closed with "connection ended inside a frame" logged."""
+    logs = LogCheck(dvm)
+    before = Peer.unix(held.server)          # no hello yet
+    before.send_raw(truncated_frame())
+    before.half_close()
+    assert before.expect_closed() == []
+    before.close()
+    after = client(held)                     # greeted, then half a request and a hard close
+    after.send_raw(pack({"t": "lookup", "id": 5, "keys": ["k"]})[:9])
+    after.close()
+    logs.expect(held.node, BEFORE_HELLO + r"closed: connection ended inside a frame",
+                label="before hello")
+    logs.expect(held.node, greeted_name(held) + r"closed: connection ended inside a frame",
+                label="after hello")
+    assert_others_still_served(dvm, held)
+    logs.check()
+
+
+def test_oversized_frame_header_on_client_socket_is_refused_before_the_body(dvm, held):
+    """A header announcing more than MAX_FRAME is refused at once, naming the limit, and closed."""
+    logs = LogCheck(dvm)
+    for peer in (Peer.unix(held.server), client(held)):
+        peer.send_raw(oversized_header())   # and no body at all
+        msgs = peer.expect_closed()
+        assert msgs, "no error frame before the close"
+        assert_only_error_frames(msgs, limit_named=True)
+        peer.close()
+    for who, label in ((BEFORE_HELLO, "before hello"), (greeted_name(held), "after hello")):
+        logs.expect(held.node, who + rf"closed: protocol error: .*exceeds the limit of {MAX_FRAME}",
+                    label=label)
+    assert_others_still_served(dvm, held)
+    logs.check()
+
+
+def test_message_before_hello_is_refused_with_bad_param_and_closed(dvm, held):
+    """A valid frame that is not hello, sent first, gets BAD_PARAM (same id), a close and a logged reason."""
+    logs = LogCheck(dvm)
+    firsts = [{"t": "bogus", "id": 7}, {"t": "lookup", "id": 8, "keys": ["k"]}]
+    for msg in firsts:
+        peer = Peer.unix(held.server)
+        r = peer.call(msg)
+        assert r["status"] == BAD_PARAM, r
+        assert "hello" in r["msg"], r
+        assert peer.expect_closed() == []
+        peer.close()
+        logs.expect(held.node, rf"\b{msg['t']}\b.*before hello", label=f"first message {msg}")
+    assert_others_still_served(dvm, held)
+    logs.check()
+
+
+def test_unknown_message_after_hello_is_answered_and_connection_stays_usable(dvm, held):
+    """After hello, an unknown type gets BAD_PARAM with the same id and the connection keeps working."""
+    peer = client(held)
+    for rid, t in [(8, "bogus"), ("str-id", "bogus"), (9, "hello"), (10, "reply"), (11, "")]:
+        r = peer.call({"t": t, "id": rid})
+        assert r["status"] == BAD_PARAM, r
+        assert "unknown message type" in r["msg"], r
+    assert peer.call({"t": "publish", "pairs": {"mine": "v"}})["status"] == 0
+    r = peer.call({"t": "lookup", "keys": ["mine"]})
+    assert r["status"] == 0 and r["found"][0][:2] == ["mine", "v"], r
+    peer.close()
+    assert_others_still_served(dvm, held)
+
+
+def test_hello_for_unknown_process_is_refused_with_no_permissions_and_closed(dvm, held):
+    """A hello naming no running process of the node gets NO_PERMISSIONS, a close and a log line."""
+    logs = LogCheck(dvm)
+    hellos = [
+        {"nspace": "no-such-nspace", "rank": 0},
+        {"nspace": held.nspace, "rank": 99},
+        {"nspace": held.nspace, "rank": -1},
+        {"nspace": held.nspace, "rank": str(held.rank)},
+        {"nspace": 5, "rank": 0},
+        {"rank": 0},
+        {"nspace": held.nspace},
+    ]
+    for fields in hellos:
+        peer = Peer.unix(held.server)
+        r = peer.call({"t": "hello", **fields})
+        assert r["status"] == NO_PERMISSIONS, (fields, r)
+        assert r["msg"], r
+        assert peer.expect_closed() == [], fields
+        peer.close()
+    logs.expect(held.node, rf"client pid {os.getpid()} refused: .*is not a running process of "
+                r"this node", count=len(hellos))
+    assert_others_still_served(dvm, held)
+    logs.check()
+
+
+def test_hello_with_boolean_rank_is_refused(dvm, held):
+    """A hello whose rank is a bool (False == 0 in Python) names no process and is refused."""
+    for rank in (False, True):
+        peer = Peer.unix(held.server)
+        r = peer.call({"t": "hello", "nspace": held.nspace, "rank": rank})
+        try:
+            assert r["status"] == NO_PERMISSIONS, (rank, r)
+            assert peer.expect_closed() == []
+        except AssertionError:
+            # Show what such a connection is then served with.
+            r2 = peer.call({"t": "lookup", "keys": ["k"]}) if not peer.eof else None
+            raise AssertionError(f"hello with rank={rank!r} was answered {r}; "
+                                 f"a lookup on it then got {r2}") from None
+        finally:
+            peer.close()
+    assert_others_still_served(dvm, held)
+
+
+BAD_REQUESTS = [
+    {"t": "publish", "pairs": {1: "x"}},
+    {"t": "publish", "pairs": {"k": [1, 2]}},
+    {"t": "lookup", "keys": 5},
+    {"t": "lookup", "keys": [5]},
+    {"t": "lookup", "keys": []},
+    {"t": "lookup", "keys": "k"},
+    {"t": "lookup", "keys": ["k"], "range": 99},
+    {"t": "lookup", "keys": ["k"], "range": "session"},
+    {"t": "lookup", "keys": ["k"], "range": [2]},
+    {"t": "lookup", "keys": ["k"], "wait": 0, "timeout": -1},
+    {"t": "lookup", "keys": ["k"], "wait": "yes"},
+    {"t": "lookup", "keys": ["k"], "wait": 0, "timeout": "soon"},
+    {"t": "lookup", "keys": 5, "range": 2},                       # LOCAL: the daemon's own store
+    {"t": "lookup", "keys": ["k"], "range": 2, "wait": 0, "timeout": -1},
+    {"t": "publish", "pairs": "x"},
+    {"t": "publish", "pairs": "x", "range": 2},
+    {"t": "publish", "pairs": {}},
+    {"t": "publish", "pairs": {"k": "v"}, "range": 99},
+    {"t": "publish", "pairs": {"k": "v"}, "persist": "forever"},
+    {"t": "publish", "pairs": {"k": "v"}, "persist": 77},
+    {"t": "publish", "pairs": {"k": "v"}, "uids": "x"},
+    {"t": "publish", "pairs": {"k": "v"}, "gids": ["root"]},
+    {"t": "publish", "pairs": {"k": [1, 2]}},
+    {"t": "unpublish", "keys": 5},
+    {"t": "unpublish", "keys": [5]},
+]
+
+
+def test_data_request_with_wrong_field_types_gets_bad_param_with_message(dvm, held):
+    """Malformed publish/lookup/unpublish fields get BAD_PARAM (same id, a message); nothing else changes."""
+    peer = client(held)
+    for msg in BAD_REQUESTS:
+        r = peer.call(msg)
+        assert r["status"] == BAD_PARAM, (msg, r)
+        assert r["msg"] and r["msg"] != "internal error", (msg, r)
+        assert not r.get("found"), (msg, r)
+    # A data request without an integer id is refused with id None.
+    for bad_id in ("seven", None, 1.5, True):
+        msg = {"t": "lookup", "keys": ["k"]}
+        if bad_id is not None:
+            msg["id"] = bad_id
+        peer.send(msg)
+        r = peer.recv()
+        assert r["t"] == "reply" and r["status"] == BAD_PARAM and "id" in r["msg"], (bad_id, r)
+    # The connection is still usable and nothing was stored.
+    assert peer.call({"t": "lookup", "keys": ["k"]})["status"] == -46
+    assert all(s["items"] == 0 for s in dvm.store().values())
+    peer.close()
+    assert_others_still_served(dvm, held)
+
+
+def test_abandoned_waiting_lookup_is_cancelled_when_client_disconnects(dvm, held):
+    """A parked lookup (wait=0, no timeout) of a client that vanishes is cancelled: parked goes back to 0."""
+    logs = LogCheck(dvm)
+    # SESSION range waits in the master store (relayed), LOCAL in the daemon's.
+    for n, (rng, store) in enumerate([(4, "master"), (2, held.node)]):
+        # Parked, seen parked, then the connection is dropped mid-request.
+        peer = client(held)
+        peer.send({"t": "lookup", "id": 1, "keys": ["never-published"], "range": rng,
+                   "wait": 0, "timeout": None})
+        wait_for(lambda: parked(dvm, store) == 1, timeout=STORE_TIMEOUT, what=f"{store}: parked 1")
+        peer.close()
+        wait_for(lambda: parked(dvm, store) == 0, timeout=STORE_TIMEOUT, what=f"{store}: parked 0")
+        # A waiting lookup, then half of the next request and an abrupt close.
+        peer = client(held)
+        peer.send_raw(pack({"t": "lookup", "id": 2, "keys": ["never-either"], "range": rng,
+                            "wait": 0, "timeout": None})
+                      + pack({"t": "lookup", "id": 3, "keys": ["x"]})[:7])
+        peer.close()
+        logs.expect(held.node, greeted_name(held) + r"closed: connection ended inside a frame",
+                    count=n + 1)
+        wait_for(lambda: parked(dvm, store) == 0, timeout=STORE_TIMEOUT, what=f"{store}: parked 0")
+    assert all(s["parked"] == 0 for s in dvm.store().values())
+    assert_others_still_served(dvm, held)
+    logs.check()
+
+
+def test_abandoned_waiting_lookups_sharing_an_id_are_all_cancelled_on_disconnect(dvm, held):
+    """Two waiting lookups sent with the same id leave nothing parked anywhere once the client vanishes."""
+    peer = client(held)
+    answers = []
+    for rid, (rng, store) in enumerate([(2, held.node), (4, "master")], start=1):
+        for _ in range(2):
+            peer.send({"t": "lookup", "id": rid, "keys": ["never-published"], "range": rng,
+                       "wait": 0, "timeout": None})
+        # The second is refused: its id is still outstanding.
+        wait_for(lambda: parked(dvm, store) >= 1, timeout=STORE_TIMEOUT, what=f"{store}: parked")
+    while True:
+        try:
+            answers.append(peer.recv(timeout=0.5))
+        except AssertionError:
+            break
+    assert sorted(a["id"] for a in answers) == [1, 2], answers
+    for a in answers:
+        assert a["status"] == BAD_PARAM and "outstanding" in a["msg"], a
+    before = {k: s["parked"] for k, s in dvm.store().items()}
+    peer.close()
+    try:
+        wait_for(lambda: all(s["parked"] == 0 for s in dvm.store().values()),
+                 timeout=STORE_TIMEOUT, what="no parked lookups left")
+    except AssertionError:
+        after = {k: s["parked"] for k, s in dvm.store().items()}
+        raise AssertionError(f"parked before the disconnect {before}, after it {after}; "
+                             f"answers while connected: {answers}") from None
+    assert_others_still_served(dvm, held)
+
+
+# ---------------------------------------------------------------------------
+# the master's TCP port
+# ---------------------------------------------------------------------------
+
+
+def test_garbage_before_handshake_on_master_port_closes_and_is_logged(dvm, held):
+    """Bytes that are no frame, before the handshake, close the connection with a logged protocol error."""
+    logs = LogCheck(dvm)
+    uri = master_uri(dvm)
+    payloads = [b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", frame_of_body(b"\xc1\xc1"),
+                frame_of_body(msgpack.packb(["auth"]))]
+    for data in payloads:
+        peer, _ = master_peer(dvm)
+        peer.send_raw(data)
+        assert_only_error_frames(peer.expect_closed())
+        logs.expect("master", peer.log_name + r": closed: protocol error", label=repr(data))
+        peer.close()
+    # Garbage sent without even reading the challenge.
+    peer = Peer.tcp(uri.host, uri.port)
+    peer.send_raw(b"\xde\xad\xbe\xef" * 8)
+    msgs = peer.expect_closed()
+    assert msgs and msgs[0]["t"] == "challenge", msgs
+    assert_only_error_frames(msgs[1:])
+    logs.expect("master", peer.log_name + r": closed: protocol error", label="unread challenge")
+    peer.close()
+    assert_others_still_served(dvm, held)
+    logs.check()
+
+
+def test_wrong_mac_on_master_port_is_refused_with_no_permissions_and_logged(dvm, held, monkeypatch):
+    """An auth with a wrong MAC gets NO_PERMISSIONS (same id), a close and a logged refusal."""
+    logs = LogCheck(dvm)
+    secret = secret_of(dvm, monkeypatch)
+    peer, challenge = master_peer(dvm)
+    wrong = bytearray(mac(secret, challenge["nonce"], "tool"))
+    wrong[0] ^= 1
+    r = peer.call({"t": "auth", "role": "tool", "mac": bytes(wrong)})
+    assert r["status"] == NO_PERMISSIONS, r
+    assert peer.expect_closed() == []
+    logs.expect("master", peer.log_name + r": closed: handshake refused: bad credentials",
+                label="flipped bit")
+    peer.close()
+    # A MAC of another connection's nonce is just as wrong.
+    peer1, ch1 = master_peer(dvm)
+    peer2, _ = master_peer(dvm)
+    r = peer2.call({"t": "auth", "role": "tool", "mac": mac(secret, ch1["nonce"], "tool")})
+    assert r["status"] == NO_PERMISSIONS, r
+    assert peer2.expect_closed() == []
+    logs.expect("master", peer2.log_name + r": closed: handshake refused: bad credentials",
+                label="other nonce")
+    peer1.close()
+    peer2.close()
+    assert_others_still_served(dvm, held)
+    logs.check()
+
+
+def test_malformed_auth_on_master_port_is_refused_and_logged(dvm, held, monkeypatch):
+    """A first message that is no valid auth, or a daemon for a node already up, is refused and logged."""
+    logs = LogCheck(dvm)
+    secret = secret_of(dvm, monkeypatch)
+    cases = [
+        (lambda n: {"t": "info"}, r"expected an auth message"),
+        (lambda n: {"t": "auth", "role": "admin", "mac": mac(secret, n, "admin")}, r"unknown role"),
+        (lambda n: {"t": "auth", "role": "tool", "mac": mac(secret, n, "tool").hex()},
+         r"bad credentials"),
+        (lambda n: {"t": "auth", "role": "tool", "mac": mac(secret, n, "daemon")}, r"bad credentials"),
+        (lambda n: {"t": "auth", "role": "tool"}, r"bad credentials"),
+        (lambda n: {"t": "auth", "role": "daemon", "mac": mac(secret, n, "daemon"), "node": "a"},
+         r"unexpected daemon for node 'a'"),
+        (lambda n: {"t": "auth", "role": "daemon", "mac": mac(secret, n, "daemon"), "node": "zz"},
+         r"unexpected daemon for node 'zz'"),
+    ]
+    for make, pattern in cases:
+        peer, challenge = master_peer(dvm)
+        msg = make(challenge["nonce"])
+        r = peer.call(msg)
+        assert r["status"] == NO_PERMISSIONS, (msg, r)
+        assert re.search(pattern, r["msg"]), (msg, r)
+        assert peer.expect_closed() == [], msg
+        logs.expect("master", peer.log_name + ": .*" + pattern, label=repr(msg))
+        peer.close()
+    assert_others_still_served(dvm, held)
+    logs.check()
+
+
+def test_unknown_message_from_tool_gets_bad_param_and_connection_stays_usable(dvm, held, monkeypatch):
+    """After a tool handshake, an unknown type gets BAD_PARAM with the same id and the tool keeps working."""
+    peer = tool(dvm, monkeypatch)
+    for rid, t in [(5, "bogus"), ("str-id", "bogus"), (6, "auth"), (7, "launch"), (8, "exited")]:
+        r = peer.call({"t": t, "id": rid})
+        assert r["status"] == BAD_PARAM, (t, r)
+        assert "unknown message type" in r["msg"], (t, r)
+    for msg in ({"t": "lookup", "keys": 5}, {"t": "publish", "pairs": "x"},
+                {"t": "lookup", "keys": ["k"], "range": 99}):
+        r = peer.call(msg)
+        assert r["status"] == BAD_PARAM and r["msg"], (msg, r)
+    r = peer.call({"t": "info"})
+    assert r["status"] == 0 and r["dvm"] == master_uri(dvm).dvmid, r
+    r = peer.call({"t": "store"})
+    assert r["status"] == 0 and len(r["stores"]) == 4, r
+    peer.close()
+    assert_others_still_served(dvm, held)
+
+
+def test_oversized_frame_on_master_port_closes_only_that_connection(dvm, held, monkeypatch):
+    """A header over MAX_FRAME, before or after the handshake, is refused naming the limit, closed and logged."""
+    logs = LogCheck(dvm)
+    bystander = tool(dvm, monkeypatch)
+    for when, connect in [("before the handshake", lambda: master_peer(dvm)[0]),
+                          ("as a tool", lambda: tool(dvm, monkeypatch))]:
+        peer = connect()
+        who = peer.log_name + ": " if when.startswith("before") else TOOL
+        peer.send_raw(oversized_header())
+        msgs = peer.expect_closed()
+        assert msgs, f"{when}: no error frame before the close"
+        assert_only_error_frames(msgs, limit_named=True)
+        peer.close()
+        assert bystander.call({"t": "info"})["status"] == 0
+        logs.expect("master", who + rf".*exceeds the limit of {MAX_FRAME}", label=when)
+    bystander.close()
+    assert_others_still_served(dvm, held)
+    logs.check()
+
+
+def test_truncated_frame_on_master_port_is_logged(dvm, held, monkeypatch):
+    """A connection ending inside a frame, before or after the handshake, is closed and logged."""
+    logs = LogCheck(dvm)
+    for when, connect in [("before the handshake", lambda: master_peer(dvm)[0]),
+                          ("as a tool", lambda: tool(dvm, monkeypatch))]:
+        peer = connect()
+        who = peer.log_name + ": " if when.startswith("before") else TOOL
+        peer.send_raw(truncated_frame())
+        peer.half_close()
+        assert peer.expect_closed() == [], when
+        peer.close()
+        logs.expect("master", who + r".*connection ended inside a frame", label=when)
+    assert_others_still_served(dvm, held)
+    logs.check()
+
+
+def test_silent_peer_on_master_port_is_closed_after_the_handshake_timeout(tmp_path, monkeypatch,
+                                                                          caplog):
+    """A peer that never answers the challenge is closed when the handshake time is up, with a logged reason."""
+    # HANDSHAKE_TIMEOUT is 10 s; an in-process master (no daemons) with it shortened.
+    monkeypatch.setenv("PYDVM_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(master_mod, "HANDSHAKE_TIMEOUT", 0.5)
+    caplog.set_level(logging.WARNING, logger="pydvm")
+
+    async def scenario() -> tuple[list, float]:
+        m = master_mod.Master(hosts=[])
+        uri = await asyncio.wait_for(m.start(), 10)
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(uri.host, uri.port), IO_TIMEOUT)
+            t0 = time.monotonic()
+            dec, msgs = FrameDecoder(), []
+            while True:
+                data = await asyncio.wait_for(reader.read(1 << 16), IO_TIMEOUT)
+                if not data:
+                    break
+                msgs.extend(dec.feed(data))
+            elapsed = time.monotonic() - t0
+            writer.close()
+            # A well-behaved tool is still let in afterwards.
+            from pydvm.runtime.auth import connect
+            ch, welcome = await connect(uri, m.secret, "tool", lambda c, msg: None, timeout=5)
+            assert welcome["status"] == 0
+            assert (await ch.call({"t": "info"}, timeout=5))["status"] == 0
+            ch.close()
+            return msgs, elapsed
+        finally:
+            await asyncio.wait_for(m.stop(), 20)
+
+    msgs, elapsed = asyncio.run(scenario())
+    assert [m["t"] for m in msgs] == ["challenge"]
+    assert 0.3 <= elapsed < 3.0, elapsed
+    assert any("no handshake within" in r.getMessage() for r in caplog.records), \
+        [r.getMessage() for r in caplog.records]
+
+
+# ---------------------------------------------------------------------------
+# everything at once
+# ---------------------------------------------------------------------------
+
+
+def test_dvm_keeps_serving_after_bad_input_on_every_socket(dvm, held, monkeypatch):
+    """After garbage, truncation, oversize, bad hellos and bad handshakes everywhere, the DVM still serves."""
+    peers: list[Peer] = []
+    # Connections opened before the abuse, kept open through it.
+    keep_client, keep_tool = client(held), tool(dvm, monkeypatch)
+    # Every daemon's client socket, not only the held job's.
+    sockets = daemon_sockets(dvm)
+    assert set(sockets) == {"a", "b", "c"} and sockets[held.node] == held.server, sockets
+    for path in sockets.values():
+        for data in (b"GET / HTTP/1.0\r\n\r\n", oversized_header(), frame_of_body(b"\xc1")):
+            p = Peer.unix(path)
+            p.send_raw(data)
+            assert_only_error_frames(p.expect_closed())
+            peers.append(p)
+        p = Peer.unix(path)
+        p.send_raw(truncated_frame())
+        peers.append(p)
+    p = Peer.unix(held.server)
+    assert p.call({"t": "hello", "nspace": "ghost", "rank": 0})["status"] == NO_PERMISSIONS
+    peers.append(p)
+    p = client(held)
+    assert p.call({"t": "bogus"})["status"] == BAD_PARAM
+    p.send({"t": "lookup", "id": 77, "keys": ["never"], "wait": 0, "timeout": None})
+    p.send_raw(truncated_frame())
+    peers.append(p)
+    # The master's port.
+    for data in (b"\x00\x00\x00\x01\xc1", oversized_header(), truncated_frame()):
+        p, _ = master_peer(dvm)
+        p.send_raw(data)
+        peers.append(p)
+    p, _ = master_peer(dvm)
+    assert p.call({"t": "auth", "role": "tool", "mac": b"\x00" * 32})["status"] == NO_PERMISSIONS
+    peers.append(p)
+    p = tool(dvm, monkeypatch)
+    p.send_raw(oversized_header())
+    peers.append(p)
+    p = tool(dvm, monkeypatch)               # a tool's waiting lookup, abandoned
+    p.send({"t": "lookup", "id": 1, "keys": ["never"], "wait": 0, "timeout": None})
+    wait_for(lambda: parked(dvm, "master") >= 1, timeout=STORE_TIMEOUT, what="master: parked")
+    peers.append(p)
+    for p in peers:
+        p.close()
+    # Everything still works, including the connections kept open.
+    r = keep_client.call({"t": "publish", "pairs": {"kept": "yes"}})
+    assert r["status"] == 0, r
+    r = keep_tool.call({"t": "lookup", "keys": ["kept"]})
+    assert r["status"] == 0 and r["found"][0][1] == "yes", r
+    keep_client.close()
+    keep_tool.close()
+    wait_for(lambda: all(s["parked"] == 0 for s in dvm.store().values()), timeout=STORE_TIMEOUT,
+             what="no parked lookups left")
+    # A job on every node rendezvous through the master store.
+    j = dvm.run("-n", "3", "sh", "-c",
+                'pydvm publish "r$PYDVM_RANK=on-$PYDVM_NODE" && pydvm lookup --wait r0 r1 r2',
+                timeout=30)
+    assert j.returncode == 0, j.stdout + j.stderr
+    assert len([ln for ln in j.stdout.splitlines() if ln.startswith("FOUND r")]) == 9, j.stdout
+    assert_others_still_served(dvm, held)
