@@ -25,8 +25,23 @@ from .errors import PMIxError, Status
 # ----------------------------------------------------------------------
 
 
-def run_async(coro) -> Any:
-    """Run ``coro`` on uvloop when available (unless PYDVM_NO_UVLOOP is set)."""
+def run_async(coro, profile_name: str = "") -> Any:
+    """Run ``coro`` on uvloop when available (unless PYDVM_NO_UVLOOP is set).
+
+    With ``PYDVM_PROFILE_DIR`` set, a master or daemon runs under cProfile and
+    writes ``<dir>/<name>.prof`` when it exits (for performance work).
+    """
+    prof_dir = os.environ.get("PYDVM_PROFILE_DIR")
+    if prof_dir and profile_name:
+        import cProfile
+
+        pr = cProfile.Profile()
+        pr.enable()
+        try:
+            return run_async(coro)
+        finally:
+            pr.disable()
+            pr.dump_stats(os.path.join(prof_dir, f"{profile_name}.prof"))
     if not os.environ.get("PYDVM_NO_UVLOOP"):
         try:
             import uvloop
@@ -73,7 +88,7 @@ def cmd_start(a: argparse.Namespace) -> int:
         return _fail("--data-server-uri (cross-DVM relay) is not available in this build", 2)
     if a.daemonize:
         return _daemonize(a, hosts, resolved)
-    return run_async(_serve(a, hosts, resolved, ready_fd=None))
+    return run_async(_serve(a, hosts, resolved, ready_fd=None), profile_name="master")
 
 
 async def _serve(a, hosts, resolved, ready_fd: int | None) -> int:
@@ -127,7 +142,7 @@ def _daemonize(a, hosts, resolved) -> int:
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
         try:
-            code = run_async(_serve(a, hosts, resolved, ready_fd=w))
+            code = run_async(_serve(a, hosts, resolved, ready_fd=w), profile_name="master")
         finally:
             os._exit(0)
         os._exit(code)
@@ -151,7 +166,7 @@ def cmd_daemon(a: argparse.Namespace) -> int:
         secret = bytes.fromhex(line)
     except ValueError:
         return _fail("daemon: expected the DVM secret on standard input")
-    return run_async(run_daemon(a.master, a.node, secret))
+    return run_async(run_daemon(a.master, a.node, secret), profile_name=a.node)
 
 
 # ----------------------------------------------------------------------
