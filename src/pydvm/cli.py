@@ -84,8 +84,6 @@ def cmd_start(a: argparse.Namespace) -> int:
         return _fail(str(exc), 2)
     if a.launcher not in LAUNCHERS:
         return _fail(f"unknown launcher {a.launcher!r}", 2)
-    if a.data_server_uri:
-        return _fail("--data-server-uri (cross-DVM relay) is not available in this build", 2)
     if a.daemonize:
         return _daemonize(a, hosts, resolved)
     return run_async(_serve(a, hosts, resolved, ready_fd=None), profile_name="master")
@@ -98,7 +96,14 @@ async def _serve(a, hosts, resolved, ready_fd: int | None) -> int:
     from .runtime.master import Master, StartError
 
     setup_logging("master", a.log_dir, resolved["prte_data_server_verbose"].value)
-    master = Master(hosts, a.launcher, resolved, bind=a.bind, log_dir=a.log_dir)
+    from .runtime.auth import DvmUri, UriError
+
+    try:
+        ds = DvmUri.parse(a.data_server_uri) if a.data_server_uri else None
+    except UriError as exc:
+        return _fail(str(exc), 2)
+    master = Master(hosts, a.launcher, resolved, bind=a.bind, log_dir=a.log_dir,
+                    data_server=ds, port=a.port, dvmid=a.dvm_id)
     try:
         uri = await master.start()
     except (StartError, OSError) as exc:
@@ -498,6 +503,14 @@ def cmd_unpublish(a: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------
 
 
+def _dvm_id(text: str) -> str:
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", text):
+        raise argparse.ArgumentTypeError("a DVM id is 1-32 letters, digits, '-' or '_'")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pydvm", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
@@ -513,6 +526,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--log-dir", help="one log file per process here (default stderr)")
     s.add_argument("--bind", default=os.environ.get("PYDVM_BIND", "127.0.0.1"),
                    help="address the master listens on (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=0,
+                   help="port the master listens on (default: any free port)")
+    s.add_argument("--dvm-id", type=_dvm_id,
+                   help="reuse this DVM id, so a restarted DVM keeps its URI")
     s.set_defaults(func=cmd_start)
 
     s = sub.add_parser("run", help="run one job (see 'pydvm run --help')", add_help=False)

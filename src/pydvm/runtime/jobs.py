@@ -156,4 +156,6 @@ class SessionRecord:
     id: int
     hosts: list[HostSpec]
     jobs: set[str] = field(default_factory=set)
+    #: every namespace that ever ran in the session (for relayed purges).
+    history: set[str] = field(default_factory=set)
     ending: bool = False

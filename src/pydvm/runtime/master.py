@@ -39,6 +39,7 @@ from . import dataops
 from .auth import HANDSHAKE_TIMEOUT, DvmUri, check_auth, remove_secret, write_secret
 from .jobs import HostSpec, JobRecord, ProcState, SessionRecord, build_job
 from .launch import daemon_argv, start_daemon
+from .relay import Relay
 
 log = logging.getLogger("pydvm.master")
 
@@ -89,10 +90,14 @@ class Master:
         resolved: dict[str, P.Resolved] | None = None,
         bind: str = "127.0.0.1",
         log_dir: str | None = None,
+        data_server: DvmUri | None = None,
+        port: int = 0,
+        dvmid: str | None = None,
     ) -> None:
         self.resolved = resolved or P.resolve()
         self.values = P.values(self.resolved)
-        self.dvmid = secrets.token_hex(4)
+        self.dvmid = dvmid or secrets.token_hex(4)
+        self.port = port
         self.dvm_nspace = f"pydvm-{self.dvmid}"
         self.secret = secrets.token_bytes(32)
         self.launcher = launcher
@@ -119,6 +124,8 @@ class Master:
         #: a job ends, since resolution depends on the job records.
         self._callers: dict[tuple, Caller] = {}
         self._heartbeat: asyncio.Task | None = None
+        #: set when this DVM relays its data requests to another DVM (SPEC 7).
+        self.relay: Relay | None = Relay(data_server) if data_server else None
 
     # ------------------------------------------------------------------
     # start / stop
@@ -140,7 +147,8 @@ class Master:
             dvm_nspace=self.dvm_nspace,
         )
         try:
-            self._server = await loop.create_server(lambda: _PeerChannel(self), self.bind, 0)
+            self._server = await loop.create_server(lambda: _PeerChannel(self), self.bind,
+                                                    self.port, reuse_address=True)
         except OSError as exc:
             raise StartError(f"cannot listen on {self.bind}: {exc}") from None
         port = self._server.sockets[0].getsockname()[1]
@@ -149,6 +157,11 @@ class Master:
         write_secret(self.dvmid, self.secret)
         log.info("DVM %s listening at %s", self.dvmid, self.uri)
         try:
+            if self.relay is not None:
+                try:
+                    await self.relay.start()
+                except (ConnectionError, OSError, ValueError) as exc:
+                    raise StartError(f"cannot reach the data server {self.relay.uri}: {exc}")
             await self._launch_daemons()
         except BaseException:
             await self._teardown()
@@ -212,6 +225,8 @@ class Master:
     async def _teardown(self) -> None:
         if self._heartbeat is not None:
             self._heartbeat.cancel()
+        if self.relay is not None:
+            self.relay.stop()
         acks = []
         for node in self.nodes.values():
             if node.channel is not None and not node.channel.closed:
@@ -300,10 +315,23 @@ class Master:
         ch.send(reply(msg.get("id"), Status.SUCCESS, params=P.to_wire(self.resolved),
                       dvm=self.dvmid, dvm_nspace=self.dvm_nspace))
 
+    def _cancel(self, ch: Channel, ref: Any) -> None:
+        """A relayed lookup's caller went away: drop it without an answer."""
+        if not isinstance(ref, int) or isinstance(ref, bool):
+            return
+        if ref in ch.peer["parked"]:
+            ch.peer["parked"].discard(ref)
+            self.store.cancel((ch, ref))
+        remote = ch.peer.get("relayed", {}).pop(ref, None)
+        if remote is not None and self.relay is not None:
+            self.relay.cancel(remote)
+
     def _on_peer_closed(self, ch: Channel, reason: str) -> None:
         self._peers.discard(ch)
         for rid in list(ch.peer.get("parked", ())):
             self.store.cancel((ch, rid))
+        for remote in ch.peer.get("relayed", {}).values():
+            self.relay.cancel(remote)
         role = ch.peer.get("role")
         if role == "daemon":
             self._node_lost(ch.peer["node"], reason)
@@ -346,10 +374,7 @@ class Master:
                 caller = self._callers[key] = self._resolve_caller(*fields, ch.peer["node"])
             self._data_op(ch, msg, caller)
         elif t == "cancel":
-            ref = msg.get("ref")
-            if isinstance(ref, int) and ref in ch.peer["parked"]:
-                ch.peer["parked"].discard(ref)
-                self.store.cancel((ch, ref))
+            self._cancel(ch, msg.get("ref"))
         elif t == "output":
             tool = self._job_tool.get(msg.get("nspace"))
             if tool is not None:
@@ -382,14 +407,34 @@ class Master:
         if not isinstance(rid, int) or isinstance(rid, bool):
             ch.send(reply(None, Status.ERR_BAD_PARAM, "request without an integer id"))
             return
-        if rid in ch.peer["parked"]:
-            ch.send(reply(rid, Status.ERR_BAD_PARAM, f"request id {rid} is already waiting"))
+        relayed = ch.peer.setdefault("relayed", {})
+        if rid in ch.peer["parked"] or rid in relayed:
+            ch.send(reply(rid, Status.ERR_BAD_PARAM, f"request id {rid} is still outstanding"))
+            return
+        if self.relay is not None:
+            self._relay_data_op(ch, msg, caller, rid, relayed)
             return
         out = dataops.apply(self.store, caller, msg, (ch, rid))
         if out is None:
             ch.peer["parked"].add(rid)
         else:
             ch.send(out)
+
+    def _relay_data_op(self, ch: Channel, msg: Message, caller: Caller, rid: int,
+                       relayed: dict[int, int]) -> None:
+        fwd: Message = {"t": msg["t"], **Relay.claims(caller)}
+        for f in dataops.FORWARDED_FIELDS[msg["t"]]:
+            if f in msg:
+                fwd[f] = msg[f]
+
+        def answered(r: Message) -> None:
+            relayed.pop(rid, None)
+            r["id"] = rid
+            ch.send(r)
+
+        remote = self.relay.request(fwd, answered)
+        if remote is not None and not ch.closed:
+            relayed[rid] = remote
 
     def _on_exited(self, ch: Channel, msg: Message) -> None:
         job = self.jobs.get(msg.get("nspace"))
@@ -412,14 +457,21 @@ class Master:
     def _proc_ended(self, job: JobRecord, rank: int, status: int) -> None:
         app_done, job_done = job.proc_ended(rank, status)
         store = self.store
+        app_idx = job.procs[rank].app_idx
         store.purge(Persistence.PROC, nspace=job.nspace, rank=rank)
+        if self.relay is not None:
+            self.relay.purge(Persistence.PROC, job.nspace, rank=rank)
         if app_done:
-            store.purge(Persistence.APP, nspace=job.nspace, app_idx=job.procs[rank].app_idx)
+            store.purge(Persistence.APP, nspace=job.nspace, app_idx=app_idx)
+            if self.relay is not None:
+                self.relay.purge(Persistence.APP, job.nspace, app_idx=app_idx)
         if job_done:
             self._spawn(self._job_ended(job))
 
     async def _job_ended(self, job: JobRecord) -> None:
         self.store.purge(Persistence.NSPACE, nspace=job.nspace)
+        if self.relay is not None:
+            self.relay.purge(Persistence.NSPACE, job.nspace)
         await self._broadcast_purge(Persistence.NSPACE, nspace=job.nspace)
         self.jobs.pop(job.nspace, None)
         self._callers.clear()
@@ -489,7 +541,11 @@ class Master:
             uid = msg["req_uid"]
         if "req_gid" in msg and (msg["req_gid"] is None or isinstance(msg["req_gid"], int)):
             gid = msg["req_gid"]
-        return self._resolve_caller(ns, rank, uid, gid, None)
+        caller = self._resolve_caller(ns, rank, uid, gid, None)
+        app = msg.get("req_app")
+        if caller.app_idx is None and isinstance(app, int) and not isinstance(app, bool):
+            caller = caller._replace(app_idx=app)
+        return caller
 
     def _tool_run(self, ch: Channel, msg: Message) -> None:
         rid = msg.get("id")
@@ -555,6 +611,7 @@ class Master:
         ns = job.nspace
         self.jobs[ns] = job
         self.sessions[job.session_id].jobs.add(ns)
+        self.sessions[job.session_id].history.add(ns)
         self._job_tool[ns] = ch
         done = self._job_done[ns] = asyncio.get_running_loop().create_future()
         ch.send({"t": "started", "ref": rid, "nspace": ns, "size": job.size})
@@ -635,6 +692,10 @@ class Master:
             if waits:
                 await asyncio.wait(waits, timeout=ACK_TIMEOUT)
             self.store.purge(Persistence.SESSION, session_id=sid)
+            if self.relay is not None:
+                # The remote store knows nothing of our sessions: name each job.
+                for ns in sorted(session.history):
+                    self.relay.purge(Persistence.SESSION, ns)
             await self._broadcast_purge(Persistence.SESSION, session_id=sid)
             del self.sessions[sid]
             ch.send(reply(rid, Status.SUCCESS))
@@ -656,6 +717,32 @@ class Master:
                     stores.append({"store": name, "error": r.get("msg", "")})
             ch.send(reply(msg.get("id"), Status.SUCCESS, stores=stores))
         self._spawn(run(), (ch, msg.get("id")))
+
+    def _tool_purge(self, ch: Channel, msg: Message) -> None:
+        """A relaying DVM applies one of its lifetimes to this store."""
+        rid = msg.get("id")
+        ns, rank, app = msg.get("nspace"), msg.get("rank"), msg.get("app_idx")
+        try:
+            horizon = Persistence(msg.get("horizon"))
+            if horizon not in (Persistence.PROC, Persistence.APP, Persistence.NSPACE,
+                               Persistence.SESSION):
+                raise ValueError(f"{horizon.name} is not a lifetime horizon")
+            if not isinstance(ns, str):
+                raise ValueError("a relayed purge names its namespace")
+            if horizon is Persistence.PROC and not isinstance(rank, int):
+                raise ValueError("a PROC purge names its rank")
+            if horizon is not Persistence.PROC:
+                rank = None
+            if horizon is not Persistence.APP:
+                app = None
+            n = self.store.purge(horizon, nspace=ns, rank=rank, app_idx=app)
+        except (ValueError, TypeError) as exc:
+            ch.send(reply(rid, Status.ERR_BAD_PARAM, str(exc)))
+            return
+        ch.send(reply(rid, Status.SUCCESS, removed=n))
+
+    def _tool_cancel(self, ch: Channel, msg: Message) -> None:
+        self._cancel(ch, msg.get("ref"))
 
     def _tool_info(self, ch: Channel, msg: Message) -> None:
         ch.send(reply(
@@ -691,4 +778,6 @@ _TOOL_HANDLERS = {
     "session_end": Master._tool_session_end,
     "store": Master._tool_store,
     "info": Master._tool_info,
+    "purge": Master._tool_purge,
+    "cancel": Master._tool_cancel,
 }

@@ -13,7 +13,7 @@ through :class:`pydvm.store.DataStore`; the indexes there depend on them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
+from typing import NamedTuple, Union
 
 from ..enums import Persistence, Range
 
@@ -29,9 +29,8 @@ INT_MIN = -(2**63)
 INT_MAX = 2**64 - 1
 
 
-@dataclass(frozen=True, slots=True)
-class Caller:
-    """A process (or tool) as the store sees it.
+class Caller(NamedTuple):
+    """A process (or tool) as the store sees it (an immutable value).
 
     ``gid`` is ``None`` when unknown: ownership and the default access rule
     then compare uid alone.  ``node`` is the daemon the process is behind

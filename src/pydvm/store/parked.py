@@ -89,6 +89,8 @@ class ParkedLookups:
 
     def wanting(self, keys) -> list[Parked]:
         """Requests waiting on any of ``keys``, oldest first."""
+        if not self.by_key:
+            return []
         seen: dict[Hashable, Parked] = {}
         for k in keys:
             seen.update(self.by_key.get(k, ()))

@@ -50,7 +50,7 @@ import logging
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Hashable, Iterable, Mapping
+from typing import Callable, Hashable, Iterable, Mapping, NamedTuple
 
 from ..enums import Persistence, Range
 from ..errors import Status
@@ -83,8 +83,7 @@ class StoreParams:
     verbose: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Found:
+class Found(NamedTuple):
     """One answered key: its value and the process that published it."""
 
     key: str
@@ -92,8 +91,7 @@ class Found:
     publisher: tuple[str, int]
 
 
-@dataclass(frozen=True, slots=True)
-class Reply:
+class Reply(NamedTuple):
     """The outcome of one store operation.
 
     ``found`` is non-empty only for lookups that found something (SUCCESS or
@@ -106,8 +104,7 @@ class Reply:
     message: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Pending:
+class Pending(NamedTuple):
     """A lookup was parked; its answer will reach ``on_answer(ticket, Reply)``."""
 
     ticket: Hashable
@@ -739,22 +736,20 @@ def _unindex(index: dict, key, iid: int) -> None:
         del index[key]
 
 
+_RANGES = {int(r): r for r in Range}
+_PERSISTENCES = {int(p): p for p in Persistence}
+
+
 def _as_range(value) -> Range | None:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if value.__class__ is bool or not isinstance(value, int):
         return None
-    try:
-        return Range(value)
-    except ValueError:
-        return None
+    return _RANGES.get(value)
 
 
 def _as_persistence(value) -> Persistence | None:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if value.__class__ is bool or not isinstance(value, int):
         return None
-    try:
-        return Persistence(value)
-    except ValueError:
-        return None
+    return _PERSISTENCES.get(value)
 
 
 def _id_list(values) -> tuple[int, ...] | None:
