@@ -111,10 +111,14 @@ class Dvm:
 
 
 def start_dvm(tmp: Path, hosts: str = "a,b,c", mca: dict[str, str] | None = None,
-              extra: list[str] | None = None) -> Dvm:
-    """Start a persistent DVM with ``local`` daemons named by ``hosts``."""
+              extra: list[str] | None = None, state_dir: Path | None = None) -> Dvm:
+    """Start a persistent DVM with ``local`` daemons named by ``hosts``.
+
+    ``state_dir`` (default ``tmp/state``) holds the DVM's credentials; DVMs
+    that must reach each other (a relay and its data server) share one.
+    """
     env = dict(os.environ)
-    env["PYDVM_STATE_DIR"] = str(tmp / "state")
+    env["PYDVM_STATE_DIR"] = str(state_dir or tmp / "state")
     env.pop("PYDVM_URI", None)
     log_dir = tmp / "logs"
     args = PYDVM + ["start", "--daemonize", "--hosts", hosts, "--log-dir", str(log_dir),
