@@ -103,7 +103,7 @@ async def _serve(a, hosts, resolved, ready_fd: int | None) -> int:
     except UriError as exc:
         return _fail(str(exc), 2)
     master = Master(hosts, a.launcher, resolved, bind=a.bind, log_dir=a.log_dir,
-                    data_server=ds, port=a.port, dvmid=a.dvm_id)
+                    data_server=ds, port=a.port, dvmid=a.dvm_id, multi_user=a.multi_user)
     try:
         uri = await master.start()
     except (StartError, OSError) as exc:
@@ -526,6 +526,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--log-dir", help="one log file per process here (default stderr)")
     s.add_argument("--bind", default=os.environ.get("PYDVM_BIND", "127.0.0.1"),
                    help="address the master listens on (default 127.0.0.1)")
+    s.add_argument("--multi-user", action="store_true",
+                   help="(root) serve every local user; jobs run as their submitter")
     s.add_argument("--port", type=int, default=0,
                    help="port the master listens on (default: any free port)")
     s.add_argument("--dvm-id", type=_dvm_id,

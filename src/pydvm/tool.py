@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from .errors import Status
-from .runtime.auth import DvmUri, connect, read_secret
+from .runtime.auth import DvmUri, UriError, connect, read_secret, tool_socket_path
 from .wire import Channel, Message
 
 
@@ -29,9 +29,19 @@ def resolve_uri(text: str | None) -> DvmUri:
 
 
 async def open_tool(uri: DvmUri, on_message=None) -> Channel:
+    """Connect as a tool: with the DVM's secret if this user has it, else
+    through a multi-user DVM's tool socket (identity by peer credentials)."""
+    on_message = on_message or (lambda ch, m: None)
     try:
-        secret = read_secret(uri.dvmid)
-        ch, _ = await connect(uri, secret, "tool", on_message or (lambda ch, m: None))
+        try:
+            secret = read_secret(uri.dvmid)
+        except UriError:
+            sock = tool_socket_path(uri.dvmid)
+            if not sock.exists():
+                raise
+            ch, _ = await connect(uri, None, "tool", on_message, unix_path=str(sock))
+        else:
+            ch, _ = await connect(uri, secret, "tool", on_message)
     except (ConnectionError, ValueError) as exc:
         raise ToolError(str(exc)) from None
     return ch

@@ -54,6 +54,11 @@ class DvmUri:
         return cls(host, int(m["port"]), m["dvm"])
 
 
+def tool_socket_path(dvmid: str) -> Path:
+    """Where a multi-user DVM serves tools of any local user (peer credentials)."""
+    return Path("/tmp") / f"pydvm-mu-{dvmid}" / "tool.sock"
+
+
 def state_dir() -> Path:
     d = os.environ.get("PYDVM_STATE_DIR")
     return Path(d) if d else Path.home() / ".pydvm"
@@ -80,7 +85,7 @@ def read_secret(dvmid: str) -> bytes:
     path = state_dir() / f"{dvmid}.secret"
     try:
         return bytes.fromhex(path.read_text().strip())
-    except FileNotFoundError:
+    except (FileNotFoundError, PermissionError):
         raise UriError(f"no credentials for DVM {dvmid} in {path.parent} "
                        "(is it running, and started by this user?)") from None
     except ValueError:
@@ -113,17 +118,20 @@ def check_auth(secret: bytes, nonce: bytes, msg: Message) -> str:
 
 async def connect(
     uri: DvmUri,
-    secret: bytes,
+    secret: bytes | None,
     role: str,
     on_message,
     on_close=None,
     fields: dict | None = None,
     timeout: float = HANDSHAKE_TIMEOUT,
+    unix_path: str | None = None,
 ) -> tuple[Channel, Message]:
     """Open an authenticated channel to a master; returns (channel, welcome).
 
-    Raises ConnectionError (with the reason) if the master is unreachable or
-    refuses the credentials.
+    Over TCP the peer proves it holds ``secret``.  With ``unix_path`` (a
+    multi-user DVM's tool socket) no secret is used: the master reads the
+    caller's uid/gid from the socket.  Raises ConnectionError (with the
+    reason) if the master is unreachable or refuses the credentials.
     """
     loop = asyncio.get_running_loop()
     first: asyncio.Future = loop.create_future()
@@ -141,13 +149,15 @@ async def connect(
             on_close(ch, reason)
 
     try:
-        _, ch = await asyncio.wait_for(
-            loop.create_connection(
-                lambda: Channel(on_first, closed, name=f"master {uri.host}:{uri.port}"),
-                uri.host, uri.port),
-            timeout)
+        factory = lambda: Channel(on_first, closed, name=f"master {uri.host}:{uri.port}")  # noqa
+        if unix_path:
+            conn = loop.create_unix_connection(factory, unix_path)
+        else:
+            conn = loop.create_connection(factory, uri.host, uri.port)
+        _, ch = await asyncio.wait_for(conn, timeout)
     except (OSError, asyncio.TimeoutError) as exc:
-        raise ConnectionError(f"cannot reach DVM master at {uri.host}:{uri.port}: {exc}") from None
+        where = unix_path or f"{uri.host}:{uri.port}"
+        raise ConnectionError(f"cannot reach DVM master at {where}: {exc}") from None
     try:
         challenge = await asyncio.wait_for(first, timeout)
         if challenge.get("t") != "challenge" or not isinstance(challenge.get("nonce"), bytes):
@@ -155,7 +165,9 @@ async def connect(
         if challenge.get("dvm") != uri.dvmid:
             raise ConnectionError(f"{uri.host}:{uri.port} is DVM {challenge.get('dvm')}, "
                                   f"not {uri.dvmid}")
-        auth = {"t": "auth", "role": role, "mac": mac(secret, challenge["nonce"], role)}
+        auth = {"t": "auth", "role": role}
+        if secret is not None:
+            auth["mac"] = mac(secret, challenge["nonce"], role)
         auth.update(fields or {})
         ch.on_message = on_message
         welcome = await ch.call(auth, timeout)

@@ -66,6 +66,9 @@ class LocalJob:
     nspace: str
     session_id: int
     procs: dict[int, LocalProc] = field(default_factory=dict)
+    #: the job's owner in a multi-user DVM (its processes run as them).
+    uid: int | None = None
+    gid: int | None = None
 
 
 class Daemon:
@@ -109,15 +112,22 @@ class Daemon:
         )
         logging.getLogger("pydvm.store").setLevel(
             logging.INFO if values["prte_data_server_verbose"] > 0 else logging.WARNING)
+        self.multi_user = bool(welcome.get("multi_user"))
+        # Single-user: only the DVM's user can enter the socket directory.
+        # Multi-user: job processes of every user must reach the socket, so the
+        # directory is traversable (not listable) and the socket open to all;
+        # identity comes from SO_PEERCRED and is checked against the job's owner.
         base = Path(tempfile.gettempdir()) / f"pydvm-{os.getuid()}"
         base.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(base, 0o700)
+        mode = 0o711 if self.multi_user else 0o700
+        os.chmod(base, mode)
         self.socket_dir = Path(tempfile.mkdtemp(prefix=f"{welcome['dvm']}-{self.node}-", dir=base))
+        os.chmod(self.socket_dir, mode)
         self.socket_path = str(self.socket_dir / "client.sock")
         self._server = await loop.create_unix_server(
             lambda: Channel(self._on_client_hello, self._on_client_closed, name="client"),
             self.socket_path)
-        os.chmod(self.socket_path, 0o700)
+        os.chmod(self.socket_path, 0o666 if self.multi_user else 0o700)
         self.master.send({"t": "ready"})
         self._spawn(heartbeat(lambda: [self.master], values["pydvm_heartbeat_interval"]))
         log.info("daemon %s serving clients at %s", self.node, self.socket_path)
@@ -215,6 +225,11 @@ class Daemon:
         ns = msg.get("nspace")
         procs = msg.get("procs") or []
         job = self.jobs.setdefault(ns, LocalJob(ns, msg.get("session_id", 0)))
+        creds = {}
+        if self.multi_user and msg.get("uid") is not None:
+            job.uid, job.gid = msg["uid"], msg["gid"]
+            if job.uid != os.getuid():
+                creds = _run_as(job.uid, job.gid)
         # Resolve every executable first: a job either starts here or fails whole.
         for p in procs:
             path = p["env"].get("PATH", os.defpath)
@@ -243,7 +258,7 @@ class Daemon:
                 lp.process = await asyncio.create_subprocess_exec(
                     *p["argv"], env=env, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                    start_new_session=True, limit=LINE_LIMIT)
+                    start_new_session=True, limit=LINE_LIMIT, **creds)
             except OSError as exc:
                 # Already started ranks of this job are killed by the master.
                 job.procs.pop(p["rank"], None)
@@ -323,6 +338,8 @@ class Daemon:
         job = self.jobs.get(ns) if isinstance(ns, str) else None
         ok_rank = isinstance(rank, int) and not isinstance(rank, bool)
         lp = job.procs.get(rank) if job is not None and ok_rank else None
+        if lp is not None and job.uid is not None and uid not in (job.uid, 0):
+            lp = None  # another user's process: claiming it would be claiming them
         if lp is None or lp.ended:
             why = f"{ns!r}:{rank!r} is not a running process of this node"
             ch.send(reply(rid, Status.ERR_NO_PERMISSIONS, why))
@@ -388,6 +405,25 @@ class Daemon:
             self.master.forget(mid)
             if not self.master.closed:
                 self.master.send({"t": "cancel", "ref": mid})
+
+
+def _run_as(uid: int, gid: int) -> dict:
+    """subprocess arguments that start a process as ``uid``/``gid`` with the
+    user's supplementary groups.  (uvloop's subprocess support has no
+    ``user``/``group`` arguments, so the switch happens in the child.)"""
+    import pwd
+
+    try:
+        groups = os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)
+    except KeyError:
+        groups = [gid]
+
+    def switch() -> None:
+        os.setgroups(groups)
+        os.setgid(gid)
+        os.setuid(uid)
+
+    return {"preexec_fn": switch}
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -99,6 +99,9 @@ class JobRecord:
     #: human-readable reason the job failed (launch error, lost node...).
     error: str = ""
     killed: bool = False
+    #: the submitting user; the job's processes run as them.
+    uid: int | None = None
+    gid: int | None = None
 
     @property
     def size(self) -> int:

@@ -26,6 +26,7 @@ import asyncio
 import logging
 import os
 import secrets
+import shutil
 import socket
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,9 +35,16 @@ from .. import params as P
 from ..enums import Persistence
 from ..errors import Status
 from ..store import Caller, DataStore, MonotonicClock, StoreParams
-from ..wire import Channel, Message, heartbeat, reply
+from ..wire import Channel, Message, heartbeat, peer_credentials, reply
 from . import dataops
-from .auth import HANDSHAKE_TIMEOUT, DvmUri, check_auth, remove_secret, write_secret
+from .auth import (
+    HANDSHAKE_TIMEOUT,
+    DvmUri,
+    check_auth,
+    remove_secret,
+    tool_socket_path,
+    write_secret,
+)
 from .jobs import HostSpec, JobRecord, ProcState, SessionRecord, build_job
 from .launch import daemon_argv, start_daemon
 from .relay import Relay
@@ -67,16 +75,22 @@ class NodeRecord:
 
 
 class _PeerChannel(Channel):
-    """A channel accepted on the master's port: greets with a challenge."""
+    """A channel accepted on the master's port (or, for a multi-user DVM, on
+    its tool socket): greets with a challenge."""
 
-    def __init__(self, master: "Master") -> None:
+    def __init__(self, master: "Master", unix: bool = False) -> None:
         super().__init__(master._on_unauthenticated, master._on_peer_closed, name="peer")
         self.master = master
+        self.unix = unix
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        peer = transport.get_extra_info("peername")
-        self.name = f"peer {peer}"
+        if self.unix:
+            pid, uid, gid = peer_credentials(transport.get_extra_info("socket"))
+            self.peer["creds"] = (uid, gid)
+            self.name = f"tool socket peer pid {pid} uid {uid}"
+        else:
+            self.name = f"peer {transport.get_extra_info('peername')}"
         self.master._greet(self)
 
 
@@ -93,11 +107,16 @@ class Master:
         data_server: DvmUri | None = None,
         port: int = 0,
         dvmid: str | None = None,
+        multi_user: bool = False,
     ) -> None:
         self.resolved = resolved or P.resolve()
         self.values = P.values(self.resolved)
         self.dvmid = dvmid or secrets.token_hex(4)
         self.port = port
+        #: a root-started DVM serving tools of every local user (their jobs
+        #: run as them); otherwise only its owner's tools (holders of the secret).
+        self.multi_user = multi_user
+        self._tool_server: asyncio.AbstractServer | None = None
         self.dvm_nspace = f"pydvm-{self.dvmid}"
         self.secret = secrets.token_bytes(32)
         self.launcher = launcher
@@ -155,6 +174,8 @@ class Master:
         host = self.bind if self.bind not in ("0.0.0.0", "::") else socket.gethostname()
         self.uri = DvmUri(host, port, self.dvmid)
         write_secret(self.dvmid, self.secret)
+        if self.multi_user:
+            await self._open_tool_socket()
         log.info("DVM %s listening at %s", self.dvmid, self.uri)
         try:
             if self.relay is not None:
@@ -171,6 +192,20 @@ class Master:
                      if n.state == "up" and n.channel is not None],
             self.values["pydvm_heartbeat_interval"]))
         return self.uri
+
+    async def _open_tool_socket(self) -> None:
+        if os.geteuid() != 0:
+            raise StartError("--multi-user needs a DVM started by root")
+        path = tool_socket_path(self.dvmid)
+        try:
+            path.parent.mkdir(mode=0o711)  # fails if someone made it first
+        except FileExistsError:
+            raise StartError(f"{path.parent} already exists; refusing to serve tools there")
+        os.chmod(path.parent, 0o711)
+        loop = asyncio.get_running_loop()
+        self._tool_server = await loop.create_unix_server(
+            lambda: _PeerChannel(self, unix=True), str(path))
+        os.chmod(path, 0o666)  # any local user; identity comes from SO_PEERCRED
 
     async def _launch_daemons(self) -> None:
         agent = self.values["plm_ssh_agent"]
@@ -244,6 +279,9 @@ class Master:
             node.state = "stopped"
         if self._server is not None:
             self._server.close()
+        if self._tool_server is not None:
+            self._tool_server.close()
+            shutil.rmtree(tool_socket_path(self.dvmid).parent, ignore_errors=True)
         for ch in list(self._peers):
             if ch.peer.get("role") != "tool":
                 ch.close("DVM stopped")
@@ -283,7 +321,12 @@ class Master:
             ch.close(f"no handshake within {HANDSHAKE_TIMEOUT:.0f}s", error=True))
 
     def _on_unauthenticated(self, ch: Channel, msg: Message) -> None:
-        problem = check_auth(self.secret, ch.peer["nonce"], msg)
+        creds = ch.peer.get("creds")
+        if creds is not None:  # the multi-user tool socket: identity by credentials
+            problem = "" if msg.get("t") == "auth" and msg.get("role") == "tool" else \
+                "only tools connect on the tool socket"
+        else:
+            problem = check_auth(self.secret, ch.peer["nonce"], msg)
         if problem:
             ch.send(reply(msg.get("id"), Status.ERR_NO_PERMISSIONS, problem))
             ch.close(f"handshake refused: {problem}", error=True)
@@ -293,8 +336,8 @@ class Master:
             self._register_daemon(ch, msg)
         else:
             self._tool_seq += 1
-            ch.peer.update(role="tool", parked=set(), uid=os.getuid(), gid=os.getgid(),
-                           seq=self._tool_seq)
+            uid, gid = creds if creds is not None else (os.getuid(), os.getgid())
+            ch.peer.update(role="tool", parked=set(), uid=uid, gid=gid, seq=self._tool_seq)
             ch.name = f"tool#{self._tool_seq}"
             ch.on_message = self._on_tool
             ch.send(reply(msg.get("id"), Status.SUCCESS, dvm=self.dvmid))
@@ -313,7 +356,7 @@ class Master:
         node.channel = ch
         node.state = "joining"  # up once it says it is ready to serve clients
         ch.send(reply(msg.get("id"), Status.SUCCESS, params=P.to_wire(self.resolved),
-                      dvm=self.dvmid, dvm_nspace=self.dvm_nspace))
+                      dvm=self.dvmid, dvm_nspace=self.dvm_nspace, multi_user=self.multi_user))
 
     def _cancel(self, ch: Channel, ref: Any) -> None:
         """A relayed lookup's caller went away: drop it without an answer."""
@@ -523,7 +566,14 @@ class Master:
         if self._stopping and t != "stop":
             ch.send(reply(rid, Status.ERR_UNREACH, "the DVM is stopping"))
             return
+        if t in _ADMIN_ONLY and not self._is_admin(ch):
+            ch.send(reply(rid, Status.ERR_NO_PERMISSIONS,
+                          f"only the DVM's owner or root may {t.replace('_', ' ')}"))
+            return
         handler(self, ch, msg)
+
+    def _is_admin(self, ch: Channel) -> bool:
+        return ch.peer["uid"] in (0, os.getuid())
 
     def _tool_caller(self, ch: Channel, msg: Message) -> Caller:
         """A tool acts as the DVM itself unless it relays for a process.
@@ -549,6 +599,9 @@ class Master:
 
     def _tool_run(self, ch: Channel, msg: Message) -> None:
         rid = msg.get("id")
+        # Jobs run as the submitting user (only a multi-user DVM, run by root,
+        # can start them as anyone but itself).
+        msg["_uid"], msg["_gid"] = ch.peer["uid"], ch.peer["gid"]
         try:
             job, per_node = self._plan_job(msg)
         except ValueError as exc:
@@ -598,6 +651,7 @@ class Master:
         nspace = f"{self.dvm_nspace}@{self._next_job}"
         self._next_job += 1
         job = build_job(nspace, sid, specs)
+        job.uid, job.gid = msg.get("_uid"), msg.get("_gid")
         per_node: dict[str, list[dict]] = {}
         for p in job.procs.values():
             per_node.setdefault(p.node, []).append({
@@ -619,7 +673,8 @@ class Master:
         results = await asyncio.gather(*[
             self.nodes[n].channel.call({
                 "t": "launch", "nspace": ns, "session_id": job.session_id,
-                "job_size": job.size, "procs": per_node[n]}, timeout=ACK_TIMEOUT)
+                "job_size": job.size, "procs": per_node[n], "uid": job.uid, "gid": job.gid},
+                timeout=ACK_TIMEOUT)
             for n in names
         ])
         for name, r in zip(names, results):
@@ -643,6 +698,9 @@ class Master:
         ns = msg.get("nspace")
         if ns not in self.jobs:
             ch.send(reply(msg.get("id"), Status.ERR_NOT_FOUND, f"no running job {ns!r}"))
+            return
+        if not self._is_admin(ch) and self.jobs[ns].uid != ch.peer["uid"]:
+            ch.send(reply(msg.get("id"), Status.ERR_NO_PERMISSIONS, "not your job"))
             return
         self._kill_job(ns, "killed by request")
         ch.send(reply(msg.get("id"), Status.SUCCESS))
@@ -781,3 +839,6 @@ _TOOL_HANDLERS = {
     "purge": Master._tool_purge,
     "cancel": Master._tool_cancel,
 }
+
+#: Requests only the DVM's owner (or root) may make.
+_ADMIN_ONLY = frozenset({"stop", "session_end", "purge"})
