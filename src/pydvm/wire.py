@@ -222,14 +222,18 @@ class Channel(asyncio.Protocol):
     def send_error(self, status: Status, text: str) -> None:
         self.send({"t": "error", "status": int(status), "msg": text})
 
-    def request(self, msg: Message, callback: ReplyCallback) -> int:
-        """Send ``msg`` with a fresh ``id``; ``callback`` gets the reply."""
+    def request(self, msg: Message, callback: ReplyCallback) -> int | None:
+        """Send ``msg`` with a fresh ``id``; ``callback`` gets the reply.
+
+        Returns the id, or None if the connection is closed -- then
+        ``callback`` has already run with an UNREACH reply.
+        """
         self._next_id += 1
         rid = self._next_id
         msg["id"] = rid
         if self.closed:
             callback(reply(rid, Status.ERR_UNREACH, f"connection to {self.name} is closed"))
-            return rid
+            return None
         self._pending[rid] = callback
         self.send(msg)
         return rid

@@ -380,22 +380,8 @@ class Daemon:
             self._forward(ch, msg, caller)
 
     def _forward(self, ch: Channel, msg: Message, caller: Caller) -> None:
-        t = msg["t"]
-        rid = msg["id"]
-        fwd: Message = {"t": t, "caller": [caller.nspace, caller.rank, caller.uid, caller.gid]}
-        for f in dataops.FORWARDED_FIELDS[t]:
-            if f in msg:
-                fwd[f] = msg[f]
-        forwarded = ch.peer["forwarded"]
-
-        def answered(r: Message) -> None:
-            forwarded.pop(rid, None)
-            r["id"] = rid
-            ch.send(r)
-
-        mid = self.master.request(fwd, answered)
-        if not self.master.closed:
-            forwarded[rid] = mid
+        head = {"t": msg["t"], "caller": [caller.nspace, caller.rank, caller.uid, caller.gid]}
+        dataops.reissue(self.master.request, ch, msg, head, ch.peer["forwarded"])
 
     def _on_client_closed(self, ch: Channel, reason: str) -> None:
         self._clients.discard(ch)

@@ -102,6 +102,36 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def reissue(send: Callable[[Message, Callable[[Message], None]], int | None], ch: Any,
+            msg: Message, head: Message, outstanding: dict[int, int]) -> None:
+    """Pass a data request one hop on and route its one reply back.
+
+    Used by a daemon (client -> master) and a relaying master (daemon ->
+    data server).  The reissued request is ``head`` (type and identity,
+    chosen by the relaying side) plus only the fields in
+    :data:`FORWARDED_FIELDS` -- whatever else the sender put in is dropped.
+    The reply returns to ``ch`` under the sender's own id; until then
+    ``outstanding`` maps that id to the next hop's, so a vanished sender's
+    waiting lookups can be cancelled there.  ``send`` is
+    :meth:`Channel.request`-like: it returns the next hop's id, or None when
+    it already answered (the next hop is unreachable).
+    """
+    rid = msg["id"]
+    fwd = dict(head)
+    for f in FORWARDED_FIELDS[msg["t"]]:
+        if f in msg:
+            fwd[f] = msg[f]
+
+    def answered(r: Message) -> None:
+        outstanding.pop(rid, None)
+        r["id"] = rid
+        ch.send(r)
+
+    remote = send(fwd, answered)
+    if remote is not None and not ch.closed:
+        outstanding[rid] = remote
+
+
 AnswerRouter = Callable[[Hashable, Reply], None]
 
 

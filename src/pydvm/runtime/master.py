@@ -465,19 +465,8 @@ class Master:
 
     def _relay_data_op(self, ch: Channel, msg: Message, caller: Caller, rid: int,
                        relayed: dict[int, int]) -> None:
-        fwd: Message = {"t": msg["t"], **Relay.claims(caller)}
-        for f in dataops.FORWARDED_FIELDS[msg["t"]]:
-            if f in msg:
-                fwd[f] = msg[f]
-
-        def answered(r: Message) -> None:
-            relayed.pop(rid, None)
-            r["id"] = rid
-            ch.send(r)
-
-        remote = self.relay.request(fwd, answered)
-        if remote is not None and not ch.closed:
-            relayed[rid] = remote
+        head = {"t": msg["t"], **Relay.claims(caller)}
+        dataops.reissue(self.relay.request, ch, msg, head, relayed)
 
     def _on_exited(self, ch: Channel, msg: Message) -> None:
         job = self.jobs.get(msg.get("nspace"))
