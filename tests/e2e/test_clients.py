@@ -1,0 +1,67 @@
+"""The client libraries and the parameter registry, through a real DVM."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from dvmkit import PYDVM, job_script, start_dvm
+
+
+def test_asyncio_client_serves_concurrent_requests_on_one_connection(dvm):
+    """A waiting lookup and the publish that satisfies it share one aio connection; errors are typed."""
+    p = dvm.run("-n", "2", *job_script("aio_client"))
+    assert p.returncode == 0, p.stderr
+    out = sorted(p.stdout.splitlines())
+    assert out == sorted(["WAITED 0 0", "WAITED 10 1", "DUPLICATE PMIX_ERR_DUPLICATE_KEY",
+                          "DUPLICATE PMIX_ERR_DUPLICATE_KEY",
+                          "PARTIAL True ['own-0']", "PARTIAL True ['own-1']", "GONE", "GONE"])
+
+
+def test_client_outside_a_job_gets_a_clear_unreachable_error():
+    """pydvm.Client() without a job environment raises UnreachableError saying why."""
+    code = ("import os\nfor k in ('PYDVM_SERVER', 'PYDVM_NSPACE', 'PYDVM_RANK'): "
+            "os.environ.pop(k, None)\n"
+            "from pydvm import Client\nfrom pydvm.errors import UnreachableError\n"
+            "try:\n    Client()\nexcept UnreachableError as e:\n    print('UNREACH', e)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert p.stdout.startswith("UNREACH PMIX_ERR_UNREACH: not inside a pydvm job"), p
+
+
+def test_malformed_parameter_is_a_start_up_error_naming_it(tmp_path):
+    """--mca with a bad value or an unknown name fails start-up with a message naming it."""
+    for args, needle in ((["--mca", "prte_data_server_timeout", "soon"],
+                          "prte_data_server_timeout"),
+                         (["--mca", "prte_data_server_max_size", "-5"],
+                          "prte_data_server_max_size"),
+                         (["--mca", "no_such_param", "1"], "unknown parameter 'no_such_param'")):
+        p = subprocess.run(PYDVM + ["start", "--hosts", "a", *args], capture_output=True,
+                           text=True, timeout=60, env={"PYDVM_STATE_DIR": str(tmp_path),
+                                                       "PATH": "/usr/bin:/bin"})
+        assert p.returncode != 0 and needle in p.stderr, (args, p.stderr)
+    p = subprocess.run(PYDVM + ["run", "-n", "1", "true"], capture_output=True, text=True,
+                       timeout=60, env={"PRTE_MCA_prte_data_server_verbose": "loud",
+                                        "PYDVM_STATE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert p.returncode != 0 and "PRTE_MCA_prte_data_server_verbose" in p.stderr, p.stderr
+
+
+def test_info_lists_every_parameter_with_its_value_and_source(tmp_path):
+    """Values from --mca, the environment and defaults are shown with where they came from."""
+    import os
+
+    os.environ["PRTE_MCA_prte_data_server_verbose"] = "1"
+    try:
+        d = start_dvm(tmp_path, "a", {"prte_data_server_timeout": "7"})
+    finally:
+        del os.environ["PRTE_MCA_prte_data_server_verbose"]
+    try:
+        out = d.cmd("info", check=True).stdout
+        rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.startswith(("prte_", "plm_",
+                                                                              "pydvm_"))}
+        assert "7.0" in rows["prte_data_server_timeout"]
+        assert "(command line)" in rows["prte_data_server_timeout"]
+        assert "(environment)" in rows["prte_data_server_verbose"]
+        assert "(default)" in rows["prte_data_server_max_size"]
+        assert "plm_ssh_agent" in rows
+    finally:
+        d.stop()
