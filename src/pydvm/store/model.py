@@ -101,6 +101,8 @@ class Item:
     nbytes: int = field(default=0)
     #: True from insertion until the removal helper unlinks it.
     live: bool = field(default=False)
+    #: the store's touch sequence number at the last touch (see TouchQueue).
+    seq: int = field(default=0)
 
     @property
     def uid(self) -> int:

@@ -8,8 +8,7 @@ lookups.  Every operation reads the clock once and passes ``now`` down.
 
 Shape of the data
 -----------------
-Every item is in exactly one uid's ``_lru`` dict (that is where "all items"
-are); ``Item.live`` says whether it is still in the store.  Every question an
+``Item.live`` says whether an item is still in the store.  Every question an
 operation asks has an index, so no operation walks the whole store:
 
 =====================  ====================================================
@@ -18,19 +17,24 @@ index                  used by
 ``_by_key``            lookup, publish's duplicate rule, unpublish(keys)
 ``_by_owner[ns][rank]`` PROC purges, ``unpublish()`` of a process; with
                        all ranks, APP and NSPACE purges
-``_by_session``        SESSION purges (wildcard namespace); items whose
-                       session is unknown (or the never-purged default
-                       session, which the runtime passes as unknown) are
-                       not indexed here
+``_by_session[sid]``   SESSION purges (wildcard namespace): the namespaces
+                       holding items of that session, with their item
+                       counts (a job's items share its session, so this
+                       stays small); items whose session is unknown (or
+                       the never-purged default session, which the runtime
+                       passes as unknown) are not counted here
 ``_lru[uid]``          eviction: a uid's items, least recently used first
+                       (a :class:`TouchQueue`)
 ``_idle``              the idle sweep: INDEF/FIRST_READ items, oldest first
+                       (a :class:`TouchQueue`)
 =====================  ====================================================
 
-Because every touch stamps ``last_access`` from a monotonic clock and moves
-the item to the end of ``_lru[uid]`` and ``_idle``, insertion order of those
-ordered dicts *is* ``last_access`` order: eviction pops from the front of
-the uid's dict and the sweep pops from the front of ``_idle`` until it meets
-an item that is not stale.
+Because every touch stamps ``last_access`` from a monotonic clock and
+appends the item to ``_lru[uid]`` and ``_idle`` (older entries go dead),
+their live order *is* ``last_access`` order: eviction takes the front of the
+uid's queue and the sweep takes the front of ``_idle`` until it meets an
+item that is not stale.  Removal never touches the queues (lazy deletion),
+which keeps the hottest path to the indexes a lookup needs anyway.
 
 Every removal -- unpublish, replace, first read, each purge, the sweep,
 eviction -- goes through :meth:`DataStore._remove_keys`, which keeps every
@@ -48,7 +52,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable, Mapping, NamedTuple
 
@@ -58,6 +61,7 @@ from .clock import Clock, Timer, TimerHandle
 from .model import INT_MAX, INT_MIN, Caller, Item, Value, item_nbytes
 from .parked import ParkedLookups
 from .rules import LIFETIME_HORIZONS, ReadVerdict, expires_by, may_read, owns, sweep_interval
+from .touchqueue import COMPACT_SLACK, TouchQueue
 
 log = logging.getLogger("pydvm.store")
 
@@ -176,18 +180,23 @@ class DataStore:
         self._timer = timer
         self._on_answer = on_answer
 
-        #: number of live items (each is in exactly one ``_lru[uid]``).
+        #: number of live items.
         self._count = 0
-        #: key -> {id: Item} for every item holding that key (publish order).
-        self._by_key: dict[str, dict[int, Item]] = {}
-        #: nspace -> rank -> {id: Item}, and session_id -> {id: Item}, of the owner.
-        #: Nested so that a removal touches small dicts rather than big ones.
+        #: the last touch sequence number given out (Item.seq).
+        self._seq = 0
+        #: key -> the one Item holding that key, or {id: Item} (publish order)
+        #: when two or more do.  Most keys have one holder; storing it bare
+        #: saves a dict per key and a cache miss per lookup.  See _holders.
+        self._by_key: dict[str, Item | dict[int, Item]] = {}
+        #: nspace -> rank -> {id: Item} of the owner.  Nested so that a
+        #: removal touches small dicts rather than one big one.
         self._by_owner: dict[str, dict[int, dict[int, Item]]] = {}
-        self._by_session: dict[int, dict[int, Item]] = {}
+        #: session_id -> {nspace: live items of that nspace in that session}.
+        self._by_session: dict[int, dict[str, int]] = {}
         #: uid -> its items, least recently used first (last_access order).
-        self._lru: dict[int, OrderedDict[int, Item]] = {}
+        self._lru: dict[int, TouchQueue] = {}
         #: INDEF and FIRST_READ items, least recently used first.
-        self._idle: OrderedDict[int, Item] = OrderedDict()
+        self._idle = TouchQueue()
         #: uid -> sum of nbytes of that uid's items; no entry for a uid at 0.
         self._usage: dict[int, int] = {}
 
@@ -252,7 +261,7 @@ class DataStore:
         own: dict[int, tuple[Item, list[str]]] = {}
         stale: dict[int, Item] = {}
         for key in norm:
-            for item in self._by_key.get(key, {}).values():
+            for item in self._holders(key):
                 if item.range is not rng:
                     continue
                 if self._stale(item, now):
@@ -310,8 +319,8 @@ class DataStore:
     def _make_room(self, uid: int, nbytes: int, cap: int, now: float) -> None:
         """Evict ``uid``'s least recently used items until ``nbytes`` fits."""
         while self._usage.get(uid, 0) + nbytes > cap:
-            lru = self._lru[uid]  # non-empty: usage > 0 means items exist
-            victim = next(iter(lru.values()))
+            victim = self._lru[uid].front()  # not None: usage > 0 means items exist
+            assert victim is not None
             if uid not in self._warned_uids:
                 self._warned_uids.add(uid)
                 log.warning(
@@ -392,7 +401,7 @@ class DataStore:
         refused = False
         stale: list[Item] = []
         for key in keys:
-            for item in self._by_key.get(key, {}).values():
+            for item in self._holders(key):
                 if self._stale(item, now):
                     stale.append(item)
                     continue
@@ -455,7 +464,7 @@ class DataStore:
             return _bad(problem)
         now = self._clock.now()
         for key in klist:
-            for item in list(self._by_key.get(key, {}).values()):
+            for item in list(self._holders(key)):
                 if owns(caller, item):
                     self._remove_keys(item, [key], Reason.UNPUBLISHED, now)
         return Reply(Status.SUCCESS)
@@ -504,7 +513,9 @@ class DataStore:
             else:
                 pools = list(ranks.values())
         else:
-            pools = [self._by_session.get(session_id, {})]  # type: ignore[arg-type]
+            pools = [bucket
+                     for ns in self._by_session.get(session_id, {})  # type: ignore[arg-type]
+                     for bucket in self._by_owner[ns].values()]
         doomed = [
             item
             for pool in pools
@@ -540,22 +551,23 @@ class DataStore:
             return 0, True
         now = self._clock.now()
         removed = 0
-        while self._idle:
-            oldest = next(iter(self._idle.values()))
+        while True:
+            oldest = self._idle.front()
+            if oldest is None:
+                return removed, True
             if not now - oldest.last_access > timeout:
                 return removed, True
             if removed >= budget:
                 return removed, False
             self._remove_item(oldest, Reason.EXPIRED, now)
             removed += 1
-        return removed, True
 
     def _stale(self, item: Item, now: float) -> bool:
         t = self.params.timeout
         return bool(t) and item.idle_expires and now - item.last_access > t
 
     def _arm_sweep(self) -> None:
-        if self._sweep_handle is None and self.params.timeout and self._idle:
+        if self._sweep_handle is None and self.params.timeout and self._idle.live:
             self._sweep_handle = self._timer.call_later(
                 sweep_interval(self.params.timeout), self._on_sweep_timer
             )
@@ -563,7 +575,7 @@ class DataStore:
     def _on_sweep_timer(self) -> None:
         self._sweep_handle = None
         _, finished = self.sweep()
-        if self._idle and self.params.timeout:
+        if self._idle.live and self.params.timeout:
             delay = sweep_interval(self.params.timeout) if finished else 0.0
             self._sweep_handle = self._timer.call_later(delay, self._on_sweep_timer)
 
@@ -576,6 +588,15 @@ class DataStore:
     # the index keepers: insert, touch, and the one removal helper
     # ------------------------------------------------------------------
 
+    def _holders(self, key: str):
+        """The items holding ``key``, in publish order."""
+        held = self._by_key.get(key)
+        if held is None:
+            return ()
+        if held.__class__ is dict:
+            return held.values()  # type: ignore[union-attr]
+        return (held,)
+
     def _new_id(self) -> int:
         self._next_id += 1
         return self._next_id
@@ -585,22 +606,36 @@ class DataStore:
         item.live = True
         self._count += 1
         for key in item.pairs:
-            self._by_key.setdefault(key, {})[iid] = item
+            held = self._by_key.get(key)
+            if held is None:
+                self._by_key[key] = item
+            elif held.__class__ is dict:
+                held[iid] = item  # type: ignore[index]
+            else:
+                self._by_key[key] = {held.id: held, iid: item}  # type: ignore[union-attr]
         owner = item.owner
         self._by_owner.setdefault(owner.nspace, {}).setdefault(owner.rank, {})[iid] = item
         if owner.session_id is not None:
-            self._by_session.setdefault(owner.session_id, {})[iid] = item
-        self._lru.setdefault(owner.uid, OrderedDict())[iid] = item
+            counts = self._by_session.setdefault(owner.session_id, {})
+            counts[owner.nspace] = counts.get(owner.nspace, 0) + 1
+        self._seq += 1
+        item.seq = self._seq
+        lru = self._lru.get(owner.uid)
+        if lru is None:
+            lru = self._lru[owner.uid] = TouchQueue()
+        lru.add(item)
         self._usage[owner.uid] = self._usage.get(owner.uid, 0) + item.nbytes
         if item.idle_expires:
-            self._idle[iid] = item
+            self._idle.add(item)
             self._arm_sweep()
 
     def _touch(self, item: Item, now: float) -> None:
         item.last_access = now
-        self._lru[item.uid].move_to_end(item.id)
+        self._seq += 1
+        item.seq = self._seq
+        self._lru[item.uid].touched(item)
         if item.idle_expires:
-            self._idle.move_to_end(item.id)
+            self._idle.touched(item)
 
     def _remove_item(self, item: Item, reason: str, now: float) -> None:
         self._remove_keys(item, list(item.pairs), reason, now)
@@ -617,10 +652,13 @@ class DataStore:
         iid = item.id
         for key in keys:
             del item.pairs[key]
-            bucket = self._by_key[key]
-            del bucket[iid]
-            if not bucket:
+            held = self._by_key[key]
+            if held is item:
                 del self._by_key[key]
+            else:
+                del held[iid]  # type: ignore[union-attr]
+                if len(held) == 1:  # type: ignore[arg-type]
+                    self._by_key[key] = next(iter(held.values()))  # type: ignore[union-attr]
         uid = item.uid
         if item.pairs:
             new = item_nbytes(item.pairs, item.access_uids, item.access_gids)
@@ -638,16 +676,27 @@ class DataStore:
         if not ranks:
             del self._by_owner[owner.nspace]
         if owner.session_id is not None:
-            _unindex(self._by_session, owner.session_id, iid)
-        _unindex(self._lru, uid, iid)
+            counts = self._by_session[owner.session_id]
+            if counts[owner.nspace] == 1:
+                del counts[owner.nspace]
+                if not counts:
+                    del self._by_session[owner.session_id]
+            else:
+                counts[owner.nspace] -= 1
+        lru = self._lru[uid]
+        lru.discard()
+        if not lru.live:
+            del self._lru[uid]
         left = self._usage[uid] - item.nbytes
         if left:
             self._usage[uid] = left
         else:
             del self._usage[uid]
-        if self._idle.pop(iid, None) is not None and not self._idle and self._sweep_handle:
-            self._sweep_handle.cancel()
-            self._sweep_handle = None
+        if item.idle_expires:
+            self._idle.discard()
+            if not self._idle.live and self._sweep_handle:
+                self._sweep_handle.cancel()
+                self._sweep_handle = None
         if reason == Reason.EVICTED:
             self.evictions += 1
         elif reason == Reason.EXPIRED:
@@ -672,54 +721,71 @@ class DataStore:
 
     def keys_of_uid(self, uid: int) -> list[str]:
         """Key names held by ``uid``'s items, least recently used first."""
-        return [k for item in self._lru.get(uid, {}).values() for k in item.pairs]
+        return [k for item in self._lru.get(uid, ()) for k in item.pairs]
 
     def __len__(self) -> int:
         return self._count
 
     def items(self) -> list[Item]:
         """A snapshot list of the items (for tests and inspection)."""
-        return [item for lru in self._lru.values() for item in lru.values()]
+        return [item for ranks in self._by_owner.values() for bucket in ranks.values()
+                for item in bucket.values()]
 
     def check_invariants(self) -> None:
         """Assert every rule that spans the store's structures."""
         items = {item.id: item for item in self.items()}
         assert len(items) == self._count, "an item is in two LRU dicts, or the count is off"
         usage: dict[int, int] = {}
+        session_counts: dict[int, dict[str, int]] = {}
         for iid, item in items.items():
             assert item.live
             assert item.pairs, f"empty item {iid} left in the store"
             assert item.nbytes == item_nbytes(item.pairs, item.access_uids, item.access_gids)
             usage[item.uid] = usage.get(item.uid, 0) + item.nbytes
             for key in item.pairs:
-                assert self._by_key[key][iid] is item
+                assert any(h is item for h in self._holders(key)), f"{key!r} not indexed"
             assert self._by_owner[item.owner.nspace][item.owner.rank][iid] is item
             if item.owner.session_id is not None:
-                assert self._by_session[item.owner.session_id][iid] is item
-            assert self._lru[item.uid][iid] is item
-            assert (iid in self._idle) == item.idle_expires
+                sc = session_counts.setdefault(item.owner.session_id, {})
+                sc[item.owner.nspace] = sc.get(item.owner.nspace, 0) + 1
+            assert item.seq <= self._seq
         assert usage == self._usage, f"usage {self._usage} != sum of nbytes {usage}"
+        assert session_counts == self._by_session, "session index disagrees with the items"
         cap = self.params.max_size
         if cap:
             assert all(v <= cap for v in usage.values()), f"a uid is over the cap: {usage}"
         owner_buckets = [b for ranks in self._by_owner.values() for b in ranks.values()]
         assert all(self._by_owner.values()), "empty namespace left in _by_owner"
-        for index in (self._by_key, dict(enumerate(owner_buckets)), self._by_session, self._lru):
+        for key, held in self._by_key.items():
+            if held.__class__ is dict:
+                assert len(held) >= 2, f"_by_key[{key!r}] is a dict of fewer than two"
+            else:
+                assert items.get(held.id) is held and key in held.pairs
+        for index in (dict(enumerate(owner_buckets)),):
             for bucket in index.values():
                 assert bucket, "empty bucket left in an index"
                 for iid, item in bucket.items():
                     assert items.get(iid) is item, f"index holds removed item {iid}"
+        by_uid: dict[int, set[int]] = {}
+        for iid, item in items.items():
+            by_uid.setdefault(item.uid, set()).add(iid)
+        assert set(self._lru) == set(by_uid), "LRU queues do not match the uids holding items"
         for uid, lru in self._lru.items():
-            stamps = [it.last_access for it in lru.values()]
+            queued = list(lru)
+            assert [it.id for it in queued if it.uid == uid] == [it.id for it in queued]
+            assert {it.id for it in queued} == by_uid[uid] and len(queued) == lru.live, \
+                f"LRU queue of uid {uid} does not hold exactly its live items"
+            stamps = [it.last_access for it in queued]
             assert stamps == sorted(stamps), f"LRU order of uid {uid} is not last_access order"
-            assert all(it.uid == uid for it in lru.values())
-        stamps = [it.last_access for it in self._idle.values()]
+            assert lru.entries <= 2 * lru.live + COMPACT_SLACK + 1, "LRU queue never compacted"
+        idle = list(self._idle)
+        assert {it.id for it in idle} == {i for i, it in items.items() if it.idle_expires}
+        assert len(idle) == self._idle.live
+        stamps = [it.last_access for it in idle]
         assert stamps == sorted(stamps), "idle queue is not in last_access order"
-        for iid, item in self._idle.items():
-            assert items.get(iid) is item
-        if self._idle and self.params.timeout:
+        if self._idle.live and self.params.timeout:
             assert self._sweep_handle is not None, "idle items held but no sweep armed"
-        if not self._idle:
+        if not self._idle.live:
             assert self._sweep_handle is None, "sweep armed with no idle item"
         self._parked.check_invariants()
 
