@@ -76,13 +76,20 @@ async def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output
     out = sys.stdout.buffer
     err = sys.stderr.buffer
     state: dict[str, Any] = {"nspace": None, "signal": None}
+    mid_line: set[tuple[Any, Any]] = set()  # (rank, fd) whose last piece had no newline
 
     def on_message(ch: Channel, msg: Message) -> None:
         t = msg.get("t")
         if t == "output":
             data = msg.get("data") or b""
             if tag_output:
-                data = f"[{msg.get('nspace')},{msg.get('rank')}] ".encode() + data
+                where = (msg.get("rank"), msg.get("fd"))
+                if where not in mid_line:
+                    data = f"[{msg.get('nspace')},{msg.get('rank')}] ".encode() + data
+                if data.endswith(b"\n"):
+                    mid_line.discard(where)
+                else:
+                    mid_line.add(where)
             stream = err if msg.get("fd") == 2 else out
             stream.write(data)
             stream.flush()

@@ -181,3 +181,14 @@ def test_host_slots_fill_in_order_one_slot_at_a_time_wrapping_around(dvm):
     p = dvm.run("--host", "a:2,b", "-n", "4", "sh", "-c", 'echo "$PYDVM_RANK $PYDVM_NODE"')
     assert p.returncode == 0, p.stderr
     assert sorted(p.stdout.splitlines()) == ["0 a", "1 a", "2 b", "3 a"]
+
+
+def test_a_line_longer_than_the_forwarding_limit_arrives_whole(dvm):
+    """A 200 KB output line (over the 64 KiB read limit) is forwarded intact, tagged once."""
+    p = dvm.run("--tag-output", "-n", "1", sys.executable, "-c",
+                'print("x" * 200000); print("end")')
+    assert p.returncode == 0, p.stderr
+    first, second = p.stdout.splitlines()
+    prefix = first[: first.index("]") + 2]
+    assert first == prefix + "x" * 200000
+    assert second == prefix + "end"

@@ -286,9 +286,12 @@ class Daemon:
     async def _pump(self, lp: LocalProc, stream: asyncio.StreamReader, fd: int) -> None:
         while True:
             try:
-                line = await stream.readline()
-            except ValueError:  # longer than LINE_LIMIT: forward what we have
-                line = await stream.read(LINE_LIMIT)
+                line = await stream.readuntil(b"\n")
+            except asyncio.IncompleteReadError as exc:  # EOF: the last, unterminated line
+                line = exc.partial
+            except asyncio.LimitOverrunError as exc:
+                # A line longer than LINE_LIMIT goes in pieces; nothing is dropped.
+                line = await stream.readexactly(max(1, min(exc.consumed, LINE_LIMIT)))
             if not line:
                 return
             if self.master is not None and not self.master.closed:
