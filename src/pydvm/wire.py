@@ -83,6 +83,19 @@ def reply(req_id: Any, status: Status | int, msg: str = "", **fields: Any) -> Me
     return out
 
 
+def refuse(ch: "Channel", msg: Message, status: Status, text: str) -> None:
+    """Answer request ``msg`` with a refusal -- unless it is itself an answer.
+
+    A stray ``reply``/``error`` (a late reply whose request was forgotten, or
+    a forged one) is never answered: two peers answering each other's
+    unknown replies would bounce them forever.
+    """
+    if msg.get("t") in ("reply", "error"):
+        log.debug("%s: dropped a %s to no request (id %r)", ch.name, msg.get("t"), msg.get("id"))
+        return
+    ch.send(reply(msg.get("id"), status, text))
+
+
 class FrameDecoder:
     """Incremental frame parser: feed bytes, get whole messages.
 
@@ -196,12 +209,14 @@ class Channel(asyncio.Protocol):
                 if cb is not None:
                     cb(msg)
                     continue
+            # Anything else -- including a reply to no request of ours (a
+            # forgotten or forged id) -- goes to the handler, which must
+            # answer through refuse() so that answers are never answered.
             try:
                 self.on_message(self, msg)
             except Exception:  # a handler bug must not take the connection's peers down
                 log.exception("%s: handler failed on %r message", self.name, msg.get("t"))
-                if "id" in msg and msg["t"] != "reply":
-                    self.send(reply(msg.get("id"), Status.ERR_BAD_PARAM, "internal error"))
+                refuse(self, msg, Status.ERR_BAD_PARAM, "internal error")
 
     def eof_received(self) -> bool | None:
         if self._decoder.pending_bytes:

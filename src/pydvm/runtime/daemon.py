@@ -39,7 +39,7 @@ from .. import params as P
 from ..enums import Persistence, Range
 from ..errors import Status
 from ..store import Caller, DataStore, MonotonicClock, StoreParams
-from ..wire import Channel, Message, heartbeat, peer_credentials, reply
+from ..wire import Channel, Message, heartbeat, peer_credentials, refuse, reply
 from . import dataops
 from .auth import DvmUri, connect
 from .master import stats_entry
@@ -199,9 +199,10 @@ class Daemon:
             if rid is not None:
                 ch.send(reply(rid, Status.SUCCESS))
         else:
-            log.warning("master sent unknown message type %r", t)
+            if t != "reply":
+                log.warning("master sent unknown message type %r", t)
             if rid is not None:
-                ch.send(reply(rid, Status.ERR_BAD_PARAM, f"unknown message type {t!r}"))
+                refuse(ch, msg, Status.ERR_BAD_PARAM, f"unknown message type {t!r}")
 
     def _apply_purge(self, msg: Message) -> None:
         rid = msg.get("id")
@@ -329,7 +330,7 @@ class Daemon:
     def _on_client_hello(self, ch: Channel, msg: Message) -> None:
         rid = msg.get("id")
         if msg["t"] != "hello":
-            ch.send(reply(rid, Status.ERR_BAD_PARAM, "first message must be hello"))
+            refuse(ch, msg, Status.ERR_BAD_PARAM, "first message must be hello")
             ch.close(f"client sent {msg['t']!r} before hello", error=True)
             return
         try:
@@ -361,7 +362,7 @@ class Daemon:
         t = msg["t"]
         rid = msg.get("id")
         if t not in dataops.DATA_OPS:
-            ch.send(reply(rid, Status.ERR_BAD_PARAM, f"unknown message type {t!r}"))
+            refuse(ch, msg, Status.ERR_BAD_PARAM, f"unknown message type {t!r}")
             return
         if not isinstance(rid, int) or isinstance(rid, bool):
             ch.send(reply(None, Status.ERR_BAD_PARAM, "request without an integer id"))

@@ -35,7 +35,7 @@ from .. import params as P
 from ..enums import Persistence
 from ..errors import Status
 from ..store import Caller, DataStore, MonotonicClock, StoreParams
-from ..wire import Channel, Message, heartbeat, peer_credentials, reply
+from ..wire import Channel, Message, heartbeat, peer_credentials, refuse, reply
 from . import dataops
 from .auth import (
     HANDSHAKE_TIMEOUT,
@@ -433,9 +433,10 @@ class Master:
         elif t == "ping":
             pass
         else:
-            log.warning("%s: unknown message type %r", ch.name, t)
+            if t != "reply":
+                log.warning("%s: unknown message type %r", ch.name, t)
             if "id" in msg:
-                ch.send(reply(msg["id"], Status.ERR_BAD_PARAM, f"unknown message type {t!r}"))
+                refuse(ch, msg, Status.ERR_BAD_PARAM, f"unknown message type {t!r}")
 
     def _resolve_caller(self, ns: str, rank: int, uid: int, gid: int | None,
                         node: str | None) -> Caller:
@@ -550,7 +551,7 @@ class Master:
             return
         handler = _TOOL_HANDLERS.get(t)
         if handler is None:
-            ch.send(reply(rid, Status.ERR_BAD_PARAM, f"unknown message type {t!r}"))
+            refuse(ch, msg, Status.ERR_BAD_PARAM, f"unknown message type {t!r}")
             return
         if self._stopping and t != "stop":
             ch.send(reply(rid, Status.ERR_UNREACH, "the DVM is stopping"))
