@@ -58,10 +58,11 @@ from typing import Callable, Hashable, Iterable, Mapping, NamedTuple
 from ..enums import Persistence, Range
 from ..errors import Status
 from .clock import Clock, Timer, TimerHandle
-from .model import INT_MAX, INT_MIN, Caller, Item, Value, item_nbytes
+from .model import Caller, Item, Value, item_nbytes
 from .parked import ParkedLookups
 from .rules import LIFETIME_HORIZONS, ReadVerdict, expires_by, may_read, owns, sweep_interval
 from .touchqueue import COMPACT_SLACK, TouchQueue
+from .validate import as_persistence, as_range, check_keys, check_pairs, id_list
 
 log = logging.getLogger("pydvm.store")
 
@@ -231,22 +232,22 @@ class DataStore:
         through ``on_answer`` before returning.
         """
         # -- decide: validate -------------------------------------------
-        problem, norm = _check_pairs(pairs)
+        problem, norm = check_pairs(pairs)
         if problem:
             return _bad(problem)
-        rng = _as_range(range)
+        rng = as_range(range)
         if rng is None:
             return _bad(f"unknown range {range!r}")
         if persistence is None:
             persist = Persistence.NSPACE
         else:
-            persist = _as_persistence(persistence)
+            persist = as_persistence(persistence)
             if persist is None:
                 return _bad(f"unknown persistence {persistence!r}")
             if persist is Persistence.INVALID:
                 persist = Persistence.NSPACE
-        uids = _id_list(access_uids)
-        gids = _id_list(access_gids)
+        uids = id_list(access_uids)
+        gids = id_list(access_gids)
         if uids is None:
             return _bad("access uids must be a list of non-negative integers")
         if gids is None:
@@ -354,10 +355,10 @@ class DataStore:
         must be unique among this store's parked lookups; one is made up if
         not given.
         """
-        problem, klist = _check_keys(keys)
+        problem, klist = check_keys(keys)
         if problem:
             return _bad(problem)
-        rng = _as_range(range)
+        rng = as_range(range)
         if rng is None:
             return _bad(f"unknown range {range!r}")
         if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int) or wait < 0):
@@ -459,7 +460,7 @@ class DataStore:
         accessor lists are not consulted.  SUCCESS whether or not anything
         matched; BAD_PARAM for a malformed or empty key list.
         """
-        problem, klist = _check_keys(keys)
+        problem, klist = check_keys(keys)
         if problem:
             return _bad(problem)
         now = self._clock.now()
@@ -498,7 +499,7 @@ class DataStore:
         explicit unpublish) parked lookups whose requestor the target covers
         are dropped unanswered.  Raises ValueError for an ill-formed target.
         """
-        h = _as_persistence(horizon)
+        h = as_persistence(horizon)
         if h is None or h not in (LIFETIME_HORIZONS | {Persistence.INVALID}):
             raise ValueError(f"{horizon!r} is not a purge horizon")
         if nspace is None and session_id is None:
@@ -791,7 +792,7 @@ class DataStore:
 
 
 # ----------------------------------------------------------------------
-# validation helpers: each returns (problem or "", normalised value)
+# index helper
 # ----------------------------------------------------------------------
 
 
@@ -800,79 +801,3 @@ def _unindex(index: dict, key, iid: int) -> None:
     del bucket[iid]
     if not bucket:
         del index[key]
-
-
-_RANGES = {int(r): r for r in Range}
-_PERSISTENCES = {int(p): p for p in Persistence}
-
-
-def _as_range(value) -> Range | None:
-    if value.__class__ is bool or not isinstance(value, int):
-        return None
-    return _RANGES.get(value)
-
-
-def _as_persistence(value) -> Persistence | None:
-    if value.__class__ is bool or not isinstance(value, int):
-        return None
-    return _PERSISTENCES.get(value)
-
-
-def _id_list(values) -> tuple[int, ...] | None:
-    if values is None or values == ():
-        return ()
-    if not isinstance(values, (list, tuple)) and (
-            isinstance(values, (str, bytes)) or not isinstance(values, Iterable)):
-        return None
-    out: list[int] = []
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > 2**32 - 1:
-            return None
-        if v not in out:
-            out.append(v)
-    return tuple(out)
-
-
-def _check_key(key) -> str:
-    if not isinstance(key, str):
-        return f"key must be a str, not {type(key).__name__}"
-    if not key:
-        return "key must not be empty"
-    return ""
-
-
-def _check_keys(keys) -> tuple[str, tuple[str, ...]]:
-    if not isinstance(keys, (list, tuple)) and (
-            isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable)):
-        return "keys must be a list of str", ()
-    klist: list[str] = []
-    for key in keys:
-        problem = _check_key(key)
-        if problem:
-            return problem, ()
-        if key not in klist:
-            klist.append(key)
-    if not klist:
-        return "empty key list", ()
-    return "", tuple(klist)
-
-
-def _check_pairs(pairs) -> tuple[str, dict[str, Value]]:
-    if not isinstance(pairs, dict) and not isinstance(pairs, Mapping):
-        return "pairs must be a mapping of key to value", {}
-    if not pairs:
-        return "nothing to publish (no pairs)", {}
-    norm: dict[str, Value] = {}
-    for key, value in pairs.items():
-        problem = _check_key(key)
-        if problem:
-            return problem, {}
-        if isinstance(value, bool) or isinstance(value, (str, bytes, float)):
-            pass
-        elif isinstance(value, int):
-            if not INT_MIN <= value <= INT_MAX:
-                return f"int value of {key!r} does not fit in 64 bits", {}
-        else:
-            return f"unsupported value type {type(value).__name__} for key {key!r}", {}
-        norm[key] = value
-    return "", norm

@@ -1,0 +1,85 @@
+"""Validation of operation arguments: each helper returns the problem (or "")
+and the normalised value, so the store can refuse with a message naming it
+before it changes anything."""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+from ..enums import Persistence, Range
+from .model import INT_MAX, INT_MIN, Value
+
+_RANGES = {int(r): r for r in Range}
+_PERSISTENCES = {int(p): p for p in Persistence}
+
+
+def as_range(value) -> Range | None:
+    if value.__class__ is bool or not isinstance(value, int):
+        return None
+    return _RANGES.get(value)
+
+
+def as_persistence(value) -> Persistence | None:
+    if value.__class__ is bool or not isinstance(value, int):
+        return None
+    return _PERSISTENCES.get(value)
+
+
+def id_list(values) -> tuple[int, ...] | None:
+    if values is None or values == ():
+        return ()
+    if not isinstance(values, (list, tuple)) and (
+            isinstance(values, (str, bytes)) or not isinstance(values, Iterable)):
+        return None
+    out: list[int] = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > 2**32 - 1:
+            return None
+        if v not in out:
+            out.append(v)
+    return tuple(out)
+
+
+def check_key(key) -> str:
+    if not isinstance(key, str):
+        return f"key must be a str, not {type(key).__name__}"
+    if not key:
+        return "key must not be empty"
+    return ""
+
+
+def check_keys(keys) -> tuple[str, tuple[str, ...]]:
+    if not isinstance(keys, (list, tuple)) and (
+            isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable)):
+        return "keys must be a list of str", ()
+    klist: list[str] = []
+    for key in keys:
+        problem = check_key(key)
+        if problem:
+            return problem, ()
+        if key not in klist:
+            klist.append(key)
+    if not klist:
+        return "empty key list", ()
+    return "", tuple(klist)
+
+
+def check_pairs(pairs) -> tuple[str, dict[str, Value]]:
+    if not isinstance(pairs, dict) and not isinstance(pairs, Mapping):
+        return "pairs must be a mapping of key to value", {}
+    if not pairs:
+        return "nothing to publish (no pairs)", {}
+    norm: dict[str, Value] = {}
+    for key, value in pairs.items():
+        problem = check_key(key)
+        if problem:
+            return problem, {}
+        if isinstance(value, bool) or isinstance(value, (str, bytes, float)):
+            pass
+        elif isinstance(value, int):
+            if not INT_MIN <= value <= INT_MAX:
+                return f"int value of {key!r} does not fit in 64 bits", {}
+        else:
+            return f"unsupported value type {type(value).__name__} for key {key!r}", {}
+        norm[key] = value
+    return "", norm
