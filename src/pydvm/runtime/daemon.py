@@ -42,7 +42,6 @@ from ..store import Caller, DataStore, MonotonicClock, StoreParams
 from ..wire import Channel, Message, heartbeat, peer_credentials, refuse, reply
 from . import dataops
 from .auth import DvmUri, connect
-from .master import stats_entry
 
 log = logging.getLogger("pydvm.daemon")
 
@@ -187,8 +186,7 @@ class Daemon:
         elif t == "stats":
             uid = msg.get("uid")
             uid = uid if isinstance(uid, int) else -1
-            entry = stats_entry(self.node, self.store.stats(), self.store.keys_of_uid(uid), uid)
-            ch.send(reply(rid, Status.SUCCESS, store=entry))
+            ch.send(reply(rid, Status.SUCCESS, store=dataops.stats_row(self.store, uid)))
         elif t == "shutdown":
             async def run() -> None:
                 await self._kill_all(KILL_GRACE)

@@ -60,7 +60,7 @@ def apply(store: DataStore, caller: Caller, msg: Message, ticket: Hashable) -> M
         r = store.publish(
             caller,
             msg.get("pairs"),
-            msg.get("range", int(Range.SESSION)),
+            request_range(msg),
             msg.get("persist"),
             msg.get("uids") or (),
             msg.get("gids") or (),
@@ -70,7 +70,7 @@ def apply(store: DataStore, caller: Caller, msg: Message, ticket: Hashable) -> M
         out = store.lookup(
             caller,
             msg.get("keys"),
-            msg.get("range", int(Range.SESSION)),
+            request_range(msg),
             msg.get("wait"),
             msg.get("timeout"),
             ticket=ticket,
@@ -132,7 +132,20 @@ def reissue(send: Callable[[Message, Callable[[Message], None]], int | None], ch
         outstanding[rid] = remote
 
 
-AnswerRouter = Callable[[Hashable, Reply], None]
+def stats_row(store: DataStore, uid: int) -> dict:
+    """One store's entry of ``pydvm store --json``: counts for everyone's
+    data, key names only of ``uid``'s own items."""
+    st = store.stats()
+    return {
+        "store": store.name,
+        "items": st.items,
+        "bytes_by_uid": {str(u): b for u, b in st.bytes_by_uid.items()},
+        "parked": st.parked,
+        "evictions": st.evictions,
+        "expiries": st.expiries,
+        "keys": store.keys_of_uid(uid),
+        "uid": uid,
+    }
 
 
 def route_answer(ticket: Hashable, r: Reply) -> None:

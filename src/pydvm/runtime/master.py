@@ -753,7 +753,7 @@ class Master:
         uid = ch.peer["uid"]
 
         async def run() -> None:
-            stores = [_stats_entry("master", self.store.stats(), self.store.keys_of_uid(uid), uid)]
+            stores = [dataops.stats_row(self.store, uid)]
             names = [n.name for n in self.nodes.values() if n.state == "up"]
             results = await asyncio.gather(*[
                 self.nodes[n].channel.call({"t": "stats", "uid": uid}, timeout=ACK_TIMEOUT)
@@ -802,21 +802,6 @@ class Master:
             daemon_pids={n.name: n.process.pid for n in self.nodes.values() if n.process},
         ))
 
-
-def _stats_entry(name: str, st, own_keys: list[str], uid: int) -> dict:
-    return {
-        "store": name,
-        "items": st.items,
-        "bytes_by_uid": {str(u): b for u, b in st.bytes_by_uid.items()},
-        "parked": st.parked,
-        "evictions": st.evictions,
-        "expiries": st.expiries,
-        "keys": own_keys,
-        "uid": uid,
-    }
-
-
-stats_entry = _stats_entry
 
 _TOOL_HANDLERS = {
     "run": Master._tool_run,
