@@ -165,13 +165,20 @@ def cmd_daemon(a: argparse.Namespace) -> int:
     from .runtime.daemon import run_daemon
     from .runtime.launch import setup_logging
 
+    from .runtime.guard import Guardian
+
     setup_logging(a.node, a.log_dir)
     line = sys.stdin.readline().strip()
     try:
         secret = bytes.fromhex(line)
     except ValueError:
         return _fail("daemon: expected the DVM secret on standard input")
-    return run_async(run_daemon(a.master, a.node, secret), profile_name=a.node)
+    guardian = Guardian()
+    guardian.start()  # before any thread or event loop exists
+    try:
+        return run_async(run_daemon(a.master, a.node, secret, guardian), profile_name=a.node)
+    finally:
+        guardian.close()
 
 
 # ----------------------------------------------------------------------

@@ -43,6 +43,20 @@ def _size(text: str) -> int:
     return _nonneg_int(t) * mult
 
 
+def _window(text: str) -> int:
+    v = _size(text)
+    if not 64 * 1024 <= v <= 1024 ** 3:
+        raise ValueError("must be between 64k and 1g")
+    return v
+
+
+def _cap(text: str) -> int:
+    v = _nonneg_int(text)
+    if not 1 <= v <= 1_000_000:
+        raise ValueError("must be between 1 and 1000000")
+    return v
+
+
 def _positive_float(text: str) -> float:
     v = _nonneg_float(text)
     if v <= 0:
@@ -84,8 +98,14 @@ REGISTRY: dict[str, Param] = {
               "python interpreter that runs 'python -m pydvm daemon' on remote hosts "
               "(default: the master's own sys.executable)", "path"),
         Param("pydvm_heartbeat_interval", _positive_float, 2.0,
-              "seconds between master<->daemon heartbeats; a peer silent for 3 periods is lost",
-              "seconds"),
+              "seconds between master<->daemon (and relay<->data server) heartbeats; "
+              "a peer silent for 3 periods is lost", "seconds"),
+        Param("pydvm_output_window", _window, 1024 * 1024,
+              "bytes of one job's output a node may have in flight to a slow 'pydvm run' "
+              "before it stops reading the job's pipes (k/m suffixes; 64k..1g)", "size"),
+        Param("pydvm_max_outstanding", _cap, 1024,
+              "requests (waiting lookups included) one client or tool connection may have "
+              "outstanding; beyond it PMIX_ERR_OUT_OF_RESOURCE (1..1000000)", "int"),
     )
 }
 

@@ -167,7 +167,12 @@ class Channel(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.close_reason = ""
-        self.peer: dict[str, Any] = {}  # filled by the server (credentials, role...)
+        #: the peer session (runtime/peers.py) once the peer is accepted.
+        self.session: Any = None
+        #: True while the transport's write buffer is over its high-water
+        #: mark (the peer reads slower than we write); see on_drain.
+        self.write_paused = False
+        self._drain_waiters: list[Callable[[], None]] = []
         self._decoder = FrameDecoder(max_frame)
         self._pending: dict[int, ReplyCallback] = {}
         self._next_id = 0
@@ -217,6 +222,31 @@ class Channel(asyncio.Protocol):
             except Exception:  # a handler bug must not take the connection's peers down
                 log.exception("%s: handler failed on %r message", self.name, msg.get("t"))
                 refuse(self, msg, Status.ERR_BAD_PARAM, "internal error")
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for fn in waiters:
+            try:
+                fn()
+            except Exception:
+                log.exception("%s: drain callback failed", self.name)
+
+    def on_drain(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once the peer has caught up, or is gone (at once if so).
+
+        This is how output flow control is applied end to end: whoever
+        feeds this channel holds back its next credit until the peer reads.
+        A peer that went away will read nothing more, so nothing should be
+        held back for it: its waiters run when the channel closes.
+        """
+        if self.closed or not self.write_paused:
+            fn()
+        else:
+            self._drain_waiters.append(fn)
 
     def eof_received(self) -> bool | None:
         if self._decoder.pending_bytes:
@@ -269,8 +299,21 @@ class Channel(asyncio.Protocol):
         try:
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
-            self.forget(rid)
+            self.withdraw(rid)
             return reply(rid, Status.ERR_TIMEOUT, f"no reply from {self.name} in {timeout}s")
+        except asyncio.CancelledError:
+            # The caller gave up (task cancelled): nothing may stay behind,
+            # here or at the peer -- a waiting lookup would stay parked.
+            self.withdraw(rid)
+            raise
+
+    def withdraw(self, rid: int | None) -> None:
+        """Give up on request ``rid``: forget it here and tell the peer to
+        drop it (``cancel``), so a parked lookup leaves the store."""
+        if rid is None or rid not in self._pending:
+            return
+        self.forget(rid)
+        self.send({"t": "cancel", "ref": rid})
 
     # -- closing ----------------------------------------------------------------
 
@@ -293,6 +336,8 @@ class Channel(asyncio.Protocol):
         if not self.closed:
             self.closed = True
             self.close_reason = reason
+        self.write_paused = False
+        self.resume_writing()  # nothing will be read any more: release every waiter
         pending, self._pending = self._pending, {}
         for rid, cb in pending.items():
             try:
@@ -313,11 +358,15 @@ class Channel(asyncio.Protocol):
         return await self._closed_waiter
 
 
-async def heartbeat(channels: Callable[[], list[Channel]], interval: float) -> None:
+async def heartbeat(channels: Callable[[], list[Channel]], interval: float,
+                    *, ask: bool = False) -> None:
     """Ping every channel each ``interval`` seconds; close those silent for 3.
 
     Both ends of a master-daemon link run this, so each notices a dead or
     unreachable peer within about three periods even when TCP does not.
+    With ``ask`` the ping is a request the peer must answer: for links whose
+    other end does not ping back by itself (a relay's link to its data
+    server, whose master treats it as a tool).
     """
     while True:
         await asyncio.sleep(interval)
@@ -328,8 +377,14 @@ async def heartbeat(channels: Callable[[], list[Channel]], interval: float) -> N
             silent = now - ch.last_rx
             if silent > 3 * interval:
                 ch.close(f"no heartbeat from {ch.name} for {silent:.1f}s", error=True)
+            elif ask:
+                ch.request({"t": "ping"}, _pong)
             else:
                 ch.send({"t": "ping"})
+
+
+def _pong(msg: Message) -> None:
+    pass  # receiving it refreshed last_rx; an UNREACH made up locally needs nothing
 
 
 def _hashable(value: Any) -> bool:

@@ -88,7 +88,7 @@ TYPES = ["publish", "lookup", "unpublish", "hello"] + sorted({  # client -> daem
 } - {"publish", "lookup", "unpublish", "hello"})
 MASTER_TYPES = [t for t in TYPES if t not in MASTER_FORBIDDEN]
 #: Tool requests that may succeed; any other non-data type is refused.
-_TOOL_OK = frozenset({"session_new", "store", "info", "purge"})
+_TOOL_OK = frozenset({"session_new", "store", "info", "purge", "ping"})
 KINDS = ("daemon-before-hello", "daemon-after-hello", "master-before-handshake",
          "master-after-handshake")
 
@@ -507,7 +507,7 @@ class Prediction:
                     pairs = m.get("pairs")
                     keys = [k for k in pairs if isinstance(k, str)] if isinstance(pairs, dict) else []
                     p.publishes.append((idkey(rid), store, keys))
-            elif state == "tool" and t == "cancel":
+            elif state in ("tool", "client") and t == "cancel":
                 continue  # a notice (like a daemon's), never answered
             elif answer_type:
                 continue  # a stray reply or error frame: dropped, never answered

@@ -146,14 +146,3 @@ def stats_row(store: DataStore, uid: int) -> dict:
         "keys": store.keys_of_uid(uid),
         "uid": uid,
     }
-
-
-def route_answer(ticket: Hashable, r: Reply) -> None:
-    """The ``on_answer`` sink both runtimes give their stores.
-
-    Tickets are ``(channel, request id)``; the answer goes back on that
-    channel.  A channel that closed meanwhile swallows it.
-    """
-    channel, rid = ticket  # type: ignore[misc]
-    channel.peer.get("parked", set()).discard(rid)
-    channel.send(encode(rid, r))

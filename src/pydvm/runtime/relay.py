@@ -6,17 +6,31 @@ request its daemons relay (publish, lookup, unpublish) and every purge its
 lifetimes cause (PROC, APP, NSPACE, SESSION) is reissued there, carrying
 the originating process as ``requestor`` and its uid/gid as
 ``req_uid``/``req_gid`` (plus ``req_app`` so APP purges can match).  The
-remote store honours those claims because they come from a tool.
+remote store honours those claims from root and from its own user (who
+holds its secret); any other user may claim only its own uid, which is what
+a single-user relay of that user sends (it connects on a multi-user data
+server's tool socket when it has no secret for it).
 
 LOCAL-range requests are *not* relayed: LOCAL means "behind the same
 daemon", which only this DVM's daemons can judge (the remote DVM sees one
 tool connection for all of them), so they stay in the daemons' own stores.
 
-If the remote DVM is unreachable, relayed requests fail at once with
-``PMIX_ERR_UNREACH`` (no caller waits on a dead link) and a background task
-retries the connection every :data:`RETRY` seconds, re-reading the secret,
-so a remote DVM restarted under the same URI is picked up again.  Purges
-issued while it is away are lost with the remote store's contents anyway.
+No relayed request waits on a dead link:
+
+* the link is heartbeated (a ``ping`` request every
+  ``pydvm_heartbeat_interval`` seconds); silent for three periods -- a
+  partition that sends no FIN -- it is closed, and every request on it is
+  answered ``PMIX_ERR_UNREACH``;
+* each relayed request has a deadline: a lookup's own timeout (if any)
+  plus :data:`DEADLINE_PERIODS` heartbeat periods, other requests that many
+  periods alone; a waiting lookup without timeout relies on the heartbeat.
+  Past its deadline a request is withdrawn there and answered UNREACH;
+* while the link is down, requests fail at once with UNREACH, and a
+  background task reconnects every :data:`RETRY` seconds (re-reading the
+  secret), so a data server that comes back -- the same DVM after a
+  partition heals, or a new one under the same URI -- is used again.
+
+Purges issued while the link is down are lost (see docs/todo.md).
 """
 
 from __future__ import annotations
@@ -27,33 +41,49 @@ from typing import Any
 
 from ..errors import Status
 from ..store import Caller
-from ..wire import Channel, Message, ReplyCallback, reply
-from .auth import DvmUri, connect, read_secret
+from ..wire import Channel, Message, ReplyCallback, heartbeat, reply
+from .auth import DvmUri, UriError, connect, read_secret, tool_socket_path
 
 log = logging.getLogger("pydvm.relay")
 
 #: Seconds between reconnection attempts while the remote DVM is away.
 RETRY = 1.0
+#: A relayed request is answered UNREACH this many heartbeat periods after
+#: its own timeout (or after it was sent, for requests that do not wait).
+DEADLINE_PERIODS = 6
 
 
 class Relay:
     """The connection from this master to the remote data server."""
 
-    def __init__(self, uri: DvmUri) -> None:
+    def __init__(self, uri: DvmUri, values: dict[str, Any] | None = None) -> None:
         self.uri = uri
+        self.interval = float((values or {}).get("pydvm_heartbeat_interval", 2.0))
         self.channel: Channel | None = None
         self._task: asyncio.Task | None = None
+        self._beat: asyncio.Task | None = None
         self._stopped = False
         self.connected = asyncio.Event()
 
-    async def start(self, timeout: float = 10.0) -> None:
+    async def start(self) -> None:
         """Connect once (raising ConnectionError with the reason), then keep connected."""
         await self._connect()
         self._task = asyncio.ensure_future(self._keep_connected())
+        self._beat = asyncio.ensure_future(heartbeat(
+            lambda: [self.channel] if self.channel is not None else [], self.interval, ask=True))
 
     async def _connect(self) -> None:
-        secret = read_secret(self.uri.dvmid)
-        ch, _ = await connect(self.uri, secret, "tool", self._on_message, self._on_close)
+        try:
+            secret: bytes | None = read_secret(self.uri.dvmid)
+            unix = None
+        except UriError:
+            # Not our own DVM: a multi-user data server knows us by our uid.
+            sock = tool_socket_path(self.uri.dvmid)
+            if not sock.exists():
+                raise
+            secret, unix = None, str(sock)
+        ch, _ = await connect(self.uri, secret, "tool", self._on_message, self._on_close,
+                              fields={"relay": True}, unix_path=unix)
         ch.name = f"data server {self.uri}"
         self.channel = ch
         self.connected.set()
@@ -75,12 +105,13 @@ class Relay:
                 log.warning("lost the data server %s: %s", self.uri, reason)
 
     def _on_message(self, ch: Channel, msg: Message) -> None:
-        pass  # the remote master sends us only replies and pings
+        pass  # the remote master sends us only replies
 
     def stop(self) -> None:
         self._stopped = True
-        if self._task is not None:
-            self._task.cancel()
+        for task in (self._task, self._beat):
+            if task is not None:
+                task.cancel()
         if self.channel is not None:
             self.channel.close("DVM stopped")
 
@@ -91,25 +122,55 @@ class Relay:
         return {"requestor": [caller.nspace, caller.rank], "req_uid": caller.uid,
                 "req_gid": caller.gid, "req_app": caller.app_idx}
 
+    def deadline(self, msg: Message) -> float | None:
+        """Seconds after which a relayed ``msg`` is given up (None: never)."""
+        grace = DEADLINE_PERIODS * self.interval
+        if msg.get("t") == "lookup" and msg.get("wait") is not None:
+            timeout = msg.get("timeout")
+            if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) \
+                    and timeout > 0:
+                return float(timeout) + grace
+            return None
+        return grace
+
     def request(self, msg: Message, callback: ReplyCallback) -> int | None:
         """Reissue ``msg`` remotely; ``callback`` gets exactly one reply.
 
         Returns the remote request id (for a later ``cancel``), or None if
         the remote DVM is unreachable -- then ``callback`` has already run
-        with an UNREACH reply.
+        with an UNREACH reply.  A request past its :meth:`deadline` is
+        withdrawn remotely and answered UNREACH.
         """
         ch = self.channel
         if ch is None or ch.closed:
             callback(reply(msg.get("id"), Status.ERR_UNREACH,
                            f"the data server {self.uri} is unreachable"))
             return None
-        return ch.request(msg, callback)
+        limit = self.deadline(msg)
+        timer: list[asyncio.TimerHandle] = []
+
+        def answered(r: Message) -> None:
+            if timer:
+                timer[0].cancel()
+            callback(r)
+
+        rid = ch.request(msg, answered)
+        if rid is not None and limit is not None:
+            def expire() -> None:
+                if ch.closed:
+                    return
+                ch.withdraw(rid)
+                log.warning("relayed %s got no answer from %s within %.1fs", msg.get("t"),
+                            self.uri, limit)
+                callback(reply(rid, Status.ERR_UNREACH,
+                               f"no answer from the data server {self.uri} within {limit:.0f}s"))
+            timer.append(asyncio.get_running_loop().call_later(limit, expire))
+        return rid
 
     def cancel(self, remote_id: int) -> None:
         ch = self.channel
         if ch is not None and not ch.closed:
-            ch.forget(remote_id)
-            ch.send({"t": "cancel", "ref": remote_id})
+            ch.withdraw(remote_id)
 
     def purge(self, horizon: int, nspace: str, rank: int | None = None,
               app_idx: int | None = None) -> None:

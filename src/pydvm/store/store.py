@@ -471,8 +471,14 @@ class DataStore:
         return Reply(Status.SUCCESS)
 
     def unpublish_all(self, caller: Caller) -> Reply:
-        """``unpublish()`` with no keys: everything ``caller``'s process published."""
-        self.purge(Persistence.INVALID, nspace=caller.nspace, rank=caller.rank)
+        """``unpublish()`` with no keys: everything ``caller``'s process published.
+
+        Only what ``caller`` also owns (:func:`~pydvm.store.rules.owns`): a
+        process's items all carry its uid, so for a real process this is all
+        of them, while a relayed claim naming somebody else's process can
+        never remove what its uid could not.
+        """
+        self.purge(Persistence.INVALID, nspace=caller.nspace, rank=caller.rank, owner=caller)
         return Reply(Status.SUCCESS)
 
     # ------------------------------------------------------------------
@@ -487,6 +493,7 @@ class DataStore:
         rank: int | None = None,
         app_idx: int | None = None,
         session_id: int | None = None,
+        owner: Caller | None = None,
     ) -> int:
         """Apply a lifetime's end (SPEC 5) and return how many items left.
 
@@ -495,7 +502,9 @@ class DataStore:
         needs ``session_id``).  ``app_idx`` / ``session_id`` further require
         the item's own to be equal (an unknown one never matches).  Items go
         when :func:`~pydvm.store.rules.expires_by` says their persistence
-        ends at ``horizon``.  For lifetime horizons (not ``INVALID``, the
+        ends at ``horizon``; with ``owner``, only items it
+        :func:`~pydvm.store.rules.owns` (a purge asked for by an
+        unprivileged relay).  For lifetime horizons (not ``INVALID``, the
         explicit unpublish) parked lookups whose requestor the target covers
         are dropped unanswered.  Raises ValueError for an ill-formed target.
         """
@@ -524,12 +533,14 @@ class DataStore:
             if expires_by(item.persistence, h)
             and (app_idx is None or item.owner.app_idx == app_idx)
             and (session_id is None or item.owner.session_id == session_id)
+            and (owner is None or owns(owner, item))
         ]
         for item in doomed:
             self._remove_item(item, Reason.PURGED, now)
         if h in LIFETIME_HORIZONS:
             for p in self._parked.of_requestors(nspace, rank, app_idx, session_id):
-                self._parked.remove(p.ticket)
+                if owner is None or p.requestor.uid == owner.uid:
+                    self._parked.remove(p.ticket)
         if doomed and self.params.verbose >= 1:
             log.info("[%s] purge %s ns=%s rank=%s app=%s session=%s removed %d item(s)",
                      self.name, h.name, nspace, rank, app_idx, session_id, len(doomed))

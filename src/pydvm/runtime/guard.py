@@ -1,0 +1,161 @@
+"""No orphans: job processes die with their daemon, however the daemon dies.
+
+Two mechanisms, because neither alone covers every case:
+
+* **Parent-death signal.**  Each job process is started with
+  ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` set in the child just before ``exec``
+  (after any uid switch, which would clear it), so the kernel kills it the
+  moment its daemon dies -- even by SIGKILL.  It reaches only the direct
+  child, not what that child started.
+* **A guardian process.**  Before its event loop starts, the daemon forks a
+  tiny guardian that does nothing but read a pipe from the daemon: the
+  process groups the daemon launched (``+PGID`` / ``-PGID``) and the
+  directories it must remove (``dPATH``).  When the pipe reaches end of
+  file -- the daemon exited, for whatever reason -- the guardian SIGKILLs
+  every group still listed (so a job process's own children, which share its
+  group, go too), removes the directories (the client socket's), and exits.
+  It runs in its own session so a signal sent to the daemon's group does
+  not take it first.
+
+A group stays listed until the daemon knows it is empty: it is dropped when
+its leader is reaped and no member is left, or when the job's cleanup has
+killed what was left (see :meth:`Guardian.release`) -- never later, so a
+recycled process-group id is never signalled.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import shutil
+import signal
+
+PR_SET_PDEATHSIG = 1
+
+_libc = None
+
+
+def _prctl():
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return _libc.prctl
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a freshly forked child: get SIGKILL when the parent dies.
+
+    If the parent is already gone (it died between fork and here), exit now.
+    """
+    _prctl()(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def group_alive(pgid: int) -> bool:
+    """True while the process group has at least one member."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Guardian:
+    """The daemon's side of the guardian (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._w = -1
+        self.pid = 0
+        self._groups: set[int] = set()
+
+    def start(self) -> None:
+        """Fork the guardian.  Call before any thread or event loop exists."""
+        _prctl()  # load libc now: the guardian child must not import anything
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(w)
+            _guard(r)  # never returns
+        os.close(r)
+        self._w, self.pid = w, pid
+
+    def track(self, pgid: int) -> None:
+        self._groups.add(pgid)
+        self._send(f"+{pgid}\n")
+
+    def release(self, pgid: int) -> None:
+        """Stop listing ``pgid``: call only once the group is known empty."""
+        self._groups.discard(pgid)
+        self._send(f"-{pgid}\n")
+
+    def remove_on_exit(self, path: str) -> None:
+        self._send(f"d{path}\n")
+
+    @property
+    def groups(self) -> frozenset[int]:
+        return frozenset(self._groups)
+
+    def close(self) -> None:
+        """The daemon is exiting cleanly: the guardian cleans up and exits."""
+        if self._w >= 0:
+            os.close(self._w)
+            self._w = -1
+        if self.pid:
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+            self.pid = 0
+
+    def _send(self, line: str) -> None:
+        if self._w >= 0:
+            os.write(self._w, line.encode())
+
+
+def _guard(r: int) -> None:  # pragma: no cover - runs in the forked guardian
+    """The guardian's whole life: list groups until EOF, then kill them."""
+    try:
+        os.setsid()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            maxfd = os.sysconf("SC_OPEN_MAX")
+        except (ValueError, OSError):
+            maxfd = 1024
+        os.closerange(3, r)
+        os.closerange(r + 1, maxfd)
+        groups: set[int] = set()
+        dirs: list[str] = []
+        buf = b""
+        while True:
+            try:
+                data = os.read(r, 65536)
+            except InterruptedError:
+                continue
+            if not data:
+                break
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                if not line:
+                    continue
+                op, arg = line[:1], line[1:].decode()
+                if op == b"+":
+                    groups.add(int(arg))
+                elif op == b"-":
+                    groups.discard(int(arg))
+                elif op == b"d":
+                    dirs.append(arg)
+        for pgid in groups:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except OSError:
+                pass
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+    finally:
+        os._exit(0)

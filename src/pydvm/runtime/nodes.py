@@ -1,0 +1,161 @@
+"""The master's nodes: launching daemons, their registration, heartbeats, node loss.
+
+A node's state moves ``launching -> joining -> up -> lost | stopped``:
+``joining`` once its daemon has authenticated, ``up`` once the daemon says
+it serves clients, ``lost`` when its link breaks or stays silent for three
+heartbeat periods, ``stopped`` when the DVM shuts it down.  Only ``up``
+nodes get work: the default mapping of a job and a new session use the
+nodes that are up at that moment (:meth:`NodesMixin.live_hosts`), and a job
+naming only nodes that are not up is refused with their names.
+
+This is one concern of :class:`~pydvm.runtime.master.Master`, written as a
+mixin; it owns ``nodes`` and ``_heartbeat``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .. import params as P
+from ..errors import Status
+from ..wire import Channel, Message, heartbeat, reply
+from .jobs import HostSpec, ProcState
+from .launch import daemon_argv, start_daemon
+from .peers import DaemonSession
+
+if TYPE_CHECKING:
+    from .master import Master
+
+log = logging.getLogger("pydvm.master")
+
+#: How long start-up waits for every daemon to register.
+REGISTER_TIMEOUT = 60.0
+#: How long a daemon gets to acknowledge a purge or stats request.
+ACK_TIMEOUT = 30.0
+#: Exit status recorded for processes lost with their node.
+LOST_STATUS = 255
+
+
+class StartError(RuntimeError):
+    """The DVM could not be brought up (the message says why)."""
+
+
+@dataclass
+class NodeRecord:
+    name: str
+    slots: int
+    channel: Channel | None = None
+    process: asyncio.subprocess.Process | None = None
+    state: str = "launching"  # launching -> joining -> up -> lost | stopped
+    registered: asyncio.Event = field(default_factory=asyncio.Event)
+    #: why the node was lost (shown by ``pydvm info``).
+    lost_reason: str = ""
+
+    @property
+    def up(self) -> bool:
+        return self.state == "up" and self.channel is not None
+
+
+class NodesMixin:
+    """Launching, registering, heartbeating and losing nodes."""
+
+    nodes: dict[str, NodeRecord]
+
+    def live_hosts(self: "Master", hosts: list[HostSpec]) -> list[HostSpec]:
+        """The entries of ``hosts`` whose node is up, in order."""
+        return [h for h in hosts if self.nodes[h.name].up]
+
+    def up_channels(self: "Master") -> list[Channel]:
+        return [n.channel for n in self.nodes.values() if n.up]
+
+    async def _launch_daemons(self: "Master") -> None:
+        agent = self.values["plm_ssh_agent"]
+        for node in self.nodes.values():
+            argv = daemon_argv(self.launcher, node.name, str(self.uri), agent, self.log_dir,
+                               self.values["pydvm_remote_python"])
+            try:
+                node.process = await start_daemon(argv, self.secret)
+            except OSError as exc:
+                raise StartError(f"cannot start the daemon for {node.name} ({argv[0]}): {exc}")
+        waits = {n.name: asyncio.ensure_future(n.registered.wait()) for n in self.nodes.values()}
+        exits = {
+            n.name: asyncio.ensure_future(n.process.wait())
+            for n in self.nodes.values() if n.process is not None
+        }
+        deadline = asyncio.get_running_loop().time() + REGISTER_TIMEOUT
+        try:
+            while any(not w.done() for w in waits.values()):
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    missing = sorted(n for n, w in waits.items() if not w.done())
+                    raise StartError(f"daemons did not report in within {REGISTER_TIMEOUT:.0f}s: "
+                                     f"{', '.join(missing)}")
+                pending = [w for w in waits.values() if not w.done()]
+                pending += [e for n, e in exits.items() if not waits[n].done()]
+                await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                for name, e in exits.items():
+                    if e.done() and not waits[name].done():
+                        raise StartError(f"the daemon for {name} exited with status {e.result()} "
+                                         "before reporting in (see its log)")
+        finally:
+            for f in list(waits.values()) + list(exits.values()):
+                f.cancel()
+        self._heartbeat = self._spawn(heartbeat(self.up_channels,
+                                                self.values["pydvm_heartbeat_interval"]))
+
+    def _register_daemon(self: "Master", ch: Channel, msg: Message) -> None:
+        name = msg.get("node")
+        node = self.nodes.get(name) if isinstance(name, str) else None
+        if node is None or node.state != "launching":
+            why = f"unexpected daemon for node {name!r}"
+            ch.send(reply(msg.get("id"), Status.ERR_NO_PERMISSIONS, why))
+            ch.close(why, error=True)
+            return
+        DaemonSession(ch, name)
+        ch.name = f"daemon {name}"
+        ch.on_message = self._on_daemon
+        node.channel = ch
+        node.state = "joining"  # up once it says it is ready to serve clients
+        ch.send(reply(msg.get("id"), Status.SUCCESS, params=P.to_wire(self.resolved),
+                      dvm=self.dvmid, dvm_nspace=self.dvm_nspace, multi_user=self.multi_user))
+
+    def _daemon_ready(self: "Master", node_name: str) -> None:
+        node = self.nodes[node_name]
+        if node.state == "joining":
+            node.state = "up"
+            node.registered.set()
+            log.info("daemon %s registered", node.name)
+
+    def _node_lost(self: "Master", name: str, reason: str) -> None:
+        node = self.nodes[name]
+        if node.state not in ("up", "joining"):
+            return
+        node.state = "stopped" if self._stopping else "lost"
+        node.lost_reason = reason
+        if self._stopping:
+            return
+        log.error("lost node %s: %s", name, reason)
+        for job in list(self.jobs.values()):
+            lost = [p.rank for p in job.procs.values()
+                    if p.node == name and p.state is not ProcState.ENDED]
+            if lost:
+                job.error = job.error or f"node {name} was lost ({reason})"
+                self._kill_job(job.nspace, job.error)
+                for rank in lost:
+                    self._proc_ended(job, rank, LOST_STATUS)
+
+    async def _broadcast(self: "Master", msg: Message, nodes: set[str] | None = None,
+                         what: str = "broadcast") -> list[Any]:
+        """Send ``msg`` to every up node (or those of ``nodes`` that are up) and
+        wait for each to acknowledge; returns their replies."""
+        targets = [n for n in self.nodes.values()
+                   if n.up and (nodes is None or n.name in nodes)]
+        replies = await asyncio.gather(*[n.channel.call(dict(msg), timeout=ACK_TIMEOUT)
+                                         for n in targets])
+        for node, r in zip(targets, replies):
+            if r.get("status") != 0:
+                log.warning("%s not applied on %s: %s", what, node.name, r.get("msg"))
+        return replies
