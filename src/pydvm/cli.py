@@ -597,14 +597,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "run":
-        return cmd_run(argv[1:])
-    parser = build_parser()
-    a = parser.parse_args(argv)
-    if not getattr(a, "func", None):
-        parser.print_help()
-        return 2
-    return a.func(a)
+    try:
+        if argv and argv[0] == "run":
+            return cmd_run(argv[1:])
+        parser = build_parser()
+        a = parser.parse_args(argv)
+        if not getattr(a, "func", None):
+            parser.print_help()
+            return 2
+        return a.func(a)
+    except BrokenPipeError:
+        # Our stdout's reader went away (``pydvm info | head``): stop quietly,
+        # with the status SIGPIPE would have given.
+        from .tool import _silence
+
+        _silence(1)
+        return 128 + 13
 
 
 if __name__ == "__main__":

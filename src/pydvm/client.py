@@ -126,12 +126,23 @@ class Client:
                 raise BadParamError(f"cannot encode request: {exc}") from None
             except OSError as exc:
                 raise UnreachableError(f"daemon connection failed: {exc}") from None
-            while True:
+            try:
+                while True:
+                    try:
+                        r = self._ch.recv()
+                    except (OSError, ConnectionError, ValueError) as exc:
+                        raise UnreachableError(f"daemon connection lost: {exc}") from None
+                    if r.get("t") == "reply" and r.get("id") == rid:
+                        return r
+                    if r.get("t") == "error":
+                        raise UnreachableError(
+                            f"daemon dropped the connection: {r.get('msg')}")
+                    # Anything else is the late reply of an abandoned call: skipped.
+            except (KeyboardInterrupt, SystemExit):
+                # Abandoned while waiting (Ctrl-C in a waiting lookup): withdraw
+                # it, so it does not stay parked in the store.
                 try:
-                    r = self._ch.recv()
-                except (OSError, ConnectionError, ValueError) as exc:
-                    raise UnreachableError(f"daemon connection lost: {exc}") from None
-                if r.get("t") == "reply" and r.get("id") == rid:
-                    return r
-                if r.get("t") == "error":
-                    raise UnreachableError(f"daemon dropped the connection: {r.get('msg')}")
+                    self._ch.send({"t": "cancel", "ref": rid})
+                except OSError:
+                    pass
+                raise

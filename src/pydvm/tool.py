@@ -59,6 +59,16 @@ async def call(uri: DvmUri, msg: Message, timeout: float | None = None) -> Messa
     return r
 
 
+def _silence(fd: int) -> None:
+    """Point ``fd`` at /dev/null so nothing more (not even the interpreter's
+    final flush) fails on a reader that went away."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
 def _status_name(st: Any) -> str:
     try:
         return Status(st).pmix_name
@@ -76,12 +86,16 @@ async def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output
     out = sys.stdout.buffer
     err = sys.stderr.buffer
     state: dict[str, Any] = {"nspace": None, "signal": None}
+    closed: set[int] = set()  # our own fds (1, 2) whose reader went away
     mid_line: set[tuple[Any, Any]] = set()  # (rank, fd) whose last piece had no newline
 
     def on_message(ch: Channel, msg: Message) -> None:
         t = msg.get("t")
         if t == "output":
             data = msg.get("data") or b""
+            fd = 2 if msg.get("fd") == 2 else 1
+            if fd in closed:
+                return
             if tag_output:
                 where = (msg.get("rank"), msg.get("fd"))
                 if where not in mid_line:
@@ -90,9 +104,17 @@ async def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output
                     mid_line.discard(where)
                 else:
                     mid_line.add(where)
-            stream = err if msg.get("fd") == 2 else out
-            stream.write(data)
-            stream.flush()
+            stream = err if fd == 2 else out
+            try:
+                stream.write(data)
+                stream.flush()
+            except BrokenPipeError:
+                # Our reader is gone (``pydvm run ... | head``): as SIGPIPE
+                # would, end quietly -- and take the job down with us.
+                closed.add(fd)
+                _silence(fd)
+                if fd == 1 and state["signal"] is None:
+                    interrupted(signal.SIGPIPE)
         elif t == "started":
             state["nspace"] = msg.get("nspace")
             if state["signal"] is not None:
@@ -120,7 +142,12 @@ async def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         ch.close("done")
-    out.flush()
+    if 1 not in closed:
+        try:
+            out.flush()
+        except BrokenPipeError:
+            _silence(1)
+            return 128 + signal.SIGPIPE
     if r.get("status") != 0:
         sys.stderr.write(f"pydvm run: {_status_name(r.get('status'))}: {r.get('msg')}\n")
         return 1
