@@ -247,6 +247,24 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
             self._lock.release()
         self._stopped.set()
 
+    def record_counts(self) -> dict[str, int]:
+        """How many records of each kind the master holds (``pydvm info``).
+
+        Every one of these is bounded by what is running now -- jobs,
+        sessions, connections -- never by how many ran before: the soak
+        benchmark checks it.
+        """
+        return {
+            "jobs": len(self.jobs),
+            "job_waiters": len(self._job_done),
+            "job_tools": len(self._job_tool),
+            "sessions": len(self.sessions),
+            "session_history": sum(len(s.history) for s in self.sessions.values()),
+            "caller_cache": sum(len(c) for c in self._callers.values()),
+            "connections": len(self._peers),
+            "tasks": len(self._tasks),
+        }
+
     def _spawn(self, coro, answer: tuple[Channel, Any] | None = None) -> asyncio.Task:
         """Run ``coro`` as a task.  If it fails and ``answer`` names a request
         (channel, id), that request is answered with the failure, so its
