@@ -63,7 +63,12 @@ RELAY_FACTOR = 64
 
 
 class ClaimRefused(Exception):
-    """A tool asked to act as an identity it may not take; the text says which."""
+    """A tool asked to act as an identity it may not take (``status`` is
+    NO_PERMISSIONS), or its claim is malformed (BAD_PARAM); the text says which."""
+
+    def __init__(self, text: str, status: Status = Status.ERR_NO_PERMISSIONS) -> None:
+        super().__init__(text)
+        self.status = status
 
 
 class PeerSession:
@@ -211,17 +216,17 @@ class ToolSession(PeerSession):
         if req is not None:
             if not (isinstance(req, (list, tuple)) and len(req) == 2
                     and isinstance(req[0], str) and _is_int(req[1])):
-                raise ClaimRefused(f"malformed requestor claim {req!r}")
+                raise ClaimRefused(f"malformed requestor claim {req!r}", Status.ERR_BAD_PARAM)
             ns, rank = req[0], req[1]
         if "req_uid" in msg:
             v = msg["req_uid"]
             if not _is_int(v):
-                raise ClaimRefused(f"malformed req_uid claim {v!r}")
+                raise ClaimRefused(f"malformed req_uid claim {v!r}", Status.ERR_BAD_PARAM)
             uid = v
         if "req_gid" in msg:
             v = msg["req_gid"]
             if v is not None and not _is_int(v):
-                raise ClaimRefused(f"malformed req_gid claim {v!r}")
+                raise ClaimRefused(f"malformed req_gid claim {v!r}", Status.ERR_BAD_PARAM)
             gid = v
         if not self.privileged:
             if uid != self.uid or (gid is not None and gid != self.gid):

@@ -69,6 +69,10 @@ class RoutingMixin:
     # ------------------------------------------------------------------
 
     def _daemon_data_op(self: "Master", session: DaemonSession, msg: Message) -> None:
+        refusal = session.admit(msg)
+        if refusal is not None:
+            session.send(refusal)
+            return
         fields = dataops.parse_caller_fields(msg.get("caller"))
         if fields is None:
             session.send(reply(msg.get("id"), Status.ERR_BAD_PARAM, "malformed caller"))
@@ -92,6 +96,10 @@ class RoutingMixin:
         self._data_op(session, msg, caller)
 
     def _tool_data_op(self: "Master", session: ToolSession, msg: Message) -> None:
+        refusal = session.admit(msg)
+        if refusal is not None:
+            session.send(refusal)
+            return
         try:
             caller = session.claimed_caller(
                 msg, self.dvm_nspace, self._job_owner,
@@ -99,15 +107,12 @@ class RoutingMixin:
         except ClaimRefused as exc:
             log.warning("%s (uid %d): refused a %s request: %s", session.name, session.uid,
                         msg["t"], exc)
-            session.send(reply(msg.get("id"), Status.ERR_NO_PERMISSIONS, str(exc)))
+            session.send(reply(msg.get("id"), exc.status, str(exc)))
             return
         self._data_op(session, msg, caller)
 
     def _data_op(self: "Master", session: PeerSession, msg: Message, caller: Caller) -> None:
-        refusal = session.admit(msg)
-        if refusal is not None:
-            session.send(refusal)
-            return
+        """Serve one admitted data request (:meth:`PeerSession.admit`) as ``caller``."""
         rid = msg["id"]
         if self.relay is not None:
             head = {"t": msg["t"], **Relay.claims(caller)}
