@@ -1,12 +1,13 @@
 """Bounded bookkeeping: lazily-deleted structures stay within their stated bound.
 
 The per-uid LRU queues and the idle queue (:class:`~pydvm.store.touchqueue.TouchQueue`)
-leave dead entries in place and compact by count.  Their bound must hold
-after *every* operation, removals included, not only after the next
-insertion.  ``check_invariants()`` asserts the bounds; these
-tests drive the store into the states where a queue that compacts only on
-insertion would break them (most of a uid's items gone at once), and check
-after each operation.
+leave dead entries in place and compact by count; so does the
+:class:`~pydvm.store.clock.FakeScheduler`'s timer heap with cancelled handles.
+Each bound must hold after *every* operation, removals included, not only
+after the next insertion.  ``check_invariants()`` asserts the bounds; these
+tests drive the store into the states where a structure that compacts only on
+insertion would break them (most of a uid's items gone at once, timers armed
+and cancelled while time stands still), and check after each operation.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pydvm.store import Caller, Item
+from pydvm.store import Caller, FakeScheduler, Item
+from pydvm.store.clock import max_heap_entries
 from pydvm.store.touchqueue import COMPACT_SLACK, TouchQueue, max_entries
 from storekit import UID_A, UID_B, Persistence as P, Range, Status, caller
 
@@ -47,8 +49,8 @@ def test_lru_queue_within_bound_after_mass_proc_purge(store):
 
 
 class Checked:
-    """The store, with its invariants checked after every call of one of its
-    methods."""
+    """The store, with the store's and the scheduler's invariants checked
+    after every call of one of its methods."""
 
     def __init__(self, store, sched) -> None:
         self._store = store
@@ -62,6 +64,7 @@ class Checked:
         def checked(*args, **kwargs):
             result = attr(*args, **kwargs)
             self._store.check_invariants()
+            self._sched.check_invariants()
             return result
 
         return checked
@@ -340,3 +343,71 @@ def test_stated_bound_is_twice_live_plus_slack():
     """The bound check_invariants asserts is 2 * live + COMPACT_SLACK."""
     assert [max_entries(n) for n in (0, 1, 10)] == [COMPACT_SLACK, 2 + COMPACT_SLACK,
                                                    20 + COMPACT_SLACK]
+
+
+# ---------------------------------------------------------------------------
+# the timer heap: the sweep and parked lookups arm and cancel timers
+# ---------------------------------------------------------------------------
+
+
+def test_timer_heap_within_bound_while_sweep_is_armed_and_cancelled_at_one_instant(env):
+    """A store that gains and loses its only idle item over and over arms and
+    cancels its sweep each time; with time standing still the cancelled
+    handles must not pile up in the FakeScheduler's heap."""
+    store = env.make()
+    s = Checked(store, env.sched)
+    who = caller()
+    for _ in range(500):
+        assert s.publish(who, {"k": 1}, persistence=P.INDEF).status is Status.SUCCESS
+        assert s.unpublish(who, ["k"]).status is Status.SUCCESS
+    assert env.sched.pending() == 0
+    assert len(env.sched._heap) <= max_heap_entries(0)
+
+
+@pytest.mark.parametrize("how", ["cancel", "answer", "purge"])
+def test_timer_heap_within_bound_after_mass_end_of_parked_lookups(env, how):
+    """Many parked lookups with timeouts all end at one instant -- cancelled,
+    answered by one publish, or dropped by their namespace's purge -- and the
+    timer heap and the parked indexes are left within bounds at every step."""
+    store = env.make()
+    s = Checked(store, env.sched)
+    waiters = [caller(nspace="ns-w", rank=r, uid=UID_A) for r in range(200)]
+    for r, who in enumerate(waiters):
+        assert s.lookup(who, ["wanted"], wait=0, timeout=3600, ticket=r).ticket == r
+    assert env.sched.pending() == 200
+    if how == "cancel":
+        for r in range(200):
+            assert s.cancel(r) is True
+    elif how == "answer":
+        assert s.publish(caller(nspace="ns-p"), {"wanted": 1}).status is Status.SUCCESS
+        assert len(env.answers) == 200
+    else:
+        s.purge(P.NSPACE, nspace="ns-w")
+    assert env.sched.pending() == 0 and store.stats().parked == 0
+    assert len(env.sched._heap) <= max_heap_entries(0)
+    assert not store._parked.by_key and not store._parked.by_nspace
+
+
+def test_fake_scheduler_runs_survivors_in_deadline_order_after_compaction():
+    """Compacting the heap on cancel keeps what is left in deadline order;
+    cancelling a handle that already ran changes nothing."""
+    sched = FakeScheduler()
+    rnd = random.Random(10)
+    ran: list[float] = []
+    handles = []
+    for _ in range(300):
+        delay = rnd.uniform(0, 100)
+        handles.append((delay, sched.call_later(delay, lambda d=delay: ran.append(d))))
+    rnd.shuffle(handles)
+    keep = sorted(d for d, _ in handles[:50])
+    for _, h in handles[50:]:
+        h.cancel()
+        h.cancel()  # twice is harmless
+        sched.check_invariants()
+    assert sched.pending() == 50 and len(sched._heap) <= max_heap_entries(50)
+    sched.advance(100)
+    assert ran == keep
+    for _, h in handles:
+        h.cancel()  # after running (or cancelling): no effect on the count
+    assert sched.pending() == 0
+    sched.check_invariants()
