@@ -86,7 +86,7 @@ class _FakeHandle:
         self.cancelled = True
         sched, self._sched = self._sched, None
         if sched is not None:
-            sched._forget_one()
+            sched._one_fewer_pending()
 
 
 class FakeScheduler:
@@ -97,14 +97,16 @@ class FakeScheduler:
     callbacks schedule along the way).  It never moves backwards.
 
     A cancelled handle stays in the heap (lazy deletion) until it reaches
-    the top or a cancel finds the heap holding more than
+    the top, or until the pending count drops -- by a cancel, or by a
+    callback running -- and leaves the heap holding more than
     ``max_heap_entries(pending)`` entries, which rebuilds it from the
-    pending handles.  So the heap stays within that bound after every call
-    even while time stands still -- a store that keeps arming and
-    cancelling timers (the sweep, parked lookups' timeouts) cannot grow it
-    -- and each call stays amortised O(1) plus the heap's O(log n): a
-    rebuild costs O(n) and runs only when more than half of the n entries
-    are cancelled ones, each of which one ``cancel()`` made and the rebuild
+    pending handles.  So the heap stays within that bound after every call,
+    even while time stands still (a store that keeps arming and cancelling
+    timers -- the sweep, parked lookups' timeouts -- cannot grow it) and
+    when the callbacks that run are the pending ones among many cancelled.
+    Each call stays amortised O(1) plus the heap's O(log n): a rebuild
+    costs O(n) and runs only when more than half of the n entries are
+    cancelled ones, each of which one ``cancel()`` made and the rebuild
     drops for good.
     """
 
@@ -143,7 +145,7 @@ class FakeScheduler:
             self._now = max(self._now, deadline)
             handle.cancelled = True  # a handle fires at most once
             handle._sched = None
-            self._pending -= 1
+            self._one_fewer_pending()
             handle.callback()
         self._now = target
 
@@ -158,8 +160,9 @@ class FakeScheduler:
         )
         assert all(heap[(i - 1) // 2] <= heap[i] for i in range(1, len(heap))), "not a heap"
 
-    def _forget_one(self) -> None:
-        """A pending handle was cancelled; rebuild the heap if over the bound."""
+    def _one_fewer_pending(self) -> None:
+        """A pending handle was cancelled or has left the heap to run;
+        rebuild the heap if that left it over the bound."""
         self._pending -= 1
         if len(self._heap) > max_heap_entries(self._pending):
             self._heap = [e for e in self._heap if not e[2].cancelled]
