@@ -2,7 +2,8 @@
 
 Time is a :class:`FakeScheduler` used as both clock and timer: it moves only
 through ``sched.advance()``.  Every store built through ``env`` (including
-the default ``store`` fixture) has its invariants checked at teardown.
+the default ``store`` fixture) has its invariants checked at teardown, and so
+has the scheduler (its timer heap's bound).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def env():
     yield e
     for s in e.stores:
         s.check_invariants()
+    e.sched.check_invariants()
 
 
 @pytest.fixture

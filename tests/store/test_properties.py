@@ -1,14 +1,24 @@
 """Property-based tests: random operation sequences against independent oracles.
 
 The state machine drives one store through publishes (several uids, gids,
-processes, every range and persistence, accessor lists, replace, a small
-cap so eviction happens), immediate and waiting lookups, unpublish by keys
-and of a whole process, purges of every horizon and target shape, cancels
-and time steps on a FakeScheduler.  After every step it runs
-``check_invariants()`` and recomputes the per-uid usage from the items
-itself.  Outcomes are checked against oracles written from the SPEC (the
-horizon table, the duplicate/cap decision, the lookup answer) using the
-separately tested predicates of :mod:`pydvm.store.rules`.
+processes, every range and persistence, accessor lists, replace, caps from
+one item to about a hundred so eviction happens), bursts of publishes that
+give one job's processes dozens of items, immediate and waiting lookups (a
+few keys, a span of many, or many processes waiting for one key), unpublish
+by keys and of a whole process, purges of every horizon and target shape --
+one process, an application, a whole namespace, a session, or many
+processes of a job ending in one step -- cancels and time steps on a
+FakeScheduler.  Each example draws how many distinct keys exist (4: dense
+collisions and replaces; 16 or 64: stores of a hundred items and more), and
+runs are long (100 steps), so it reaches the states where lazily-deleted
+bookkeeping -- the LRU and idle queues, the timer heap -- must be compacted
+by removals (issue 8, item 10); with that compaction reverted it fails,
+typically within its first twenty examples.  After every step it runs
+``check_invariants()`` on the store and on the scheduler and recomputes the
+per-uid usage from the items itself.  Outcomes are checked against oracles
+written from the SPEC (the horizon table, the duplicate/cap decision, the
+lookup answer) using the separately tested predicates of
+:mod:`pydvm.store.rules`.
 """
 
 from __future__ import annotations
@@ -35,8 +45,28 @@ CALLERS = [
     caller("ns-3", 0, uid=UID_A, gid=GID_A, node="n1", app_idx=None, session_id=None),
     caller("pydvm", 0, uid=UID_A, gid=GID_A, node="n1", app_idx=None, session_id=None),
 ]
+# Larger jobs, so that one uid holds many items in many processes and a
+# namespace, application or session purge takes dozens of them at once.
+CALLERS += [
+    caller("ns-0", r, uid=UID_A, gid=GID_A, node=f"n{r % 3 + 1}", app_idx=r % 2, session_id=1)
+    for r in range(3, 16)
+]
+CALLERS += [
+    caller("ns-2", r, uid=UID_B if r % 3 else UID_C, gid=GID_B if r % 3 else GID_C,
+           node=f"n{r % 2 + 1}", app_idx=r % 2, session_id=2)
+    for r in range(2, 12)
+]
+CALLERS += [
+    caller("ns-3", r, uid=UID_A, gid=GID_A, node="n2", app_idx=None, session_id=None)
+    for r in range(1, 6)
+]
 NSPACES = sorted({c.nspace for c in CALLERS})
-KEYS = ["k0", "k1", "k2", "k3"]
+RANKS = {ns: sorted(c.rank for c in CALLERS if c.nspace == ns) for ns in NSPACES}
+BY_PROC = {c.proc: c for c in CALLERS}
+#: The key pool.  Each example uses only its first ``nkeys`` (drawn at setup);
+#: rules draw key indexes, mapped into the pool with ``StoreMachine._key``.
+KEYS = [f"k{i}" for i in range(64)]
+key_st = st.integers(0, len(KEYS) - 1)
 
 values = st.one_of(
     st.text(max_size=30),
@@ -45,7 +75,7 @@ values = st.one_of(
     st.floats(allow_nan=False),
     st.booleans(),
 )
-pairs_st = st.dictionaries(st.sampled_from(KEYS), values, min_size=1, max_size=3)
+pairs_st = st.lists(st.tuples(key_st, values), min_size=1, max_size=3)  # see _pairs
 persist_st = st.sampled_from(
     [None, P.INVALID, P.INDEF, P.FIRST_READ, P.PROC, P.APP, P.NSPACE, P.SESSION]
 )
@@ -72,6 +102,8 @@ purge_st = st.one_of(
     st.builds(lambda ns: (P.NSPACE, dict(nspace=ns)), st.sampled_from(NSPACES)),
     st.builds(lambda ns: (P.SESSION, dict(nspace=ns)), st.sampled_from(NSPACES)),
     st.builds(lambda s: (P.SESSION, dict(nspace=None, session_id=s)), st.sampled_from([1, 2, 3])),
+    st.builds(lambda s, a: (P.APP, dict(nspace=None, session_id=s, app_idx=a)),
+              st.sampled_from([1, 2]), st.sampled_from([0, 1])),
 )
 
 BAD_PUBLISHES = [
@@ -108,12 +140,15 @@ def _item_state(it):
 class StoreMachine(RuleBasedStateMachine):
     """A DataStore under random operations, checked step by step."""
 
-    @initialize(timeout=st.sampled_from([0, 4, 6, 8]), cap=st.sampled_from([0, 180, 250, 400, 700]))
-    def setup(self, timeout, cap):
+    @initialize(timeout=st.sampled_from([0, 4, 6, 8]),
+                cap=st.sampled_from([0, 0, 180, 250, 400, 700, 3000, 12000, 12000]),
+                nkeys=st.sampled_from([4, 4, 16, 64, 64]))
+    def setup(self, timeout, cap, nkeys):
         self.sched = FakeScheduler()
         self.answers: list = []
         self.timeout = timeout
         self.cap = cap
+        self.nkeys = nkeys
         self.store = DataStore(
             name="prop", clock=self.sched, timer=self.sched,
             on_answer=lambda t, r: self.answers.append((t, r)),
@@ -124,6 +159,15 @@ class StoreMachine(RuleBasedStateMachine):
         self.drained = 0
 
     # -- helpers ------------------------------------------------------------
+
+    def _key(self, i: int) -> str:
+        return KEYS[i % self.nkeys]
+
+    def _keys(self, idxs) -> list[str]:
+        return [self._key(i) for i in idxs]
+
+    def _pairs(self, drawn) -> dict:
+        return {self._key(i): v for i, v in drawn}
 
     def _stale(self, it, now) -> bool:
         return bool(self.timeout) and it.persistence in IDLE and now - it.last_access > self.timeout
@@ -190,18 +234,31 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(who=st.sampled_from(CALLERS), pairs=pairs_st, rng=range_st,
           persistence=persist_st, uids=uids_st, gids=gids_st, replace=st.booleans())
     def publish(self, who, pairs, rng, persistence, uids, gids, replace):
-        self._publish(who, pairs, rng, persistence, uids, gids, replace)
+        self._publish(who, self._pairs(pairs), rng, persistence, uids, gids, replace)
 
     @rule(who=st.sampled_from(CALLERS[:2]), pairs=pairs_st, rng=range_st,
           persistence=persist_st, replace=st.booleans())
     def publish_as_main_user(self, who, pairs, rng, persistence, replace):
-        self._publish(who, pairs, rng, persistence, [], [], replace)
+        self._publish(who, self._pairs(pairs), rng, persistence, [], [], replace)
 
-    @rule(who=st.sampled_from(CALLERS), key=st.sampled_from(KEYS),
+    @rule(nspace=st.sampled_from(NSPACES), first=st.integers(0, 15), n=st.integers(4, 48),
+          key0=key_st, persistence=persist_st, replace=st.booleans())
+    def publish_burst(self, nspace, first, n, key0, persistence, replace):
+        """A job's processes publish ``n`` one-key items in turn (distinct keys
+        as far as the pool allows), each checked like a single publish."""
+        ranks = RANKS[nspace]
+        for j in range(n):
+            who = BY_PROC[(nspace, ranks[(first + j) % len(ranks)])]
+            self._publish(who, {self._key(key0 + j): j}, Range.SESSION, persistence, [], [],
+                          replace)
+        event(f"burst: store holds {'>= 40' if len(self.store) >= 40 else '< 40'} items")
+
+    @rule(who=st.sampled_from(CALLERS), key=key_st,
           size=st.integers(min_value=0, max_value=800), persistence=persist_st,
           replace=st.booleans())
     def publish_big(self, who, key, size, persistence, replace):
-        self._publish(who, {key: "x" * size}, Range.SESSION, persistence, [], [], replace)
+        self._publish(who, {self._key(key): "x" * size}, Range.SESSION, persistence, [], [],
+                      replace)
 
     def _publish(self, who, pairs, rng, persistence, uids, gids, replace):
         store = self.store
@@ -284,9 +341,18 @@ class StoreMachine(RuleBasedStateMachine):
         assert reply.status is Status.ERR_BAD_PARAM and reply.message
         assert snapshot(self.store) == before
 
-    @rule(who=st.sampled_from(CALLERS), keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=3),
+    @rule(who=st.sampled_from(CALLERS), keys=st.lists(key_st, min_size=1, max_size=3),
           rng=range_st)
     def lookup(self, who, keys, rng):
+        self._lookup(who, self._keys(keys), rng)
+
+    @rule(who=st.sampled_from(CALLERS), key0=key_st, n=st.integers(4, 64), rng=range_st)
+    def lookup_span(self, who, key0, n, rng):
+        """One lookup of many consecutive keys: many touches (dead queue
+        entries) and, for FIRST_READ items, many consumptions at once."""
+        self._lookup(who, [self._key(key0 + j) for j in range(n)], rng)
+
+    def _lookup(self, who, keys, rng):
         now = self.sched.now()
         klist, hits, status, found = self._expected_lookup(who, keys, rng)
         reply = self.store.lookup(who, keys, range=rng)
@@ -295,10 +361,23 @@ class StoreMachine(RuleBasedStateMachine):
         self._check_answered(reply, hits, status, found, now)
         assert len(self.answers) == self.drained
 
-    @rule(who=st.sampled_from(CALLERS), keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=3),
+    @rule(who=st.sampled_from(CALLERS), keys=st.lists(key_st, min_size=1, max_size=3),
           rng=range_st, wait=st.integers(0, 3),
-          timeout=st.sampled_from([None, 0, 1, 3, 7]))
+          timeout=st.sampled_from([None, 0, 1, 3, 7, 60]))
     def lookup_wait(self, who, keys, rng, wait, timeout):
+        self._lookup_wait(who, self._keys(keys), rng, wait, timeout)
+
+    @rule(nspace=st.sampled_from(NSPACES), first=st.integers(0, 15), n=st.integers(4, 40),
+          key=key_st, timeout=st.sampled_from([None, 7, 60, 3600]))
+    def lookups_wait_many(self, nspace, first, n, key, timeout):
+        """Many processes of a job wait for the same key: one publish, purge
+        or time step later ends dozens of parked lookups (and their timers)."""
+        ranks = RANKS[nspace]
+        for j in range(n):
+            who = BY_PROC[(nspace, ranks[(first + j) % len(ranks)])]
+            self._lookup_wait(who, [self._key(key)], Range.SESSION, 0, timeout)
+
+    def _lookup_wait(self, who, keys, rng, wait, timeout):
         now = self.sched.now()
         klist, hits, status, found = self._expected_lookup(who, keys, rng)
         need = len(klist) if wait == 0 else min(wait, len(klist))
@@ -323,8 +402,9 @@ class StoreMachine(RuleBasedStateMachine):
                     assert iid in live and _item_state(live[iid]) == state
         assert len(self.answers) == self.drained
 
-    @rule(who=st.sampled_from(CALLERS), keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=3))
+    @rule(who=st.sampled_from(CALLERS), keys=st.lists(key_st, min_size=1, max_size=3))
     def unpublish(self, who, keys):
+        keys = self._keys(keys)
         pre = {it.id: (it, set(it.pairs)) for it in self.store.items()}
         parked = self.store.stats().parked
         assert self.store.unpublish(who, keys).status is Status.SUCCESS
@@ -352,13 +432,24 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(purge=purge_st)
     def purge(self, purge):
-        horizon, target = purge
+        self._purge(*purge)
+
+    @rule(nspace=st.sampled_from(NSPACES), first=st.integers(0, 15), n=st.integers(2, 16),
+          horizon=st.sampled_from([P.PROC, P.PROC, P.INVALID]))
+    def processes_end(self, nspace, first, n, horizon):
+        """Many processes of a job end (or unpublish everything) in one step:
+        one purge per process, as the runtime sends them."""
+        ranks = RANKS[nspace]
+        for j in range(min(n, len(ranks))):
+            self._purge(horizon, dict(nspace=nspace, rank=ranks[(first + j) % len(ranks)]))
+
+    def _purge(self, horizon, target):
         pre = {it.id: (it, _item_state(it)) for it in self.store.items()}
         doomed = {iid for iid, (it, _) in pre.items()
                   if _covers(target, it.owner) and it.persistence in REMOVES[horizon]}
         n = self.store.purge(horizon, **target)
         assert n == len(doomed)
-        event(f"purge {horizon.name} removed {'some' if n else 'none'}")
+        event(f"purge {horizon.name} removed {'>= 30' if n >= 30 else 'some' if n else 'none'}")
         live = {it.id: it for it in self.store.items()}
         assert set(live) == set(pre) - doomed
         for iid, it in live.items():
@@ -407,6 +498,7 @@ class StoreMachine(RuleBasedStateMachine):
         if not hasattr(self, "store"):
             return
         self.store.check_invariants()
+        self.sched.check_invariants()
         items = self.store.items()
         usage: dict[int, int] = {}
         for it in items:
@@ -425,7 +517,7 @@ class StoreMachine(RuleBasedStateMachine):
 
 StoreMachine.TestCase.settings = settings(
     max_examples=200,
-    stateful_step_count=40,
+    stateful_step_count=100,
     database=None,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

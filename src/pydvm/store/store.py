@@ -33,8 +33,13 @@ Because every touch stamps ``last_access`` from a monotonic clock and
 appends the item to ``_lru[uid]`` and ``_idle`` (older entries go dead),
 their live order *is* ``last_access`` order: eviction takes the front of the
 uid's queue and the sweep takes the front of ``_idle`` until it meets an
-item that is not stale.  Removal never touches the queues (lazy deletion),
-which keeps the hottest path to the indexes a lookup needs anyway.
+item that is not stale.  Removal leaves the item's entries where they are
+(lazy deletion) and only lowers the queues' live counts, which keeps the
+hottest path to the indexes a lookup needs anyway.  A queue compacts itself
+whenever a touch *or a removal* leaves it holding more than
+``max_entries(live)`` entries (``2 * live + COMPACT_SLACK``), so after every
+operation its size is bounded by its live items, at amortised O(1) cost per
+touch and removal (the argument is in :mod:`pydvm.store.touchqueue`).
 
 Every removal -- unpublish, replace, first read, each purge, the sweep,
 eviction -- goes through :meth:`DataStore._remove_keys`, which keeps every
@@ -61,7 +66,7 @@ from .clock import Clock, Timer, TimerHandle
 from .model import Caller, Item, Value, item_nbytes
 from .parked import ParkedLookups
 from .rules import LIFETIME_HORIZONS, ReadVerdict, expires_by, may_read, owns, sweep_interval
-from .touchqueue import COMPACT_SLACK, TouchQueue
+from .touchqueue import TouchQueue
 from .validate import as_persistence, as_range, check_keys, check_pairs, id_list
 
 log = logging.getLogger("pydvm.store")
@@ -195,8 +200,9 @@ class DataStore:
         #: session_id -> {nspace: live items of that nspace in that session}.
         self._by_session: dict[int, dict[str, int]] = {}
         #: uid -> its items, least recently used first (last_access order).
+        #: Each queue holds at most touchqueue.max_entries(its live items).
         self._lru: dict[int, TouchQueue] = {}
-        #: INDEF and FIRST_READ items, least recently used first.
+        #: INDEF and FIRST_READ items, least recently used first (same bound).
         self._idle = TouchQueue()
         #: uid -> sum of nbytes of that uid's items; no entry for a uid at 0.
         self._usage: dict[int, int] = {}
@@ -789,12 +795,13 @@ class DataStore:
                 f"LRU queue of uid {uid} does not hold exactly its live items"
             stamps = [it.last_access for it in queued]
             assert stamps == sorted(stamps), f"LRU order of uid {uid} is not last_access order"
-            assert lru.entries <= 2 * lru.live + COMPACT_SLACK + 1, "LRU queue never compacted"
+            lru.check_invariants()  # live count, and entries <= max_entries(live)
         idle = list(self._idle)
         assert {it.id for it in idle} == {i for i, it in items.items() if it.idle_expires}
         assert len(idle) == self._idle.live
         stamps = [it.last_access for it in idle]
         assert stamps == sorted(stamps), "idle queue is not in last_access order"
+        self._idle.check_invariants()  # the same bound as the LRU queues
         if self._idle.live and self.params.timeout:
             assert self._sweep_handle is not None, "idle items held but no sweep armed"
         if not self._idle.live:
