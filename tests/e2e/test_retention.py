@@ -69,6 +69,20 @@ def test_app_item_goes_with_its_application_while_nspace_item_stays_until_job_en
     assert dvm.store()["master"]["items"] == 0
 
 
+def test_local_app_item_goes_with_its_application_while_another_app_runs_on_its_node(dvm):
+    """Issue 13: MPMD, both apps on node a: app 0's LOCAL APP item leaves a's store
+    when app 0 ends (the application notice), while app 1 still runs; the LOCAL
+    NSPACE item stays until the job ends."""
+    p = dvm.run("--host", "a", "-n", "1", *job_script("mpmd_app_items"), "local", ":",
+                "--host", "a", "-n", "1", *job_script("mpmd_app_items"), "local")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert lines(p, "APP1 SAW")[0].startswith("APP1 SAW app_item=a0 ns_item=n0 from "), p.stdout
+    assert lines(p, "APP_ITEM") == ["APP_ITEM GONE"], p.stdout
+    assert lines(p, "NS_ITEM") == ["NS_ITEM FOUND"], p.stdout
+    assert dvm.store()["a"]["items"] == 0
+    assert "application purge not applied" not in dvm.log("master")
+
+
 def test_session_item_survives_its_job_and_goes_when_the_session_ends(dvm):
     """A SESSION item (master and daemon store) outlives its job; `session end` removes it."""
     sp = dvm.cmd("session", "new", check=True)

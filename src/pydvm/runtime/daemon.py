@@ -23,10 +23,10 @@ node (lingering children) is killed, as a resource manager ends a step.
 not of range, so an owner's key goes wherever it is.
 
 What the daemon purges in its own store: PROC when it reaps a process;
-NSPACE and SESSION when the master broadcasts them.  It never sees an APP
-purge (the master sends no application notice), so a LOCAL item with APP
-persistence lives until its namespace ends -- never shorter than asked
-(docs/todo.md).  Its own share of a job finishing purges nothing more.
+APP, NSPACE and SESSION when the master says that application, job or
+session has ended (the application notice goes to the nodes that ran the
+application, once it has ended on all of them).  Its own share of a job or
+application finishing purges nothing more: that is not a lifetime.
 
 No orphans (:mod:`pydvm.runtime.guard`): job processes get a parent-death
 signal and their process groups are listed with a guardian process that
@@ -266,10 +266,19 @@ class Daemon:
                 refuse(ch, msg, Status.ERR_BAD_PARAM, f"unknown message type {t!r}")
 
     def _apply_purge(self, msg: Message) -> None:
+        """A lifetime the master decided has ended: APP (an application has
+        ended on every node), NSPACE (the job) or SESSION.  Acknowledged."""
         rid = msg.get("id")
         try:
             horizon = Persistence(msg.get("horizon"))
-            n = self.store.purge(horizon, nspace=msg.get("nspace"),
+            app = msg.get("app_idx")
+            if horizon is Persistence.APP:
+                if not isinstance(msg.get("nspace"), str) or not isinstance(app, int) \
+                        or isinstance(app, bool):
+                    raise ValueError("an APP purge names its namespace and app_idx")
+            else:
+                app = None
+            n = self.store.purge(horizon, nspace=msg.get("nspace"), app_idx=app,
                                  session_id=msg.get("session_id"))
         except (ValueError, TypeError) as exc:
             self.master.send(reply(rid, Status.ERR_BAD_PARAM, str(exc)))

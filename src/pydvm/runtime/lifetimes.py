@@ -3,7 +3,9 @@
 Who acts on the master store (SPEC 5)::
 
     daemon reports "exited"  -> PROC purge of that process
-    last process of an app   -> APP purge (per-app termination count, jobs.py)
+    last process of an app   -> APP purge (per-app termination count, jobs.py),
+                                and the application notice to the nodes that
+                                ran it (an APP purge there), acknowledged
     last process of the job  -> NSPACE purge, then a purge broadcast to every
                                 daemon, acknowledged, before the job's tool
                                 hears that the job ended
@@ -193,13 +195,25 @@ class LifetimesMixin:
             store.purge(Persistence.APP, nspace=job.nspace, app_idx=app_idx)
             if self.relay is not None:
                 self.relay.purge(Persistence.APP, job.nspace, app_idx=app_idx)
+            if not job_done:  # the job's end purges APP items everywhere anyway
+                self._spawn(self._app_ended(job, app_idx))
         if job_done:
             self._spawn(self._job_ended(job))
+
+    async def _app_ended(self: "Master", job: JobRecord, app_idx: int) -> None:
+        """The application notice: the nodes that ran ``app_idx`` purge its
+        APP (and PROC) items from their own stores, and acknowledge."""
+        nodes = {job.procs[r].node for r in job.apps[app_idx].ranks}
+        await self._broadcast({"t": "purge", "horizon": int(Persistence.APP),
+                               "nspace": job.nspace, "app_idx": app_idx, "session_id": None},
+                              nodes, what="application purge")
 
     async def _job_ended(self: "Master", job: JobRecord) -> None:
         self.store.purge(Persistence.NSPACE, nspace=job.nspace)
         if self.relay is not None:
-            self.relay.purge(Persistence.NSPACE, job.nspace)
+            # Reported only once applied by the data server, or queued for
+            # re-send because it is unreachable (relay.py).
+            await self.relay.purge(Persistence.NSPACE, job.nspace)
         await self._broadcast({"t": "purge", "horizon": int(Persistence.NSPACE),
                                "nspace": job.nspace, "session_id": None},
                               what="namespace purge")
@@ -292,8 +306,8 @@ class LifetimesMixin:
         self.store.purge(Persistence.SESSION, session_id=sid)
         if self.relay is not None:
             # The remote store knows nothing of our sessions: name each job.
-            for ns in sorted(session.history):
-                self.relay.purge(Persistence.SESSION, ns)
+            await asyncio.gather(*[self.relay.purge(Persistence.SESSION, ns)
+                                   for ns in sorted(session.history)])
         await self._broadcast({"t": "purge", "horizon": int(Persistence.SESSION),
                                "nspace": None, "session_id": sid}, what="session purge")
         del self.sessions[sid]

@@ -30,17 +30,30 @@ No relayed request waits on a dead link:
   secret), so a data server that comes back -- the same DVM after a
   partition heals, or a new one under the same URI -- is used again.
 
-Purges issued while the link is down are lost (see docs/todo.md).
+Lifetime purges are durable: each is kept, in order, until the data
+server acknowledges it; one that gets no acknowledgement (the link drops)
+is re-sent, in order, as soon as the relay reconnects, and applying a purge
+twice removes nothing more (its process, job or session has ended, so
+nothing new is published under it).  :meth:`Relay.purge` returns a future
+that is done once the purge is *applied* (acknowledged) or *queued* for
+re-send (the link is down); the master reports a job's end only then.  A
+purge subsumes queued ones of the same namespace that it covers (a job's
+NSPACE purge its PROC and APP purges, a SESSION purge all of them), so the
+queue holds at most a few entries per namespace.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
+from ..enums import Persistence
 from ..errors import Status
 from ..store import Caller
+from ..store.rules import expires_by
 from ..wire import Channel, Message, ReplyCallback, heartbeat, reply
 from .auth import DvmUri, UriError, connect, read_secret, tool_socket_path
 
@@ -51,6 +64,36 @@ RETRY = 1.0
 #: A relayed request is answered UNREACH this many heartbeat periods after
 #: its own timeout (or after it was sent, for requests that do not wait).
 DEADLINE_PERIODS = 6
+
+
+#: Which queued purges a new one makes redundant: the persistences a
+#: horizon removes (the store's own table), compared as sets.
+_LIFETIMES = (Persistence.PROC, Persistence.APP, Persistence.NSPACE, Persistence.SESSION)
+
+
+def _covers(new: Message, old: Message) -> bool:
+    """True if purge ``new`` removes at least everything purge ``old`` does."""
+    if new["nspace"] != old["nspace"]:
+        return False
+    hn, ho = Persistence(new["horizon"]), Persistence(old["horizon"])
+    if hn is Persistence.PROC:
+        return ho is Persistence.PROC and new["rank"] == old["rank"]
+    if hn is Persistence.APP and ho is Persistence.APP and new["app_idx"] != old["app_idx"]:
+        return False
+    if hn is Persistence.APP and ho is Persistence.PROC:
+        return False  # a PROC purge may name a rank of another application
+    return all(expires_by(p, hn) for p in _LIFETIMES if expires_by(p, ho))
+
+
+@dataclass(eq=False)
+class _Purge:
+    msg: Message
+    done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop()
+                                 .create_future())
+
+    def settle(self, how: str) -> None:
+        if not self.done.done():
+            self.done.set_result(how)
 
 
 class Relay:
@@ -64,6 +107,8 @@ class Relay:
         self._beat: asyncio.Task | None = None
         self._stopped = False
         self.connected = asyncio.Event()
+        #: purges not yet acknowledged by the data server, in issue order.
+        self._purges: deque[_Purge] = deque()
 
     async def start(self) -> None:
         """Connect once (raising ConnectionError with the reason), then keep connected."""
@@ -88,6 +133,10 @@ class Relay:
         self.channel = ch
         self.connected.set()
         log.info("relaying data requests to %s", self.uri)
+        if self._purges:
+            log.info("re-sending %d purge(s) to %s", len(self._purges), self.uri)
+        for p in list(self._purges):
+            self._send_purge(p)
 
     async def _keep_connected(self) -> None:
         while not self._stopped:
@@ -173,12 +222,50 @@ class Relay:
             ch.withdraw(remote_id)
 
     def purge(self, horizon: int, nspace: str, rank: int | None = None,
-              app_idx: int | None = None) -> None:
-        """Ask the remote store to apply one of this DVM's lifetimes."""
-        self.request({"t": "purge", "horizon": int(horizon), "nspace": nspace, "rank": rank,
-                      "app_idx": app_idx}, _ignore)
+              app_idx: int | None = None) -> asyncio.Future:
+        """Have the remote store apply one of this DVM's lifetimes, durably.
 
+        Returns a future whose result is ``"applied"`` once the data server
+        acknowledged it, or ``"queued"`` once it is known to wait for a
+        reconnection (it will be re-sent then); ``"refused"`` if the data
+        server rejected it, ``"superseded"`` if a later purge covers it.
+        """
+        msg = {"t": "purge", "horizon": int(horizon), "nspace": nspace, "rank": rank,
+               "app_idx": app_idx}
+        for old in list(self._purges):
+            if _covers(msg, old.msg):
+                self._purges.remove(old)
+                old.settle("superseded")
+        p = _Purge(msg)
+        self._purges.append(p)
+        self._send_purge(p)
+        return p.done
 
-def _ignore(r: Message) -> None:
-    if r.get("status") not in (0, int(Status.ERR_UNREACH)):
-        log.warning("data server refused a purge: %s", r.get("msg"))
+    @property
+    def pending_purges(self) -> int:
+        """Purges waiting for the data server's acknowledgement."""
+        return len(self._purges)
+
+    def _send_purge(self, p: _Purge) -> None:
+        ch = self.channel
+        if ch is None or ch.closed:
+            p.settle("queued")
+            return
+
+        def answered(r: Message) -> None:
+            st = r.get("status")
+            if st == 0:
+                if p in self._purges:
+                    self._purges.remove(p)
+                p.settle("applied")
+            elif st == int(Status.ERR_UNREACH):
+                log.warning("purge of %s (%s) not acknowledged by %s: queued for re-send",
+                            p.msg["nspace"], Persistence(p.msg["horizon"]).name, self.uri)
+                p.settle("queued")
+            else:
+                log.warning("data server refused a purge: %s", r.get("msg"))
+                if p in self._purges:
+                    self._purges.remove(p)
+                p.settle("refused")
+
+        ch.request(dict(p.msg), answered)
