@@ -61,9 +61,7 @@ def slurm(slurm_cluster):
     assert not leftover, f"test left jobs in the queue: {leftover}"
 
 
-@pytest.fixture
-def make_slurm_cluster():
-    """Factory for extra clusters: ``make_slurm_cluster(tag=8, prefix="sx", ...)``."""
+def _factory():
     _need_cluster()
     made: list[SlurmCluster] = []
 
@@ -78,3 +76,17 @@ def make_slurm_cluster():
     finally:
         for c in made:
             c.down()
+
+
+@pytest.fixture
+def make_slurm_cluster():
+    """Factory for extra clusters, torn down after the test:
+    ``make_slurm_cluster(tag=8, prefix="sx", slurmd_timeout=5, ...)``.
+    Give each its own ``tag`` (subnet, links) and ``prefix`` (node names)."""
+    yield from _factory()
+
+
+@pytest.fixture(scope="module")
+def make_slurm_cluster_module():
+    """Like make_slurm_cluster, torn down after the module."""
+    yield from _factory()

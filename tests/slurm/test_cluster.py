@@ -165,6 +165,7 @@ def test_bring_up_and_tear_down_leave_nothing(make_slurm_cluster):
     c.wait_for(lambda: c.jobs(), what="the salloc job")
     kids = c.wait_for(lambda: _descendants(bg.pid), what="salloc's command")
     c.down()
+    print(f"\nbring-up {c.up_seconds:.2f} s, tear-down {c.down_seconds:.2f} s")
     assert c.down_seconds < 15
     assert bg.poll() is not None
     assert [k for k in kids if os.path.exists(f"/proc/{k}") and not _zombie(k)] == []
