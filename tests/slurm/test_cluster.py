@@ -219,3 +219,18 @@ def test_commands_time_out_and_are_killed(slurm):
     assert time.monotonic() - t0 < 10
     slurm.wait_for(lambda: not slurm.jobs(), timeout=30, what="the killed salloc's job to end")
     assert not [pid for pid in _all_pids() if _cmdline(pid) == "sleep 600"]
+
+
+def test_unavailable_reason_names_what_is_missing(monkeypatch):
+    """Runs anywhere: the skip reason tells what to install, or that root is needed."""
+    import cluster
+
+    monkeypatch.setattr(cluster.os, "geteuid", lambda: 1000)
+    assert "needs root" in cluster.unavailable_reason()
+    monkeypatch.setattr(cluster.os, "geteuid", lambda: 0)
+    real = cluster._which
+    monkeypatch.setattr(cluster, "_which",
+                        lambda p: None if p in ("slurmd", "sinfo", "munged") else real(p))
+    assert cluster.unavailable_reason() == (
+        "Slurm test cluster: missing packages "
+        "(apt-get install --no-install-recommends munge slurm-client slurmd)")
