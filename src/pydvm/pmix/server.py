@@ -76,14 +76,16 @@ class PmixError(RuntimeError):
 class _Reply:
     """Base of the reply objects: guards the single C callback invocation."""
 
-    __slots__ = ("_server", "_cb", "_cbdata", "_done", "_lock", "kind", "__weakref__")
+    __slots__ = ("_server", "_cb", "_cbdata", "_done", "_lock", "kind", "notification",
+                 "__weakref__")
 
     def __init__(self, server: "PmixServer", cbfunc: int | None, cbdata: int | None,
                  proto, kind: str):
         self._server = server
         self._cb = proto(cbfunc) if cbfunc else None
         self._cbdata = cbdata
-        self._done = self._cb is None      # nothing to answer: a notification
+        # no callback: a notification (client_connected), nothing to answer
+        self.notification = self._done = self._cb is None
         self._lock = threading.Lock()
         self.kind = kind
         if not self._done:
@@ -110,6 +112,8 @@ class _Reply:
         self._server._pending.discard(self)
 
     def _late(self) -> bool:
+        if self.notification:
+            return False
         log.warning("pmix %s reply called again after it was sent: ignored", self.kind)
         return False
 
