@@ -71,6 +71,7 @@ class DictHost(Handler):
         self.log: list[dict] = []
         self.fail = spec.get("fail") or {}
         self.seen = 0
+        self.local_ranks: set[int] = set()
 
     def __call__(self, req):
         self.log.append(describe(req))
@@ -158,6 +159,11 @@ class DictHost(Handler):
         req.reply(C.SUCCESS, req.data if req.collect else b"")
 
     async def direct_modex(self, req):
+        # a real host forwards this to the node of req.proc, whose server
+        # answers with dmodex_request(); here only local procs can be served
+        if req.proc.rank not in self.local_ranks:
+            req.reply(C.ERR_NOT_FOUND)
+            return
         status, blob = await self.server.dmodex_request(req.proc)
         req.reply(status, blob)
 
@@ -185,6 +191,7 @@ async def run(spec: dict) -> dict:
         nodes = spec.get("nodes") or {node: sorted(c["rank"] for c in clients)}
         layout = JobLayout(nspace, nodes, apps=spec.get("apps"), session_id=spec.get("session"))
         info = job_info(layout, node, server=server if spec.get("regex") else None)
+        host.local_ranks = set(nodes.get(node, ()))
         server.register_nspace(nspace, layout.local_count(node), info)
         report["tmpdir"] = server.tmpdir
         procs = []

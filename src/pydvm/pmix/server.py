@@ -36,6 +36,7 @@ import re
 import shutil
 import tempfile
 import threading
+import weakref
 from typing import Any, Callable, Iterable, Mapping
 
 from . import _lib as L
@@ -274,7 +275,7 @@ class PmixServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handler: Callable[[Request], Any] | None = None
         self._running = False
-        self._pending: "set[_Reply]" = set()
+        self._pending: "weakref.WeakSet[_Reply]" = weakref.WeakSet()
         self._held: dict[int, Any] = {}
         self._tokens = itertools.count(1)
         self._cfuncs: list = []

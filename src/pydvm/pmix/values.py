@@ -35,7 +35,7 @@ to UINT64.
 from __future__ import annotations
 
 import ctypes
-import struct
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,6 +146,9 @@ SUPPORTED_TYPES = frozenset(_INTS) | {C.BOOL, C.STRING, C.BYTE_OBJECT, C.FLOAT,
                                       C.DOUBLE, C.PROC, C.DATA_ARRAY, C.UNDEF}
 #: Types a published value may have (what a store can hold and return).
 PUBLISHABLE_TYPES = SUPPORTED_TYPES - {C.PROC, C.DATA_ARRAY, C.UNDEF}
+
+
+_FLT_MAX = 3.4028234663852886e38
 
 
 def _enc(s: str) -> bytes:
@@ -330,11 +333,8 @@ def validate(value: Value, max_size: int | None = None) -> None:
     elif t in (C.FLOAT, C.DOUBLE):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise PmixValueError(C.ERR_BAD_PARAM, f"{C.type_name(t)} needs a float, not {v!r}")
-        if t == C.FLOAT:
-            try:
-                struct.pack("f", v)
-            except OverflowError:
-                raise PmixValueError(C.ERR_BAD_PARAM, f"{v} does not fit PMIX_FLOAT")
+        if t == C.FLOAT and math.isfinite(v) and abs(v) > _FLT_MAX:
+            raise PmixValueError(C.ERR_BAD_PARAM, f"{v} does not fit PMIX_FLOAT")
     elif t == C.PROC:
         if not isinstance(v, Proc):
             raise PmixValueError(C.ERR_BAD_PARAM, f"PMIX_PROC needs a Proc, not {v!r}")
