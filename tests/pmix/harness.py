@@ -59,7 +59,8 @@ def describe(req) -> dict:
     if hasattr(req, "data"):
         d["ndata"] = len(req.data)
     if hasattr(req, "apps"):
-        d["apps"] = [{"cmd": a.cmd, "argv": a.argv, "maxprocs": a.maxprocs} for a in req.apps]
+        d["apps"] = [{"cmd": a.cmd, "argv": a.argv, "env": a.env, "cwd": a.cwd,
+                      "maxprocs": a.maxprocs} for a in req.apps]
     return d
 
 
@@ -172,6 +173,10 @@ class DictHost(Handler):
 
     def disconnect(self, req):
         req.reply(C.SUCCESS)
+
+    def spawn(self, req):
+        # no launcher here: answer with a namespace name, launch nothing
+        req.reply(C.SUCCESS, "pydvm-spawned@1")
 
     def abort(self, req):
         req.reply(C.SUCCESS)

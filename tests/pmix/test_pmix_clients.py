@@ -234,6 +234,30 @@ def test_direct_modex_request_reaches_host(harness, pmix_ops):
     assert statuses(res, 0, "GET") == [C.ERR_NOT_FOUND]
 
 
+def test_connect_disconnect_collectives(harness, pmix_ops):
+    # rank 2 is declared on another node, so the operation is not node-local
+    # (libpmix completes all-local connects itself, without the host)
+    res = harness({"nodes": {"node0": [0, 1], "node1": [2]},
+                   "clients": [client(pmix_ops, r, "connect", "disconnect") for r in (0, 1)]})
+    res.ok()
+    for r in (0, 1):
+        assert statuses(res, r, "CONNECT") == [0] and statuses(res, r, "DISCONNECT") == [0]
+    # libpmix collects the local participants: one upcall each for the node
+    (cn,), (dc,) = res.kinds("connect"), res.kinds("disconnect")
+    assert cn["procs"] == ["pydvm-test@1:*"] and dc["procs"] == ["pydvm-test@1:*"]
+
+
+def test_spawn_request_and_reply(harness, pmix_ops):
+    res = harness({"clients": [client(pmix_ops, 0, "spawn:/bin/true:3")]}).ok()
+    assert res.lines(0, "SPAWN") == ["SPAWN status=0 nspace=pydvm-spawned@1"]
+    (sp,) = res.kinds("spawn")
+    assert sp["proc"] == "pydvm-test@1:0"
+    app = sp["apps"][0]
+    assert (app["cmd"], app["argv"], app["maxprocs"], app["cwd"]) == \
+        ("/bin/true", ["/bin/true", "x"], 3, "/")
+    assert "X=1" in app["env"]
+
+
 def test_abort_upcall(harness, pmix_ops):
     res = harness({"clients": [client(pmix_ops, 0, "abort:3", "nofin")]}).ok()
     ab = res.kinds("abort")

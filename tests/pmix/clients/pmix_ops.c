@@ -12,6 +12,8 @@
  *   unpublong:N                   PMIx_Unpublish of one key N bytes long
  *   lookuplong:N                  PMIx_Lookup_nb of one key N bytes long
  *   put:KEY:STRING  commit  fence:COLLECT(0|1)  get:RANK:KEY
+ *   connect  disconnect           PMIx_Connect / Disconnect of the whole namespace
+ *   spawn:CMD:NPROCS              PMIx_Spawn of one app (argv CMD x, env X=1, cwd /)
  *   sleep:MS   nofin   abort:STATUS
  *
  * DIRS is a comma list of NAME=TYPE/VALUE with NAME one of range, persist,
@@ -247,6 +249,26 @@ int main(int argc, char **argv)
             printf("GET status=%d ", rc);
             if (rc == PMIX_SUCCESS) print_value(v);
             printf("\n");
+        } else if (!strcmp(op, "connect") || !strcmp(op, "disconnect")) {
+            pmix_proc_t p;
+            PMIX_LOAD_PROCID(&p, me.nspace, PMIX_RANK_WILDCARD);
+            rc = op[0] == 'c' ? PMIx_Connect(&p, 1, NULL, 0) : PMIx_Disconnect(&p, 1, NULL, 0);
+            printf("%s status=%d\n", op[0] == 'c' ? "CONNECT" : "DISCONNECT", rc);
+        } else if (!strcmp(op, "spawn")) {
+            pmix_app_t app;
+            char ns[PMIX_MAX_NSLEN + 1] = "";
+            char *cmd = strtok(rest, ":"), *n = strtok(NULL, "");
+            PMIX_APP_CONSTRUCT(&app);
+            app.cmd = strdup(cmd);
+            app.argv = calloc(3, sizeof(char *));
+            app.argv[0] = strdup(cmd);
+            app.argv[1] = strdup("x");
+            app.env = calloc(2, sizeof(char *));
+            app.env[0] = strdup("X=1");
+            app.cwd = strdup("/");
+            app.maxprocs = atoi(n);
+            rc = PMIx_Spawn(NULL, 0, &app, 1, ns);
+            printf("SPAWN status=%d nspace=%s\n", rc, ns);
         } else if (!strcmp(op, "sleep")) {
             usleep(atoi(rest) * 1000);
         } else if (!strcmp(op, "nofin")) {
