@@ -1,0 +1,211 @@
+"""The requests libpmix hands to the host, as small typed objects.
+
+Each upcall of ``pmix_server_module_t`` becomes one of the dataclasses below,
+built on libpmix's progress thread (everything is copied out of C memory
+there) and delivered to the host's handler on its asyncio event loop.  Every
+request carries ``reply``: the object the host calls, once, to answer (see
+:mod:`pydvm.pmix.server` for the reply contract).
+
+Identity: ``proc`` is the requesting process as libpmix authenticated it at
+connect (its registered namespace and rank).  The ``pmix.euid`` a client
+packs into publish/lookup/unpublish is its own claim and is dropped here: the
+host must use the uid/gid it registered for that proc.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import constants as C
+from .values import Proc, Value
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .server import LookupReply, ModexReply, OpReply, SpawnReply
+
+
+@dataclass(eq=False)
+class Request:
+    kind = "request"
+
+
+@dataclass(eq=False)
+class ClientConnected(Request):
+    """A registered client completed ``PMIx_Init`` (``client_connected2``)."""
+
+    proc: Proc
+    info: dict[str, Value]
+    reply: "OpReply" = field(repr=False, default=None)
+    kind = "client_connected"
+
+
+@dataclass(eq=False)
+class ClientFinalized(Request):
+    """A client called ``PMIx_Finalize``.  A client that dies without it sends nothing."""
+
+    proc: Proc
+    reply: "OpReply" = field(repr=False, default=None)
+    kind = "client_finalized"
+
+
+@dataclass(eq=False)
+class Abort(Request):
+    """``PMIx_Abort``: ``procs`` empty means the caller's whole namespace."""
+
+    proc: Proc
+    status: int
+    message: str | None
+    procs: list[Proc]
+    reply: "OpReply" = field(repr=False, default=None)
+    kind = "abort"
+
+
+@dataclass(eq=False)
+class Fence(Request):
+    """``fence_nb``: all local participants of ``procs`` have arrived.
+
+    ``data`` is this server's contribution (opaque bytes); with ``collect``
+    the host gathers every participating server's contribution and replies
+    with their concatenation (any order), otherwise it replies with ``b""``.
+    ``timeout`` is seconds (``None``: not given).
+    """
+
+    procs: list[Proc]
+    data: bytes
+    collect: bool
+    timeout: int | None
+    info: dict[str, Value]
+    reply: "ModexReply" = field(repr=False, default=None)
+    kind = "fence"
+
+
+@dataclass(eq=False)
+class DirectModex(Request):
+    """``direct_modex``: a local client wants data posted by ``proc`` on another node.
+
+    The host asks the server of ``proc``'s node (there:
+    :meth:`PmixServer.dmodex_request`) and replies with the bytes it got.
+    """
+
+    proc: Proc
+    info: dict[str, Value]
+    reply: "ModexReply" = field(repr=False, default=None)
+    kind = "direct_modex"
+
+
+@dataclass(eq=False)
+class Publish(Request):
+    """``PMIx_Publish``.
+
+    ``pairs``: the published key/values (the info entries that are not
+    ``pmix.*`` attributes), each with its PMIx type.  ``range`` and
+    ``persistence`` are the integer codes whatever their encoding
+    (PMIX_DATA_RANGE / PMIX_PERSIST / PMIX_INT ...), or ``None`` when the
+    client gave none (the host applies its defaults).  ``access_uids`` /
+    ``access_gids``: PMIX_ACCESS_USERIDS / GRPIDS if given.  ``directives``:
+    the remaining ``pmix.*`` attributes.
+    """
+
+    proc: Proc
+    pairs: dict[str, Value]
+    range: int | None
+    persistence: int | None
+    access_uids: tuple[int, ...] | None
+    access_gids: tuple[int, ...] | None
+    directives: dict[str, Value]
+    reply: "OpReply" = field(repr=False, default=None)
+    kind = "publish"
+
+
+@dataclass(eq=False)
+class Lookup(Request):
+    """``PMIx_Lookup``.
+
+    ``wait``: ``None`` = answer now; otherwise park until ``wait`` keys are
+    found (``0`` = all of them).  ``timeout``: seconds from PMIX_TIMEOUT
+    (``None`` not given; PMIx reads ``0`` as "no timeout").  libpmix parks
+    and times out nothing: both are the host's job.
+    """
+
+    proc: Proc
+    keys: list[str]
+    range: int | None
+    wait: int | None
+    timeout: int | None
+    directives: dict[str, Value]
+    reply: "LookupReply" = field(repr=False, default=None)
+    kind = "lookup"
+
+    @property
+    def wait_count(self) -> int:
+        """Keys needed before answering: 0 for no wait, else ``wait`` or all keys."""
+        if self.wait is None:
+            return 0
+        return min(self.wait, len(self.keys)) if self.wait else len(self.keys)
+
+
+@dataclass(eq=False)
+class Unpublish(Request):
+    """``PMIx_Unpublish``: ``keys`` is ``None`` for "everything the caller published"."""
+
+    proc: Proc
+    keys: list[str] | None
+    range: int | None
+    directives: dict[str, Value]
+    reply: "OpReply" = field(repr=False, default=None)
+    kind = "unpublish"
+
+
+@dataclass(eq=False)
+class App:
+    """One application of a spawn request (``pmix_app_t``)."""
+
+    cmd: str | None
+    argv: list[str]
+    env: list[str]
+    cwd: str | None
+    maxprocs: int
+    info: dict[str, Value]
+
+
+@dataclass(eq=False)
+class Spawn(Request):
+    """``PMIx_Spawn`` (MPI_Comm_spawn): reply with the new namespace once launched."""
+
+    proc: Proc
+    job_info: dict[str, Value]
+    apps: list[App]
+    reply: "SpawnReply" = field(repr=False, default=None)
+    kind = "spawn"
+
+
+@dataclass(eq=False)
+class Connect(Request):
+    """``PMIx_Connect`` (MPI_Comm_accept/connect): all local participants arrived.
+
+    A collective across the servers hosting ``procs``: reply once every
+    server involved has seen its own participants (one node: at once).
+    """
+
+    procs: list[Proc]
+    info: dict[str, Value]
+    reply: "OpReply" = field(repr=False, default=None)
+    kind = "connect"
+
+
+@dataclass(eq=False)
+class Disconnect(Request):
+    """``PMIx_Disconnect``: the same collective as :class:`Connect`."""
+
+    procs: list[Proc]
+    info: dict[str, Value]
+    reply: "OpReply" = field(repr=False, default=None)
+    kind = "disconnect"
+
+
+def info_dict(items) -> dict[str, Any]:
+    return {k: v for k, v in items}
+
+
+REQUEST_TYPES = (ClientConnected, ClientFinalized, Abort, Fence, DirectModex, Publish,
+                 Lookup, Unpublish, Spawn, Connect, Disconnect)

@@ -1,0 +1,796 @@
+"""``PmixServer``: one libpmix server per process, answering through asyncio.
+
+Threading model
+---------------
+libpmix runs its own progress thread and calls the host's upcalls
+(``pmix_server_module_t``) on it.  Each upcall here copies its arguments
+into a request object (:mod:`pydvm.pmix.requests`), hands it to the host's
+event loop with ``loop.call_soon_threadsafe`` and returns ``PMIX_SUCCESS`` at
+once; nothing ever blocks the progress thread.  An argument the binding
+refuses (a key over PMIX_MAX_KEYLEN, a value type it cannot carry, an
+oversized value, a malformed directive) is answered by returning that status
+from the upcall: the host never sees the request and nothing is stored.
+
+Reply contract
+--------------
+The host handler runs on the loop thread and answers by calling
+``request.reply(...)`` then or later, from any thread.  The first call
+invokes libpmix's callback; later calls do nothing and return ``False``
+(``reply.done`` tells whether it was sent).  If the handler raises before
+replying, the reply is sent with the exception's ``status`` attribute if it
+has one (e.g. :class:`PmixError`), else ``PMIX_ERROR``.  A reply object that
+is garbage-collected unanswered sends ``PMIX_ERROR`` too, so a client is
+never left hanging and never told SUCCESS by accident.  Replies still pending
+at :meth:`PmixServer.finalize` are dropped with the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import inspect
+import itertools
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+import weakref
+from typing import Any, Callable, Iterable, Mapping
+
+from . import _lib as L
+from . import constants as C
+from .requests import (Abort, App, ClientConnected, ClientFinalized, Connect, DirectModex,
+                       Disconnect, Fence, Lookup, Publish, Request, Spawn, Unpublish)
+from .values import (PmixValueError, Proc, Value, argv_at, build_info, check_key,
+                     check_nspace, cstr, info_at, proc_at, proc_to_c, procs_at, validate,
+                     value_to_c, PUBLISHABLE_TYPES)
+
+log = logging.getLogger("pydvm.pmix")
+
+#: Default largest string / byte-object value accepted in a publish (bytes).
+DEFAULT_MAX_VALUE_SIZE = 16 * 1024 * 1024
+
+_INT_TYPES = frozenset({C.BYTE, C.INT, C.INT8, C.INT16, C.INT32, C.INT64, C.UINT, C.UINT8,
+                        C.UINT16, C.UINT32, C.UINT64, C.SIZE, C.PID, C.STATUS, C.PROC_RANK,
+                        C.PERSIST, C.DATA_RANGE})
+_RANGES = frozenset(range(0, 8)) | {C.RANGE_INVALID}
+_PERSISTENCES = frozenset(range(0, 6)) | {C.PERSIST_INVALID}
+#: Attributes a client adds to every request as a *claim*: never passed on.
+_CLAIMS = frozenset({C.USERID, C.GRPID})
+_DONE = (C.SUCCESS, C.OPERATION_SUCCEEDED)
+
+
+class PmixError(RuntimeError):
+    """A libpmix call failed, or a host answer to raise from a handler; ``status`` is PMIx's."""
+
+    def __init__(self, status: int, message: str = ""):
+        self.status = int(status)
+        super().__init__(f"{C.status_name(status)}" + (f": {message}" if message else ""))
+
+
+# --------------------------------------------------------------------------
+# Replies
+
+
+class _Reply:
+    """Base of the reply objects: guards the single C callback invocation."""
+
+    __slots__ = ("_server", "_cb", "_cbdata", "_done", "_lock", "kind", "notification",
+                 "__weakref__")
+
+    def __init__(self, server: "PmixServer", cbfunc: int | None, cbdata: int | None,
+                 proto, kind: str):
+        self._server = server
+        self._cb = proto(cbfunc) if cbfunc else None
+        self._cbdata = cbdata
+        # no callback: a notification (client_connected), nothing to answer
+        self.notification = self._done = self._cb is None
+        self._lock = threading.Lock()
+        self.kind = kind
+        if not self._done:
+            server._pending.add(self)
+
+    @property
+    def done(self) -> bool:
+        """True once an answer was sent (or the reply was dropped with its server)."""
+        return self._done
+
+    def _claim(self) -> bool:
+        with self._lock:
+            if self._done:
+                return False
+            self._done = True
+        self._server._pending.discard(self)
+        if not self._server._running:
+            return False
+        return True
+
+    def _disarm(self) -> None:
+        with self._lock:
+            self._done = True
+        self._server._pending.discard(self)
+
+    def _late(self) -> bool:
+        if self.notification:
+            return False
+        log.warning("pmix %s reply called again after it was sent: ignored", self.kind)
+        return False
+
+    def fail(self, status: int) -> bool:
+        """Answer with an error status (no data)."""
+        raise NotImplementedError
+
+    def __del__(self):
+        try:
+            if not self._done and self._server._running:
+                log.error("pmix %s reply dropped without an answer: sending PMIX_ERROR",
+                          self.kind)
+                self.fail(C.ERROR)
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+
+class OpReply(_Reply):
+    """Answer for publish, unpublish, connect, disconnect, abort, client_finalized."""
+
+    __slots__ = ()
+
+    def __call__(self, status: int = C.SUCCESS) -> bool:
+        if not self._claim():
+            return self._late() if self._server._running else False
+        self._cb(int(status), self._cbdata)
+        return True
+
+    def fail(self, status: int) -> bool:
+        return self(status)
+
+
+class LookupReply(_Reply):
+    """Answer for lookup: ``reply(status, found)``.
+
+    ``found`` is an iterable of ``(key, value, publisher)`` triples (or
+    :class:`Found`), ``value`` a :class:`Value` (its PMIx type is kept) or a
+    native value (default type, see :meth:`Value.of`), ``publisher`` a
+    :class:`Proc`.  libpmix 4.2 passes data to the client only with
+    ``PMIX_SUCCESS``: with any other status (PARTIAL_SUCCESS included) the
+    client receives the status alone.  A triple the binding cannot encode
+    (key over PMIX_MAX_KEYLEN, unsupported type) answers the client
+    PMIX_ERR_BAD_PARAM / NOT_SUPPORTED and raises :class:`PmixValueError`.
+    """
+
+    __slots__ = ()
+
+    def __call__(self, status: int = C.SUCCESS, found: Iterable = ()) -> bool:
+        if not self._claim():
+            return self._late() if self._server._running else False
+        found = list(found)
+        keep: list = []
+        try:
+            arr = (L.pmix_pdata_t * max(len(found), 1))()
+            for pd, item in zip(arr, found):
+                key, value, proc = item
+                pd.key = check_key(key)
+                proc_to_c(proc, pd.proc)
+                value_to_c(Value.of(value), pd.value, keep)
+        except PmixValueError as e:
+            self._cb(e.status, None, 0, self._cbdata)
+            raise
+        self._cb(int(status), ctypes.addressof(arr) if found else None, len(found),
+                 self._cbdata)
+        return True
+
+    def fail(self, status: int) -> bool:
+        return self(status, ())
+
+
+class ModexReply(_Reply):
+    """Answer for fence and direct modex: ``reply(status, data=b"")``.
+
+    The bytes are held until libpmix releases them (its release callback).
+    """
+
+    __slots__ = ()
+
+    def __call__(self, status: int = C.SUCCESS, data: bytes = b"") -> bool:
+        if not self._claim():
+            return self._late() if self._server._running else False
+        data = bytes(data or b"")
+        if data:
+            buf = ctypes.create_string_buffer(data, len(data))
+            token = self._server._hold(buf)
+            self._cb(int(status), ctypes.addressof(buf), len(data), self._cbdata,
+                     self._server._release_c, token)
+        else:
+            self._cb(int(status), None, 0, self._cbdata, self._server._release_c, None)
+        return True
+
+    def fail(self, status: int) -> bool:
+        return self(status, b"")
+
+
+class SpawnReply(_Reply):
+    """Answer for spawn: ``reply(status, nspace=None)`` — the new namespace on success."""
+
+    __slots__ = ()
+
+    def __call__(self, status: int = C.SUCCESS, nspace: str | None = None) -> bool:
+        if not self._claim():
+            return self._late() if self._server._running else False
+        ns = check_nspace(nspace) if nspace else None
+        self._cb(int(status), ns, self._cbdata)
+        return True
+
+    def fail(self, status: int) -> bool:
+        return self(status, None)
+
+
+# --------------------------------------------------------------------------
+# Host handler
+
+
+class Handler:
+    """Convenience base for host handlers: dispatches on ``request.kind``.
+
+    Subclass and define ``publish(req)``, ``lookup(req)``, ... (plain or
+    ``async``).  A kind without a method is answered: ``client_connected`` /
+    ``client_finalized`` with SUCCESS, everything else with
+    PMIX_ERR_NOT_SUPPORTED.  Any callable ``handler(request)`` works as well.
+    """
+
+    _OK_BY_DEFAULT = ("client_connected", "client_finalized")
+
+    def __call__(self, req: Request):
+        fn = getattr(self, req.kind, None)
+        if fn is None:
+            status = C.SUCCESS if req.kind in self._OK_BY_DEFAULT else C.ERR_NOT_SUPPORTED
+            req.reply.fail(status) if status else req.reply()
+            return None
+        return fn(req)
+
+
+# --------------------------------------------------------------------------
+# The server
+
+_active_lock = threading.Lock()
+_active: "PmixServer | None" = None
+TMPDIR_PREFIX = "pydvm-pmix."
+
+
+class PmixServer:
+    """The process's PMIx server.  Construct, :meth:`start`, register, :meth:`finalize`.
+
+    ``max_value_size``: largest string / byte-object value a publish may carry
+    (bytes); larger ones are refused with PMIX_ERR_BAD_PARAM.
+    """
+
+    def __init__(self, *, max_value_size: int = DEFAULT_MAX_VALUE_SIZE,
+                 nspace: str = "pydvm-server", rank: int = 0):
+        self.max_value_size = max_value_size
+        self.nspace = nspace
+        self.rank = rank
+        self.lib: L.Lib | None = None
+        self.tmpdir: str | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handler: Callable[[Request], Any] | None = None
+        self._running = False
+        self._pending: "weakref.WeakSet[_Reply]" = weakref.WeakSet()
+        self._held: dict[int, Any] = {}
+        self._tokens = itertools.count(1)
+        self._cfuncs: list = []
+        self._module: L.pmix_server_module_t | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._release_c = L.release_cbfunc_t(self._release)
+        self._dmodex_c = L.dmodex_response_fn_t(self._dmodex_response)
+        self._dmodex_waiters: dict[int, asyncio.Future] = {}
+        self.stats = {"requests": 0, "refused": 0, "handler_errors": 0}
+
+    # -- lifecycle -------------------------------------------------------
+
+    def start(self, tmpdir: str | os.PathLike | None, loop: asyncio.AbstractEventLoop,
+              handler: Callable[[Request], Any], *,
+              extra_info: Iterable[tuple[str, Any]] = ()) -> None:
+        """Initialise libpmix as this process's server.
+
+        A private directory is created inside ``tmpdir`` (default: the system
+        temporary directory) for libpmix's rendezvous files and shared-memory
+        stores; :meth:`finalize` removes it.  ``loop`` is the event loop the
+        handler runs on; ``handler(request)`` may return a coroutine.
+        """
+        global _active
+        lib = L.load()
+        with _active_lock:
+            if _active is not None:
+                raise RuntimeError("a PmixServer is already running in this process "
+                                   "(libpmix allows one server per process)")
+            _active = self
+        try:
+            self.lib = lib
+            self._loop = loop
+            self._handler = handler
+            base = os.fspath(tmpdir) if tmpdir is not None else None
+            if base:
+                os.makedirs(base, exist_ok=True)
+            self.tmpdir = tempfile.mkdtemp(prefix=f"{TMPDIR_PREFIX}{os.getpid()}.", dir=base)
+            self._module = self._build_module()
+            keep: list = []
+            items = [
+                (C.SERVER_TMPDIR, self.tmpdir),
+                (C.SYSTEM_TMPDIR, self.tmpdir),
+                (C.SERVER_NSPACE, self.nspace),
+                (C.SERVER_RANK, Value(self.rank, C.PROC_RANK)),
+                *extra_info,
+            ]
+            info = build_info(items, keep)
+            self._running = True
+            rc = lib.server_init(ctypes.addressof(self._module), ctypes.addressof(info),
+                                 len(items))
+            if rc != C.SUCCESS:
+                self._running = False
+                raise PmixError(rc, "PMIx_server_init")
+        except BaseException:
+            self._running = False
+            self._remove_tmpdir()
+            with _active_lock:
+                _active = None
+            raise
+
+    def finalize(self) -> None:
+        """Shut libpmix's server down and remove the private tmpdir.
+
+        Replies still pending are dropped (their clients' connections close).
+        Safe to call twice.
+        """
+        global _active
+        if not self._running:
+            return
+        self._running = False
+        for r in list(self._pending):
+            r._disarm()
+        rc = self.lib.server_finalize()
+        if rc != C.SUCCESS:
+            log.warning("PMIx_server_finalize: %s", C.status_name(rc))
+        self._remove_tmpdir()
+        with _active_lock:
+            if _active is self:
+                _active = None
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    @property
+    def pending_replies(self) -> int:
+        """Requests delivered to the host and not answered yet."""
+        return len(self._pending)
+
+    def _remove_tmpdir(self) -> None:
+        if self.tmpdir:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            self.tmpdir = None
+
+    # -- host -> libpmix -------------------------------------------------
+
+    def _need(self) -> L.Lib:
+        if not self._running:
+            raise RuntimeError("PmixServer is not running")
+        return self.lib
+
+    def register_nspace(self, nspace: str, nlocalprocs: int,
+                        info: Iterable[tuple[str, Any]] = ()) -> None:
+        """``PMIx_server_register_nspace`` (blocking until libpmix has stored it).
+
+        ``info``: ``(key, Value or native)`` pairs, e.g. from
+        :func:`pydvm.pmix.jobinfo.job_info`.
+        """
+        lib = self._need()
+        keep: list = []
+        info = list(info)
+        n = len(info)
+        arr = build_info(info, keep)
+        rc = lib.register_nspace(check_nspace(nspace), int(nlocalprocs),
+                                 ctypes.addressof(arr) if n else None, n, None, None)
+        if rc not in _DONE:
+            raise PmixError(rc, f"register_nspace({nspace})")
+
+    def deregister_nspace(self, nspace: str) -> None:
+        """``PMIx_server_deregister_nspace``: drops the job's data and its clients."""
+        self._need().deregister_nspace(check_nspace(nspace), None, None)
+
+    def register_client(self, proc: Proc, uid: int, gid: int) -> None:
+        """``PMIx_server_register_client``: libpmix refuses a connecting client whose
+        kernel-reported uid/gid differ from these."""
+        lib = self._need()
+        p = L.pmix_proc_t()
+        proc_to_c(proc, p)
+        rc = lib.register_client(ctypes.addressof(p), int(uid), int(gid), None, None, None)
+        if rc not in _DONE:
+            raise PmixError(rc, f"register_client({proc})")
+
+    def deregister_client(self, proc: Proc) -> None:
+        """``PMIx_server_deregister_client``.  Call it when the host reaps the process:
+        a client that dies without PMIx_Finalize produces no upcall."""
+        lib = self._need()
+        p = L.pmix_proc_t()
+        proc_to_c(proc, p)
+        lib.deregister_client(ctypes.addressof(p), None, None)
+
+    def setup_fork(self, proc: Proc) -> dict[str, str]:
+        """``PMIx_server_setup_fork``: the environment variables the child needs."""
+        lib = self._need()
+        p = L.pmix_proc_t()
+        proc_to_c(proc, p)
+        env = ctypes.POINTER(ctypes.c_char_p)()
+        rc = lib.setup_fork(ctypes.addressof(p), ctypes.byref(env))
+        out: dict[str, str] = {}
+        if env:
+            i = 0
+            raw = ctypes.cast(env, ctypes.POINTER(ctypes.c_void_p))
+            while raw[i]:
+                s = cstr(raw[i])
+                k, _, v = s.partition("=")
+                out[k] = v
+                lib.free(raw[i])
+                i += 1
+            lib.free(ctypes.cast(env, ctypes.c_void_p))
+        if rc != C.SUCCESS:
+            raise PmixError(rc, f"setup_fork({proc})")
+        return out
+
+    async def dmodex_request(self, proc: Proc) -> tuple[int, bytes]:
+        """``PMIx_server_dmodex_request``: the data a local ``proc`` posted, for
+        answering another node's :class:`DirectModex`.  Returns ``(status, bytes)``."""
+        lib = self._need()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        token = next(self._tokens)
+        self._dmodex_waiters[token] = (loop, fut)
+        p = L.pmix_proc_t()
+        proc_to_c(proc, p)
+        rc = lib.dmodex_request(ctypes.addressof(p), self._dmodex_c, token)
+        if rc != C.SUCCESS:
+            self._dmodex_waiters.pop(token, None)
+            return rc, b""
+        return await fut
+
+    def _dmodex_response(self, status, data, size, cbdata):
+        # progress thread
+        try:
+            loop, fut = self._dmodex_waiters.pop(int(cbdata or 0), (None, None))
+            if fut is None:
+                return
+            blob = ctypes.string_at(data, size) if data and size else b""
+            loop.call_soon_threadsafe(_set_result, fut, (int(status), blob))
+        except Exception:  # pragma: no cover
+            log.exception("dmodex response")
+
+    def generate_regex(self, names: Iterable[str]) -> str:
+        """``PMIx_generate_regex`` of a node list (node map value)."""
+        return self._gen(self._need().generate_regex, ",".join(names))
+
+    def generate_ppn(self, ranks_per_node: Iterable[Iterable[int]]) -> str:
+        """``PMIx_generate_ppn``: ranks of each node, nodes in node-map order."""
+        s = ";".join(",".join(str(r) for r in node) for node in ranks_per_node)
+        return self._gen(self._need().generate_ppn, s)
+
+    def _gen(self, fn, s: str) -> str:
+        out = ctypes.c_void_p()
+        rc = fn(s.encode(), ctypes.byref(out))
+        if rc != C.SUCCESS:
+            raise PmixError(rc, "generate regex")
+        # libpmix's regex is a NUL-terminated string, possibly with a
+        # binary-safe tail; the ``pmix:`` / ``raw:`` forms are plain text.
+        res = cstr(out.value)
+        self.lib.free(out)
+        return res
+
+    # -- modex data held for libpmix -------------------------------------
+
+    def _hold(self, buf) -> int:
+        token = next(self._tokens)
+        self._held[token] = buf
+        return token
+
+    def _release(self, cbdata):
+        self._held.pop(int(cbdata or 0), None)
+
+    # -- libpmix -> host -------------------------------------------------
+
+    def _build_module(self) -> L.pmix_server_module_t:
+        mod = L.pmix_server_module_t()
+        impls = {
+            "client_connected2": self._up_connected,
+            "client_finalized": self._up_finalized,
+            "abort": self._up_abort,
+            "fence_nb": self._up_fence,
+            "direct_modex": self._up_dmodex,
+            "publish": self._up_publish,
+            "lookup": self._up_lookup,
+            "unpublish": self._up_unpublish,
+            "spawn": self._up_spawn,
+            "connect": self._up_connect,
+            "disconnect": self._up_disconnect,
+        }
+        for name, fn in impls.items():
+            slot, proto = L.UPCALL_TYPES[name]
+            cf = proto(_guarded(name, fn, self))
+            self._cfuncs.append(cf)           # kept for the server's life
+            setattr(mod, f"slot{slot}", ctypes.cast(cf, ctypes.c_void_p).value)
+        return mod
+
+    def _post(self, req: Request) -> int:
+        """Hand ``req`` to the loop; the upcall's return value."""
+        self.stats["requests"] += 1
+        try:
+            self._loop.call_soon_threadsafe(self._dispatch, req)
+        except RuntimeError:                  # loop closed
+            req.reply._disarm()
+            return C.ERR_UNREACH
+        return C.SUCCESS
+
+    def _dispatch(self, req: Request) -> None:
+        # loop thread
+        if not self._running:
+            return
+        try:
+            res = self._handler(req)
+        except BaseException as e:
+            self._handler_failed(req, e)
+            return
+        if inspect.isawaitable(res):
+            task = asyncio.ensure_future(res)
+            self._tasks.add(task)
+            task.add_done_callback(lambda t, req=req: self._task_done(req, t))
+
+    def _task_done(self, req: Request, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            self._handler_failed(req, asyncio.CancelledError())
+        elif task.exception() is not None:
+            self._handler_failed(req, task.exception())
+
+    def _handler_failed(self, req: Request, exc: BaseException) -> None:
+        self.stats["handler_errors"] += 1
+        status = getattr(exc, "status", None)
+        if not isinstance(status, int) or status == C.SUCCESS:
+            status = C.ERROR
+        if not req.reply.done:
+            log.error("pmix %s handler raised %r: answering %s", req.kind, exc,
+                      C.status_name(status))
+            req.reply.fail(status)
+        else:
+            log.error("pmix %s handler raised %r after replying", req.kind, exc)
+
+    # individual upcalls (progress thread).  Returning non-SUCCESS makes
+    # libpmix answer the client itself; the reply object is then disarmed.
+
+    def _up_connected(self, proc, server_object, info, ninfo, cbfunc, cbdata):
+        req = ClientConnected(proc_at(proc), _directives(info, ninfo))
+        req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
+        return self._post(req)
+
+    def _up_finalized(self, proc, server_object, cbfunc, cbdata):
+        req = ClientFinalized(proc_at(proc))
+        req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
+        return self._post(req)
+
+    def _up_abort(self, proc, server_object, status, msg, procs, nprocs, cbfunc, cbdata):
+        req = Abort(proc_at(proc), int(status),
+                    msg.decode("utf-8", "replace") if msg else None, procs_at(procs, nprocs))
+        req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
+        return self._post(req)
+
+    def _up_fence(self, procs, nprocs, info, ninfo, data, ndata, cbfunc, cbdata):
+        d = _directives(info, ninfo)
+        collect = d.get(C.COLLECT_DATA)
+        timeout = d.get(C.TIMEOUT)
+        req = Fence(procs_at(procs, nprocs),
+                    ctypes.string_at(data, ndata) if data and ndata else b"",
+                    bool(collect.value) if collect is not None else False,
+                    _int_of(timeout, C.TIMEOUT) if timeout is not None else None, d)
+        req.reply = ModexReply(self, cbfunc, cbdata, L.modex_cbfunc_t, req.kind)
+        return self._post(req)
+
+    def _up_dmodex(self, proc, info, ninfo, cbfunc, cbdata):
+        req = DirectModex(proc_at(proc), _directives(info, ninfo))
+        req.reply = ModexReply(self, cbfunc, cbdata, L.modex_cbfunc_t, req.kind)
+        return self._post(req)
+
+    def _up_publish(self, proc, info, ninfo, cbfunc, cbdata):
+        pairs: dict[str, Value] = {}
+        directives: dict[str, Value] = {}
+        for key, val in info_at(info, ninfo):
+            if key.startswith(C.ATTR_PREFIX):
+                if key in _CLAIMS:
+                    continue
+                if isinstance(val, PmixValueError):
+                    raise val
+                directives[key] = val
+                continue
+            if isinstance(val, PmixValueError):
+                raise val
+            check_key(key)
+            if val.type not in PUBLISHABLE_TYPES:
+                raise PmixValueError(C.ERR_NOT_SUPPORTED,
+                                     f"cannot publish {key!r}: type "
+                                     f"{C.type_name(val.type)} is not supported")
+            validate(val, self.max_value_size)
+            pairs[key] = val
+        rng = _range_of(directives.pop(C.RANGE, None))
+        pers = _persistence_of(directives.pop(C.PERSISTENCE, None))
+        uids = _ids_of(directives.pop(C.ACCESS_USERIDS, None), C.ACCESS_USERIDS)
+        gids = _ids_of(directives.pop(C.ACCESS_GRPIDS, None), C.ACCESS_GRPIDS)
+        req = Publish(proc_at(proc), pairs, rng, pers, uids, gids, directives)
+        req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
+        return self._post(req)
+
+    def _up_lookup(self, proc, keys, info, ninfo, cbfunc, cbdata):
+        klist = argv_at(keys) or []
+        for k in klist:
+            check_key(k)
+        d = _directives(info, ninfo)
+        rng = _range_of(d.pop(C.RANGE, None))
+        wait = _wait_of(d.pop(C.WAIT, None))
+        t = d.pop(C.TIMEOUT, None)
+        timeout = _int_of(t, C.TIMEOUT) if t is not None else None
+        req = Lookup(proc_at(proc), klist, rng, wait, timeout, d)
+        req.reply = LookupReply(self, cbfunc, cbdata, L.lookup_cbfunc_t, req.kind)
+        return self._post(req)
+
+    def _up_unpublish(self, proc, keys, info, ninfo, cbfunc, cbdata):
+        klist = argv_at(keys)
+        for k in klist or ():
+            check_key(k)
+        d = _directives(info, ninfo)
+        rng = _range_of(d.pop(C.RANGE, None))
+        req = Unpublish(proc_at(proc), klist, rng, d)
+        req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
+        return self._post(req)
+
+    def _up_spawn(self, proc, job_info, ninfo, apps, napps, cbfunc, cbdata):
+        alist = []
+        if apps and napps:
+            for a in (L.pmix_app_t * napps).from_address(apps):
+                alist.append(App(cstr(a.cmd), argv_at(a.argv) or [], argv_at(a.env) or [],
+                                 cstr(a.cwd), int(a.maxprocs), _directives(a.info, a.ninfo)))
+        req = Spawn(proc_at(proc), _directives(job_info, ninfo), alist)
+        req.reply = SpawnReply(self, cbfunc, cbdata, L.spawn_cbfunc_t, req.kind)
+        return self._post(req)
+
+    def _up_connect(self, procs, nprocs, info, ninfo, cbfunc, cbdata):
+        req = Connect(procs_at(procs, nprocs), _directives(info, ninfo))
+        req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
+        return self._post(req)
+
+    def _up_disconnect(self, procs, nprocs, info, ninfo, cbfunc, cbdata):
+        req = Disconnect(procs_at(procs, nprocs), _directives(info, ninfo))
+        req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
+        return self._post(req)
+
+
+def _set_result(fut: asyncio.Future, value) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _guarded(name: str, fn, server: PmixServer):
+    """Never let an exception cross into C (ctypes would return 0, i.e. SUCCESS)."""
+
+    def upcall(*args):
+        try:
+            if not server._running:
+                return C.ERR_INIT
+            return fn(*args)
+        except PmixValueError as e:
+            server.stats["refused"] += 1
+            log.info("pmix %s refused: %s (%s)", name, e, C.status_name(e.status))
+            return e.status
+        except BaseException:
+            log.exception("pmix %s upcall failed", name)
+            return C.ERROR
+
+    upcall.__name__ = f"upcall_{name}"
+    return upcall
+
+
+def _directives(info, ninfo) -> dict[str, Value]:
+    """Info array -> dict, minus the client's identity claims; bad values refuse."""
+    out: dict[str, Value] = {}
+    for key, val in info_at(info, ninfo):
+        if key in _CLAIMS:
+            continue
+        if isinstance(val, PmixValueError):
+            raise val
+        out[key] = val
+    return out
+
+
+def _int_of(v: Value, what: str) -> int:
+    if v.type in _INT_TYPES and isinstance(v.value, int):
+        return int(v.value)
+    raise PmixValueError(C.ERR_BAD_PARAM,
+                         f"{what} given as {C.type_name(v.type)}: an integer type is needed")
+
+
+def _range_of(v: Value | None) -> int | None:
+    """PMIX_RANGE in any integer encoding (DATA_RANGE, INT, UINT...) -> int or None."""
+    if v is None:
+        return None
+    r = _int_of(v, C.RANGE)
+    if r not in _RANGES:
+        raise PmixValueError(C.ERR_BAD_PARAM, f"unknown range {r}")
+    return r
+
+
+def _persistence_of(v: Value | None) -> int | None:
+    """PMIX_PERSISTENCE in any integer encoding (PERSIST, INT...) -> int or None.
+
+    Accepts 5 (pydvm's NSPACE, which PMIx 4.2.2 lacks) and 255 (INVALID)."""
+    if v is None:
+        return None
+    p = _int_of(v, C.PERSISTENCE)
+    if p not in _PERSISTENCES:
+        raise PmixValueError(C.ERR_BAD_PARAM, f"unknown persistence {p}")
+    return p
+
+
+def _wait_of(v: Value | None) -> int | None:
+    """PMIX_WAIT: bool (true: all keys) or a count (0: all).  None: no wait."""
+    if v is None:
+        return None
+    if v.type == C.BOOL:
+        return 0 if v.value else None
+    n = _int_of(v, C.WAIT)
+    if n < 0:
+        raise PmixValueError(C.ERR_BAD_PARAM, f"negative wait count {n}")
+    return n
+
+
+def _ids_of(v: Value | None, what: str) -> tuple[int, ...] | None:
+    if v is None:
+        return None
+    if v.type == C.DATA_ARRAY and v.value is not None:
+        items = v.value.items
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in items):
+            return tuple(int(x) for x in items)
+    elif v.type in _INT_TYPES:
+        return (int(v.value),)
+    raise PmixValueError(C.ERR_BAD_PARAM, f"{what} must be an array of integer ids")
+
+
+def cleanup_stale(tmpdir: str | os.PathLike | None = None) -> list[str]:
+    """Remove private server directories left in ``tmpdir`` by dead processes.
+
+    A killed server leaves its ``pmix_dstor_*`` stores (megabytes each) in its
+    private directory ``pydvm-pmix.<pid>.*``; this removes every such
+    directory whose pid is no longer alive and returns their paths.
+    """
+    base = os.fspath(tmpdir) if tmpdir is not None else tempfile.gettempdir()
+    removed = []
+    pat = re.compile(re.escape(TMPDIR_PREFIX) + r"(\d+)\.")
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return removed
+    for name in names:
+        m = pat.match(name)
+        if not m:
+            continue
+        pid = int(m.group(1))
+        if pid == os.getpid() or _alive(pid):
+            continue
+        path = os.path.join(base, name)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
