@@ -4,8 +4,8 @@ Public names:
 
 * :class:`DataStore` -- the store; :class:`StoreParams` its parameters.
 * :class:`Caller` -- an identity (requestor or owner); :class:`Item`.
-* :class:`Reply`, :class:`Found`, :class:`Pending`, :class:`StoreStats` --
-  what operations return.
+* :class:`Reply`, :class:`Found`, :class:`Pending`, :class:`StoreStats`,
+  :class:`KeyInfo` -- what operations and inspection return.
 * :class:`Clock`, :class:`Timer`, :class:`MonotonicClock`,
   :class:`FakeScheduler` -- time, injected.
 * :mod:`pydvm.store.rules` -- the range table, the access and ownership
@@ -21,6 +21,7 @@ from .store import (
     DEFAULT_TIMEOUT,
     DataStore,
     Found,
+    KeyInfo,
     Pending,
     Reason,
     Reply,
@@ -39,6 +40,7 @@ __all__ = [
     "Found",
     "ITEM_OVERHEAD",
     "Item",
+    "KeyInfo",
     "MonotonicClock",
     "Pending",
     "Reason",

@@ -63,7 +63,7 @@ from typing import Callable, Hashable, Iterable, Mapping, NamedTuple
 from ..enums import Persistence, Range
 from ..errors import Status
 from .clock import Clock, Timer, TimerHandle
-from .model import Caller, Item, Value, item_nbytes
+from .model import Caller, Item, Value, item_nbytes, value_size
 from .parked import ParkedLookups
 from .rules import LIFETIME_HORIZONS, ReadVerdict, expires_by, may_read, owns, sweep_interval
 from .touchqueue import TouchQueue
@@ -118,6 +118,28 @@ class Pending(NamedTuple):
     """A lookup was parked; its answer will reach ``on_answer(ticket, Reply)``."""
 
     ticket: Hashable
+
+
+class KeyInfo(NamedTuple):
+    """One key of one item, as :meth:`DataStore.describe_uid` shows it.
+
+    ``idle``: seconds since the item was last accessed (published, or
+    returned by a lookup) -- what ``OBJECT IDLETIME`` tells a Redis user.
+    ``expires_in``: seconds until the idle timeout removes it, for INDEF
+    and FIRST_READ items while the timeout is on (``TTL``); None when only
+    a lifetime (or an unpublish, or eviction) removes it.  ``size``: the
+    key's share of the accounting, ``len(key utf-8) + value size``;
+    ``item_bytes``: the whole item's ``nbytes``, overhead included.
+    """
+
+    key: str
+    persistence: Persistence
+    range: Range
+    idle: float
+    expires_in: float | None
+    size: int
+    item_bytes: int
+    publisher: tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -740,6 +762,30 @@ class DataStore:
     def keys_of_uid(self, uid: int) -> list[str]:
         """Key names held by ``uid``'s items, least recently used first."""
         return [k for item in self._lru.get(uid, ()) for k in item.pairs]
+
+    def describe_uid(self, uid: int, now: float | None = None) -> list[KeyInfo]:
+        """Every key of ``uid``'s items, least recently used first, as
+        :class:`KeyInfo` rows (``pydvm store``).
+
+        Read-only: touches nothing, so asking does not keep an item alive;
+        an item already past its idle timeout (not yet swept) is left out,
+        as a lookup would not see it.  ``now`` defaults to the store clock's
+        reading.  Costs O(that uid's items).
+        """
+        if now is None:
+            now = self._clock.now()
+        timeout = self.params.timeout
+        rows = []
+        for item in self._lru.get(uid, ()):
+            if self._stale(item, now):
+                continue
+            idle = max(0.0, now - item.last_access)
+            expires = max(0.0, timeout - idle) if timeout and item.idle_expires else None
+            for key, value in item.pairs.items():
+                rows.append(KeyInfo(key, item.persistence, item.range, idle, expires,
+                                    len(key.encode("utf-8")) + value_size(value),
+                                    item.nbytes, item.owner.proc))
+        return rows
 
     def __len__(self) -> int:
         return self._count
