@@ -43,6 +43,17 @@ def _size(text: str) -> int:
     return _nonneg_int(t) * mult
 
 
+def _verbose(text: str) -> int:
+    v = _nonneg_int(text)
+    if v > VERBOSE_MAX:
+        raise ValueError(f"must be between 0 and {VERBOSE_MAX}")
+    return v
+
+
+#: The store's trace levels: 0 off, 1 removals, 2 every operation.
+VERBOSE_MAX = 2
+
+
 def _window(text: str) -> int:
     v = _size(text)
     if not 64 * 1024 <= v <= 1024 ** 3:
@@ -88,9 +99,9 @@ REGISTRY: dict[str, Param] = {
         Param("prte_data_server_max_size", _size, 16 * 1024 * 1024,
               "bytes one uid may hold in one store (k/m/g suffixes); 0 disables the cap",
               "size"),
-        Param("prte_data_server_verbose", _nonneg_int, 0,
-              "store trace level: 1 traces removals (evict, expire, purge), 2 every operation",
-              "int"),
+        Param("prte_data_server_verbose", _verbose, 0,
+              "store trace level: 0 off, 1 traces removals (evict, expire, purge), "
+              "2 every operation (0..2)", "int"),
         Param("plm_ssh_agent", _nonempty_str, "ssh",
               "command (split on spaces) that runs the daemon on a remote host: "
               "AGENT HOST pydvm daemon ...", "command"),

@@ -378,7 +378,7 @@ class Daemon:
         self._reaped(job, lp)
         if self.master is not None and not self.master.closed:
             self.master.send({"t": "exited", "nspace": lp.nspace, "rank": lp.rank,
-                              "status": status})
+                              "status": status, "signal": -rc if rc < 0 else 0})
 
     async def _drain(self, pumps: list[asyncio.Task], states: list[PumpState]) -> None:
         """Wait for an exited process's pipes to reach end of file, so its

@@ -134,7 +134,9 @@ def reissue(send: Callable[[Message, Callable[[Message], None]], int | None], ch
 
 def stats_row(store: DataStore, uid: int) -> dict:
     """One store's entry of ``pydvm store --json``: counts for everyone's
-    data, key names only of ``uid``'s own items."""
+    data, key names only of ``uid``'s own items, and for each of those
+    (``key_info``) its persistence, range, idle seconds, seconds until the
+    idle timeout (None: a lifetime removes it), size and publisher."""
     st = store.stats()
     return {
         "store": store.name,
@@ -144,5 +146,14 @@ def stats_row(store: DataStore, uid: int) -> dict:
         "evictions": st.evictions,
         "expiries": st.expiries,
         "keys": store.keys_of_uid(uid),
+        "key_info": [{"key": k.key, "persistence": k.persistence.word, "range": k.range.word,
+                      "idle": round(k.idle, 3), "expires_in": _rounded(k.expires_in),
+                      "size": k.size, "item_bytes": k.item_bytes,
+                      "publisher": f"{k.publisher[0]}:{k.publisher[1]}"}
+                     for k in store.describe_uid(uid)],
         "uid": uid,
     }
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)

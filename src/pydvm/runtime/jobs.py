@@ -1,9 +1,19 @@
 """Jobs, applications, processes and sessions as the master tracks them.
 
 Pure bookkeeping, no I/O: the master feeds it process terminations and asks
-it which lifetimes ended as a result.  :meth:`Job.proc_ended` is the one
-place where the per-application termination count lives -- the piece of
-accounting the data store's APP horizon depends on.
+it which lifetimes ended as a result.  :meth:`JobRecord.proc_ended` is the
+one place where the per-application termination count lives -- the piece of
+accounting the data store's APP horizon depends on -- and where a job's
+failures are recorded for its ``pydvm run`` to report:
+
+* a process that ends non-zero (or by a signal) while its job has not been
+  killed **failed on its own**: its rank goes into ``failures``, in the
+  order the master learned of them, so the first entry is the process
+  whose status the job exits with;
+* a process that had been started and ends after its job was killed
+  (``pydvm kill``, ``session end``, ``stop``, ``--abort-on-failure``, a
+  lost node, a launch error) counts in ``killed_procs`` only: the one line
+  naming who ended the job (``kill_reason``) explains all of them.
 """
 
 from __future__ import annotations
@@ -70,7 +80,10 @@ class ProcRecord:
     app_idx: int
     node: str
     state: ProcState = ProcState.PENDING
+    #: the status the job accounts for it: the exit code, 128+N for signal N.
     exit_status: int | None = None
+    #: the signal that ended it (0: it exited, or we do not know).
+    signal: int = 0
 
 
 @dataclass
@@ -99,9 +112,19 @@ class JobRecord:
     #: human-readable reason the job failed (launch error, lost node...).
     error: str = ""
     killed: bool = False
+    #: who or what killed the job, in words (the first reason given wins).
+    kill_reason: str = ""
+    #: kill the rest of the job at the first failure (``--abort-on-failure``).
+    abort_on_failure: bool = False
+    #: ranks that failed on their own, in the order their ends were learned.
+    failures: list[int] = field(default_factory=list)
+    #: processes that had started and ended after the job was killed.
+    killed_procs: int = 0
     #: the submitting user; the job's processes run as them.
     uid: int | None = None
     gid: int | None = None
+    #: wall-clock time of submission (display only: ``pydvm ps``).
+    started: float = 0.0
 
     @property
     def size(self) -> int:
@@ -118,8 +141,33 @@ class JobRecord:
     def nodes(self) -> set[str]:
         return {p.node for p in self.procs.values()}
 
-    def proc_ended(self, rank: int, status: int) -> tuple[bool, bool]:
-        """Record that ``rank`` ended with ``status``.
+    @property
+    def state(self) -> str:
+        """One word for ``pydvm ps``: ``starting`` (some process not yet
+        launched), ``running``, ``killing`` (killed, processes still ending)
+        or ``ending`` (every process ended; its purges are being applied)."""
+        if self.done:
+            return "ending"
+        if self.killed:
+            return "killing"
+        if any(p.state is ProcState.PENDING for p in self.procs.values()):
+            return "starting"
+        return "running"
+
+    def ranks_per_node(self) -> dict[str, int]:
+        """How many of the job's ranks each node runs, nodes in first-rank order."""
+        out: dict[str, int] = {}
+        for r in sorted(self.procs):
+            node = self.procs[r].node
+            out[node] = out.get(node, 0) + 1
+        return out
+
+    def proc_ended(self, rank: int, status: int, signal: int = 0,
+                   launched: bool = True) -> tuple[bool, bool]:
+        """Record that ``rank`` ended with ``status`` (``signal``: the signal
+        that ended it, 0 if none or unknown; ``launched``: False for a
+        process its node never started).  See the module docstring for how
+        a failure is classified.
 
         Returns ``(app_done, job_done)``; both False if the rank had
         already ended (a duplicate report is ignored).
@@ -129,8 +177,14 @@ class JobRecord:
             return False, False
         p.state = ProcState.ENDED
         p.exit_status = status
+        p.signal = signal
         if status != 0 and self.first_failure is None:
             self.first_failure = status
+        if self.killed:
+            if launched:
+                self.killed_procs += 1
+        elif status != 0:
+            self.failures.append(rank)
         app = self.apps[p.app_idx]
         app.terminated += 1
         self.terminated += 1

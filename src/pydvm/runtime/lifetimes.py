@@ -16,6 +16,14 @@ Who acts on the master store (SPEC 5)::
 A daemon never asks for a namespace purge: its share of a job finishing is
 not a lifetime (the multi-node bug of the design).
 
+Failures and kills: every process end goes through :meth:`_proc_ended`,
+which records it in the job (:meth:`JobRecord.proc_ended` decides whether
+it failed on its own or was ended by a kill) and, for a job run with
+``--abort-on-failure``, kills the rest at the first failure.  Every kill
+goes through :meth:`_kill_job` with a reason in words; the first reason
+given is the one the job's ``pydvm run`` prints.  The run's final reply
+carries the report (:func:`failure_report`).
+
 Output flow control: a daemon may have at most ``pydvm_output_window``
 bytes of one job's output unacknowledged.  The master forwards each
 ``output`` to the job's tool and acknowledges it (``output_ack``) only once
@@ -32,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from ..enums import Persistence
@@ -47,6 +56,27 @@ if TYPE_CHECKING:
 log = logging.getLogger("pydvm.master")
 
 DEFAULT_SESSION = 0
+
+#: Failed processes named one by one in a run's final reply; the count of
+#: the rest is given.
+FAILURE_REPORT_LIMIT = 20
+
+
+def failure_report(job: JobRecord) -> dict[str, Any]:
+    """The fields of a run's final reply that say why the job failed.
+
+    ``failures``: ``[rank, app_idx, node, status, signal]`` of the first
+    :data:`FAILURE_REPORT_LIMIT` processes that failed on their own, first
+    failure first; ``failed``: how many failed on their own; ``killed``: how
+    many started processes were ended by a kill; ``apps``: the job's app
+    count (a report names the app only when there are several).
+    """
+    rows = []
+    for rank in job.failures[:FAILURE_REPORT_LIMIT]:
+        p = job.procs[rank]
+        rows.append([rank, p.app_idx, p.node, p.exit_status, p.signal])
+    return {"failures": rows, "failed": len(job.failures), "killed": job.killed_procs,
+            "apps": len(job.apps)}
 
 
 class LifetimesMixin:
@@ -114,6 +144,8 @@ class LifetimesMixin:
         self._next_job += 1
         job = build_job(nspace, sid, specs)
         job.uid, job.gid = msg.get("_uid"), msg.get("_gid")
+        job.abort_on_failure = msg.get("abort_on_failure") is True
+        job.started = time.time()
         per_node: dict[str, list[dict]] = {}
         for p in job.procs.values():
             per_node.setdefault(p.node, []).append({
@@ -150,14 +182,20 @@ class LifetimesMixin:
                 self._kill_job(ns, job.error)
                 for p in per_node[name]:
                     if job.procs[p["rank"]].state is not ProcState.ENDED:
-                        self._proc_ended(job, p["rank"], r.get("exit") or LOST_STATUS)
+                        self._proc_ended(job, p["rank"], r.get("exit") or LOST_STATUS,
+                                         launched=False)
             else:
                 for p in per_node[name]:
                     if job.procs[p["rank"]].state is ProcState.PENDING:
                         job.procs[p["rank"]].state = ProcState.RUNNING
+        if job.killed and not job.done:
+            # Killed while its launches were in flight: a node may have had
+            # nothing to kill yet, so tell every node again now they have.
+            self._send_kill(job)
         await done
         self._job_tool.pop(ns, None)
-        tool.send(reply(rid, Status.SUCCESS, job.error, nspace=ns, exit=job.exit_status))
+        tool.send(reply(rid, Status.SUCCESS, job.error or job.kill_reason, nspace=ns,
+                        exit=job.exit_status, **failure_report(job)))
 
     async def _launch_on(self: "Master", node_name: str, msg: Message) -> Message:
         node = self.nodes[node_name]
@@ -181,10 +219,18 @@ class LifetimesMixin:
             log.warning("%s: exit report for %s:%d which runs elsewhere", session.name,
                         job.nspace, rank)
             return
-        self._proc_ended(job, rank, status)
+        sig = msg.get("signal")
+        if not isinstance(sig, int) or isinstance(sig, bool) or not 0 < sig < 128:
+            sig = 0
+        self._proc_ended(job, rank, status, sig)
 
-    def _proc_ended(self: "Master", job: JobRecord, rank: int, status: int) -> None:
-        app_done, job_done = job.proc_ended(rank, status)
+    def _proc_ended(self: "Master", job: JobRecord, rank: int, status: int, signal: int = 0,
+                    launched: bool = True) -> None:
+        app_done, job_done = job.proc_ended(rank, status, signal, launched)
+        if (job.abort_on_failure and not job_done and job.failures
+                and job.failures[-1] == rank and not job.killed):
+            self._kill_job(job.nspace, f"aborted because process [{job.nspace},{rank}] failed "
+                                       "(--abort-on-failure)")
         store = self.store
         app_idx = job.procs[rank].app_idx
         self._forget_callers(job.nspace)
@@ -228,11 +274,19 @@ class LifetimesMixin:
         log.info("job %s ended with status %d", job.nspace, job.exit_status)
 
     def _kill_job(self: "Master", nspace: str, why: str) -> None:
+        """Kill a running job; ``why`` (who or what ended it, in words) is
+        what its ``pydvm run`` prints.  A job already killed keeps its first
+        reason."""
         job = self.jobs.get(nspace)
         if job is None or job.killed:
             return
         job.killed = True
+        job.kill_reason = why
         log.info("killing job %s: %s", nspace, why)
+        self._send_kill(job)
+
+    def _send_kill(self: "Master", job: JobRecord) -> None:
+        nspace = job.nspace
         for name in job.nodes():
             node = self.nodes.get(name)
             if node is not None and node.up:
@@ -300,7 +354,7 @@ class LifetimesMixin:
         session.ending = True
         waits = [self._job_done[ns] for ns in session.jobs if ns in self._job_done]
         for ns in list(session.jobs):
-            self._kill_job(ns, f"session {sid} is ending")
+            self._kill_job(ns, f"killed because session {sid} was ended ('pydvm session end')")
         if waits:
             await asyncio.wait(waits, timeout=ACK_TIMEOUT)
         self.store.purge(Persistence.SESSION, session_id=sid)

@@ -16,7 +16,8 @@ In the state directory (``$PYDVM_STATE_DIR``, default ``~/.pydvm``, mode
     hosts, start time.
 
 A record whose lock nobody holds belongs to a dead DVM; :func:`running`
-skips such records and removes them.
+skips such records and removes them, and :func:`is_running` answers for one
+id (``pydvm`` uses it to tell a stale ``PYDVM_URI`` from an unreachable one).
 """
 
 from __future__ import annotations
@@ -137,3 +138,22 @@ def running() -> list[dict]:
             if fd >= 0:
                 os.close(fd)
     return out
+
+
+def is_running(dvmid: str) -> bool | None:
+    """Whether this user's DVM ``dvmid`` is running on this machine: True
+    (its lock is held), False (its lock file exists and nobody holds it: it
+    ran here and has ended), or None (no DVM of that id ever ran here for
+    this user -- another machine's or another user's, or a mistyped id)."""
+    lock, _, _ = _paths(dvmid)
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also drops the lock if we took it
+    return False

@@ -11,7 +11,9 @@ mixin.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import pwd
 from typing import TYPE_CHECKING, Callable
 
 from .. import params as P
@@ -20,7 +22,7 @@ from ..errors import Status
 from ..store import Caller
 from ..wire import Message, refuse, reply
 from . import dataops
-from .jobs import HostSpec
+from .jobs import HostSpec, JobRecord
 from .peers import ToolSession
 
 if TYPE_CHECKING:
@@ -68,18 +70,52 @@ class ToolRequestsMixin:
         self._spawn(self._run_job(session, rid, job, per_node), (session.channel, rid))
 
     def _tool_kill_job(self: "Master", session: ToolSession, msg: Message) -> None:
+        """End a job: the submitter's own, or any for root and the DVM's owner.
+
+        Sent by ``pydvm kill NSPACE`` (with ``wait: true``: answered once the
+        job has ended -- its processes reaped, its purges applied -- with
+        ``exit``) and by a ``pydvm run`` interrupted by a signal (``signal``:
+        its number; answered at once).  The job's ``pydvm run`` is told who
+        ended it.
+        """
+        rid = msg.get("id")
         ns = msg.get("nspace")
         job = self.jobs.get(ns) if isinstance(ns, str) else None
         if job is None:
-            session.send(reply(msg.get("id"), Status.ERR_NOT_FOUND, f"no running job {ns!r}"))
+            session.send(reply(rid, Status.ERR_NOT_FOUND,
+                               f"no running job {ns!r} ('pydvm ps' lists the jobs)"))
             return
         if not session.privileged and job.uid != session.uid:
-            session.send(reply(msg.get("id"), Status.ERR_NO_PERMISSIONS, "not your job"))
+            session.send(reply(rid, Status.ERR_NO_PERMISSIONS,
+                               f"{ns} is not your job (uid {job.uid}); only its owner, the "
+                               "DVM's owner and root may kill it"))
             return
-        self._kill_job(ns, "killed by request")
-        session.send(reply(msg.get("id"), Status.SUCCESS))
+        sig = msg.get("signal")
+        if self._job_tool.get(ns) is session:
+            how = f" (signal {sig})" if isinstance(sig, int) and not isinstance(sig, bool) else ""
+            self._kill_job(ns, f"its pydvm run was interrupted{how}")
+        else:
+            self._kill_job(ns, f"killed by 'pydvm kill' from {_user(session.uid)}")
+        done = self._job_done.get(ns)
+        if msg.get("wait") is not True or done is None:
+            session.send(reply(rid, Status.SUCCESS))
+            return
+
+        async def run() -> None:
+            job = await asyncio.shield(done)
+            session.send(reply(rid, Status.SUCCESS, exit=job.exit_status))
+        self._spawn(run(), (session.channel, rid))
+
+    def _tool_ps(self: "Master", session: ToolSession, msg: Message) -> None:
+        """The DVM's jobs, every user's (as ``ps`` shows every process): see
+        :func:`job_row` for the fields."""
+        session.send(reply(msg.get("id"), Status.SUCCESS,
+                           jobs=[job_row(j) for j in self.jobs.values()]))
 
     def _tool_stop(self: "Master", session: ToolSession, msg: Message) -> None:
+        for ns in list(self.jobs):
+            self._kill_job(ns, "killed because the DVM was stopped ('pydvm stop')")
+
         async def run() -> None:
             await self.stop()
             session.send(reply(msg.get("id"), Status.SUCCESS, pid=os.getpid()))
@@ -190,9 +226,41 @@ class ToolRequestsMixin:
         ))
 
 
+def job_row(job: JobRecord) -> dict:
+    """One job as ``pydvm ps`` shows it.
+
+    ``nspace``, ``uid``, ``session``, ``state`` (:attr:`JobRecord.state`),
+    ``started`` (wall-clock seconds since the epoch), ``apps``
+    (``[{"argv", "n"}]`` in app order), ``ranks_per_node`` (``{node: n}``),
+    ``procs`` (how many), ``ended`` (how many have ended) and ``failed`` (how
+    many of those failed on their own).
+    """
+    return {
+        "nspace": job.nspace,
+        "uid": job.uid,
+        "session": job.session_id,
+        "state": job.state,
+        "started": job.started,
+        "apps": [{"argv": list(a.argv), "n": len(a.ranks)} for a in job.apps],
+        "ranks_per_node": job.ranks_per_node(),
+        "procs": job.size,
+        "ended": job.terminated,
+        "failed": len(job.failures),
+    }
+
+
+def _user(uid: int) -> str:
+    """``name (uid N)``, or ``uid N`` when the name is unknown."""
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (KeyError, OverflowError):
+        return f"uid {uid}"
+
+
 TOOL_HANDLERS: dict[str, Callable] = {
     "run": ToolRequestsMixin._tool_run,
     "kill_job": ToolRequestsMixin._tool_kill_job,
+    "ps": ToolRequestsMixin._tool_ps,
     "stop": ToolRequestsMixin._tool_stop,
     "session_new": ToolRequestsMixin._tool_session_new,
     "session_end": ToolRequestsMixin._tool_session_end,
