@@ -1,8 +1,15 @@
 """The ``pydvm`` command line (SPEC 9).
 
 DVM-level commands (``start``, ``run``, ``stop``, ``session``, ``store``,
-``info``, ``daemon``) and in-job commands for scripts (``publish``,
-``lookup``, ``unpublish``).
+``info``, ``daemon``), commands to find DVMs and jobs (``dvms``, ``ps``,
+``kill``) and in-job commands for scripts (``publish``, ``lookup``,
+``unpublish``).
+
+What is printed is formatted in :mod:`pydvm.cli_format`; help texts and
+argument checks are in :mod:`pydvm.cli_help`; finding DVMs (``dvms``, stale
+URIs, a second ``start``, the one-shot data-loss warning) in
+:mod:`pydvm.cli_dvms`.  Exit status 2 is a usage error, reported before the
+command does anything.
 """
 
 from __future__ import annotations
@@ -16,7 +23,11 @@ import sys
 import time
 from typing import Any
 
+from . import cli_format as F
 from . import params as P
+from .cli_help import (ACCESS_HELP, LOOKUP_OUTPUT_HELP, MAIN_DESCRIPTION, MAIN_EPILOG,
+                       PERSISTENCES_HELP, PUBLISH_VALUES_HELP, RANGES_HELP, RUN_HELP, RUN_USAGE,
+                       count, id_number, port, seconds)
 from .enums import Persistence, Range
 from .errors import PMIxError, Status
 
@@ -55,6 +66,24 @@ def run_async(coro, profile_name: str = "") -> Any:
 def _fail(msg: str, code: int = 1) -> int:
     sys.stderr.write(f"pydvm: {msg}\n")
     return code
+
+
+def _tool_failed(exc: Exception, dvm_option: str | None) -> int:
+    """Report a failed tool command: a URI nobody answers at gets an
+    explanation naming where the URI came from (``--dvm`` or
+    ``PYDVM_URI``) and what to do; a malformed URI is a usage error."""
+    from .cli_dvms import unreachable_lines
+    from .runtime.auth import UriError
+    from .tool import DvmUnreachable
+
+    if isinstance(exc, DvmUnreachable):
+        sys.stderr.write("".join(f"{ln}\n" for ln in
+                                 unreachable_lines(exc.uri, str(exc), from_env=not dvm_option)))
+        return 1
+    if isinstance(exc, UriError):
+        where = "--dvm" if dvm_option else "PYDVM_URI"
+        return _fail(f"{where}: {exc}", 2)
+    return _fail(str(exc))
 
 
 # ----------------------------------------------------------------------
@@ -185,16 +214,12 @@ def cmd_daemon(a: argparse.Namespace) -> int:
 # run
 # ----------------------------------------------------------------------
 
-RUN_USAGE = ("usage: pydvm run [--dvm URI] [--session ID] [--mca N V]... [--tag-output] "
-             "[--host H[:SLOTS],...] -n N CMD ARGS... [: [--host ...] -n M CMD2 ...]")
-
-
 def parse_run(argv: list[str]) -> dict[str, Any]:
     """Parse ``pydvm run`` arguments (MPMD contexts separated by ':')."""
     from .runtime.jobs import parse_hosts
 
     opts: dict[str, Any] = {"dvm": None, "session": None, "mca": [], "tag_output": False,
-                            "apps": []}
+                            "abort_on_failure": False, "apps": []}
     segments: list[list[str]] = [[]]
     for tok in argv:
         if tok == ":":
@@ -245,6 +270,8 @@ def parse_run(argv: list[str]) -> dict[str, Any]:
                 i += 2
             elif idx == 0 and name == "--tag-output":
                 opts["tag_output"] = True
+            elif idx == 0 and name == "--abort-on-failure":
+                opts["abort_on_failure"] = True
             elif name == "--":
                 i += 1
                 break
@@ -261,8 +288,11 @@ def parse_run(argv: list[str]) -> dict[str, Any]:
 
 def cmd_run(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print(RUN_USAGE)
-        return 0 if argv else 2
+        if argv:
+            print(RUN_HELP)
+            return 0
+        sys.stderr.write(f"{RUN_USAGE}\n")
+        return 2
     try:
         opts = parse_run(argv)
     except ValueError as exc:
@@ -277,9 +307,10 @@ def cmd_run(argv: list[str]) -> int:
                          2)
         try:
             uri = resolve_uri(uri_text)
-            return run_async(run_job(uri, opts["apps"], opts["session"], opts["tag_output"]))
+            return run_async(run_job(uri, opts["apps"], opts["session"], opts["tag_output"],
+                                     abort_on_failure=opts["abort_on_failure"]))
         except (ToolError, ValueError) as exc:
-            return _fail(str(exc))
+            return _tool_failed(exc, opts["dvm"])
     if opts["session"] is not None:
         return _fail("--session needs a persistent DVM (--dvm URI or PYDVM_URI)", 2)
     try:
@@ -291,6 +322,7 @@ def cmd_run(argv: list[str]) -> int:
 
 async def _one_shot(opts: dict, resolved) -> int:
     """Run one job on a private DVM on this machine, then take it down."""
+    from .cli_dvms import one_shot_warning
     from .runtime.launch import setup_logging
     from .runtime.master import Master, StartError
     from .tool import ToolError, run_job
@@ -307,7 +339,12 @@ async def _one_shot(opts: dict, resolved) -> int:
     except (StartError, OSError) as exc:
         return _fail(f"cannot start the one-shot DVM: {exc}")
     try:
-        return await run_job(uri, opts["apps"], None, opts["tag_output"])
+        code = await run_job(uri, opts["apps"], None, opts["tag_output"],
+                             abort_on_failure=opts["abort_on_failure"])
+        warning = await one_shot_warning(uri)
+        if warning:
+            sys.stderr.write(f"{warning}\n")
+        return code
     except ToolError as exc:
         return _fail(str(exc))
     finally:
@@ -331,7 +368,7 @@ def cmd_stop(a: argparse.Namespace) -> int:
     try:
         r = _tool(a, {"t": "stop"})
     except (ToolError, ValueError) as exc:
-        return _fail(str(exc))
+        return _tool_failed(exc, a.dvm)
     pid = r.get("pid")
     uri = a.dvm or os.environ.get("PYDVM_URI", "")
     local = any(h in uri for h in ("127.0.0.1", "localhost", "[::1]", socket.gethostname()))
@@ -356,17 +393,52 @@ def cmd_session(a: argparse.Namespace) -> int:
         if a.action == "new":
             hosts = [[h.name, h.slots if ":" in a.hosts else 0] for h in parse_hosts(a.hosts)] \
                 if a.hosts else None
-            r = _tool(a, {"t": "session_new", "hosts": hosts})
-            print(r["session"], flush=True)
+            msg = {"t": "session_new", "hosts": hosts}
         else:
-            try:
-                sid = int(a.id)
-            except (TypeError, ValueError):
-                return _fail(f"session end needs a session id, not {a.id!r}", 2)
-            _tool(a, {"t": "session_end", "session": sid})
+            msg = {"t": "session_end", "session": int(a.id)}
+    except ValueError as exc:
+        if a.action == "end":
+            return _fail(f"session end needs a session id, not {a.id!r}", 2)
+        return _fail(f"session new: {exc}", 2)
+    try:
+        r = _tool(a, msg)
     except (ToolError, ValueError) as exc:
-        return _fail(str(exc))
+        return _tool_failed(exc, a.dvm)
+    if a.action == "new":
+        print(r["session"], flush=True)
     return 0
+
+
+def cmd_ps(a: argparse.Namespace) -> int:
+    from .tool import ToolError
+
+    try:
+        r = _tool(a, {"t": "ps"})
+    except (ToolError, ValueError) as exc:
+        return _tool_failed(exc, a.dvm)
+    jobs = r.get("jobs") or []
+    if a.json:
+        print(json.dumps({"jobs": jobs}))
+    else:
+        print("\n".join(F.ps_lines(jobs)))
+    return 0
+
+
+def cmd_kill(a: argparse.Namespace) -> int:
+    """End each named job; return once every one has ended (its processes
+    reaped, its data purged).  Exit 1 if any could not be killed."""
+    from .runtime.auth import UriError
+    from .tool import DvmUnreachable, ToolError
+
+    code = 0
+    for ns in a.nspace:
+        try:
+            _tool(a, {"t": "kill_job", "nspace": ns, "wait": True})
+        except (ToolError, ValueError) as exc:
+            code = _tool_failed(exc, a.dvm)
+            if isinstance(exc, (DvmUnreachable, UriError)) or code == 2:
+                return code  # no DVM to ask about the rest
+    return code
 
 
 def cmd_store(a: argparse.Namespace) -> int:
@@ -375,21 +447,12 @@ def cmd_store(a: argparse.Namespace) -> int:
     try:
         r = _tool(a, {"t": "store"})
     except (ToolError, ValueError) as exc:
-        return _fail(str(exc))
+        return _tool_failed(exc, a.dvm)
     stores = r["stores"]
     if a.json:
         print(json.dumps({"stores": stores}))
         return 0
-    print(f"{'store':<20} {'items':>7} {'parked':>7} {'evictions':>9} {'expiries':>8}  bytes by uid")
-    for s in stores:
-        if "error" in s:
-            print(f"{s['store']:<20} unavailable: {s['error']}")
-            continue
-        by_uid = ", ".join(f"{u}: {b}" for u, b in s["bytes_by_uid"].items()) or "-"
-        print(f"{s['store']:<20} {s['items']:>7} {s['parked']:>7} {s['evictions']:>9} "
-              f"{s['expiries']:>8}  {by_uid}")
-        if s.get("keys"):
-            print(f"{'':<20} your keys: {' '.join(s['keys'])}")
+    print("\n".join(F.store_lines(stores)))
     return 0
 
 
@@ -400,7 +463,7 @@ def cmd_info(a: argparse.Namespace) -> int:
         try:
             r = _tool(a, {"t": "info"})
         except (ToolError, ValueError) as exc:
-            return _fail(str(exc))
+            return _tool_failed(exc, a.dvm)
         print(f"DVM {r['dvm']} at {r['uri']}")
         for name, slots, state in r["nodes"]:
             print(f"  node {name} slots={slots} {state}")
@@ -427,17 +490,81 @@ def _status_line(st: Status) -> None:
     print(f"STATUS {st.pmix_name}", flush=True)
 
 
+#: The most a value read from a file or standard input may hold: a publish
+#: must fit one frame on the wire.
+MAX_VALUE_BYTES = 60 * 1024 * 1024
+
+
+def _publish_pairs(texts: list[str], literal: bool) -> dict[str, str | bytes]:
+    """``K=V`` arguments as pairs: ``V`` as a str, or with ``K=@FILE`` /
+    ``K=-`` (unless ``literal``) the bytes of FILE / of standard input.
+    Raises ValueError naming the argument at fault, before anything is sent.
+
+    ``K=-`` refuses a standard input that is a terminal or ``/dev/null``
+    (a job's own standard input): a value is piped in or read from a file,
+    and a script that meant the str ``-`` gets an error naming
+    ``--literal`` rather than an empty value.
+    """
+    pairs: dict[str, str | bytes] = {}
+    stdin_used = False
+    for kv in texts:
+        k, eq, v = kv.partition("=")
+        if not eq or not k:
+            raise ValueError(f"expected K=V, K=@FILE or K=-, got {kv!r}")
+        if literal or not (v == "-" or v.startswith("@")):
+            pairs[k] = v
+        elif v == "-":
+            if stdin_used:
+                raise ValueError("only one value can be read from standard input (K=-)")
+            stdin_used = True
+            if not _stdin_carries_data():
+                raise ValueError(f"{kv!r} reads the value from standard input, which is a "
+                                 "terminal or /dev/null here: pipe the value in, or use "
+                                 "--literal to publish '-' itself")
+            pairs[k] = _read_limited(sys.stdin.buffer, f"standard input (for {k})")
+        elif v == "@":
+            raise ValueError(f"{kv!r}: '@' must be followed by a file name "
+                             "(--literal publishes '@' as it is)")
+        else:
+            try:
+                with open(v[1:], "rb") as f:
+                    pairs[k] = _read_limited(f, f"{v[1:]} (for {k})")
+            except OSError as exc:
+                raise ValueError(f"cannot read the value of {k} from {v[1:]}: "
+                                 f"{exc.strerror or exc} (--literal publishes {v!r} as "
+                                 "written)") from None
+    return pairs
+
+
+def _stdin_carries_data() -> bool:
+    """True when standard input is a pipe, socket or file (not a terminal,
+    not a character device such as /dev/null, not closed)."""
+    import stat
+
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):
+        return False
+    return not stat.S_ISCHR(mode)
+
+
+def _read_limited(f, what: str) -> bytes:
+    data = f.read(MAX_VALUE_BYTES + 1)
+    if len(data) > MAX_VALUE_BYTES:
+        raise ValueError(f"{what} holds more than {MAX_VALUE_BYTES} bytes, the most one "
+                         "publish can carry")
+    return data
+
+
 def cmd_publish(a: argparse.Namespace) -> int:
     from .client import Client
 
-    pairs = {}
-    for kv in a.pairs:
-        k, eq, v = kv.partition("=")
-        if not eq or not k:
-            sys.stderr.write(f"pydvm publish: expected K=V, got {kv!r}\n")
-            _status_line(Status.ERR_BAD_PARAM)
-            return 1
-        pairs[k] = v
+    try:
+        pairs = _publish_pairs(a.pairs, a.literal)
+    except ValueError as exc:
+        sys.stderr.write(f"pydvm publish: {exc}\n")
+        _status_line(Status.ERR_BAD_PARAM)
+        return 1
     try:
         rng = Range.from_word(a.range)
         per = Persistence.from_word(a.persistence) if a.persistence else None
@@ -451,14 +578,18 @@ def cmd_publish(a: argparse.Namespace) -> int:
             c.publish(pairs, range=rng, persistence=per, access_uids=a.access_uid,
                       access_gids=a.access_gid, replace=a.replace)
             for k in pairs:
-                print(f"PUBLISHED {k}")
+                print(f"PUBLISHED {F.quote(k)}")
             _status_line(st)
             if a.hold:
                 time.sleep(a.hold)
     except PMIxError as exc:
         st = exc.status
-        if exc.message:
-            sys.stderr.write(f"pydvm publish: {exc.message}\n")
+        message = exc.message
+        if st is Status.ERR_DUPLICATE_KEY:
+            # The store speaks of the API's replace=True; name the flag here.
+            message = message.replace("(use replace to", "(use --replace to")
+        if message:
+            sys.stderr.write(f"pydvm publish: {message}\n")
         _status_line(st)
     return 0 if st is Status.SUCCESS else 1
 
@@ -483,12 +614,18 @@ def cmd_lookup(a: argparse.Namespace) -> int:
     except PMIxError as exc:
         if exc.message and exc.status not in (Status.ERR_NOT_FOUND, Status.ERR_TIMEOUT):
             sys.stderr.write(f"pydvm lookup: {exc.message}\n")
-        _status_line(exc.status)
+        if a.json:
+            print(json.dumps(F.lookup_json(exc.status.pmix_name, a.keys, ())), flush=True)
+        else:
+            _status_line(exc.status)
         return 1
-    for key, f in r.found.items():
-        v = f.value if isinstance(f.value, str) else repr(f.value)
-        print(f"FOUND {key} {v} from {f.nspace}:{f.rank}")
-    _status_line(r.status)
+    if a.json:
+        print(json.dumps(F.lookup_json(r.status.pmix_name, a.keys, r.found.values())),
+              flush=True)
+    else:
+        for key, f in r.found.items():
+            print(F.found_line(key, f.value, f.nspace, f.rank))
+        _status_line(r.status)
     return 0 if r.status is Status.SUCCESS else 1
 
 
@@ -518,79 +655,180 @@ def _dvm_id(text: str) -> str:
     return text
 
 
+def _dvm_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dvm", metavar="URI",
+                   help="the DVM to talk to (default: $PYDVM_URI; 'pydvm dvms' lists yours)")
+
+
+def _json_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--json", action="store_true", help=f"print {what} as one JSON object")
+
+
+def _parser(sub, name: str, help_: str, description: str = "", epilog: str = ""):
+    """A subcommand whose description is one paragraph (wrapped here) and
+    whose epilog is laid out already (tables of words and their meaning)."""
+    import textwrap
+
+    return sub.add_parser(name, help=help_, description=textwrap.fill(description or help_, 79),
+                          epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pydvm", description=__doc__.splitlines()[0])
+    from . import __version__
+    from .cli_dvms import cmd_dvms
+
+    p = argparse.ArgumentParser(prog="pydvm", description=MAIN_DESCRIPTION, epilog=MAIN_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"pydvm {__version__}",
+                   help="print pydvm's version and exit")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
-    s = sub.add_parser("start", help="start a persistent DVM and print its URI")
-    s.add_argument("--hosts", help="H[:SLOTS],... (default: this machine)")
-    s.add_argument("--launcher", default="local", help="local (default) or ssh")
-    s.add_argument("--mca", nargs=2, action="append", metavar=("NAME", "VALUE"))
+    s = _parser(sub, "start", "start a persistent DVM and print its URI",
+                "Start a persistent DVM and print its URI (tcp://HOST:PORT/ID) on one line. "
+                "If PYDVM_URI already names a running DVM of yours, a warning naming it goes "
+                "to stderr: both keep running and 'pydvm dvms' lists them.")
+    s.add_argument("--hosts", metavar="H[:SLOTS],...",
+                   help="nodes of the DVM, one daemon each (default: this machine, one slot "
+                        "per CPU; a listed host has one slot unless given)")
+    s.add_argument("--launcher", default="local",
+                   help="how daemons are started: local (default: on this machine, named "
+                        "after the hosts) or ssh (AGENT HOST python -m pydvm daemon ...)")
+    s.add_argument("--mca", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                   help="set a parameter for the whole DVM (repeatable; 'pydvm info' lists "
+                        "them with their meaning and range)")
     s.add_argument("--daemonize", action="store_true",
-                   help="return once every daemon has reported in")
-    s.add_argument("--uri-file", help="also write the URI to this file (mode 0600)")
-    s.add_argument("--data-server-uri", help="relay every data request to this DVM")
-    s.add_argument("--log-dir", help="one log file per process here (default stderr)")
-    s.add_argument("--bind", default=os.environ.get("PYDVM_BIND", "127.0.0.1"),
-                   help="address the master listens on (default 127.0.0.1)")
+                   help="run in the background; return once every daemon has reported in")
+    s.add_argument("--uri-file", metavar="F", help="also write the URI to F (mode 0600)")
+    s.add_argument("--data-server-uri", metavar="URI",
+                   help="keep no store: relay every data request to the DVM at URI")
+    s.add_argument("--log-dir", metavar="D",
+                   help="one log file per process in D (default: stderr)")
+    s.add_argument("--bind", default=os.environ.get("PYDVM_BIND", "127.0.0.1"), metavar="ADDR",
+                   help="address the master listens on, which the URI carries (default "
+                        "$PYDVM_BIND or 127.0.0.1)")
     s.add_argument("--multi-user", action="store_true",
                    help="(root) serve every local user; jobs run as their submitter")
-    s.add_argument("--port", type=int, default=0,
-                   help="port the master listens on (default: any free port)")
-    s.add_argument("--dvm-id", type=_dvm_id,
-                   help="reuse this DVM id, so a restarted DVM keeps its URI")
+    s.add_argument("--port", type=port, default=0, metavar="P",
+                   help="port the master listens on, 0-65535 (default 0: any free port)")
+    s.add_argument("--dvm-id", type=_dvm_id, metavar="ID",
+                   help="the DVM's id (1-32 letters, digits, '-', '_'); reusing one keeps the "
+                        "URI across restarts; refused while a DVM of that id runs")
     s.set_defaults(func=cmd_start)
 
     s = sub.add_parser("run", help="run one job (see 'pydvm run --help')", add_help=False)
     s.set_defaults(func=None)
 
-    for name, helptext, func in (("stop", "stop a DVM", cmd_stop),
-                                 ("store", "show every store's contents", cmd_store),
-                                 ("info", "show parameters and nodes", cmd_info)):
-        s = sub.add_parser(name, help=helptext)
-        s.add_argument("--dvm", help="DVM URI (default $PYDVM_URI)")
-        if name == "store":
-            s.add_argument("--json", action="store_true")
-        s.set_defaults(func=func)
+    s = _parser(sub, "dvms", "list your running DVMs",
+                "List this user's running DVMs on this machine: id, URI, hosts, start time "
+                "and jobs running ('?' if the DVM did not answer).  Records of DVMs that "
+                "have ended are dropped.  The DVM PYDVM_URI names is marked '*'.")
+    _json_option(s, "the list")
+    s.add_argument("-q", "--quiet", action="store_true", help="print only the URIs, one a line")
+    s.set_defaults(func=cmd_dvms)
 
-    s = sub.add_parser("session", help="create or end a session")
-    ssub = s.add_subparsers(dest="action", required=True)
-    sn = ssub.add_parser("new")
-    sn.add_argument("--hosts")
-    sn.add_argument("--dvm")
-    se = ssub.add_parser("end")
-    se.add_argument("id")
-    se.add_argument("--dvm")
+    s = _parser(sub, "ps", "list the DVM's jobs",
+                "List the DVM's running jobs, every user's: namespace, user, session, state "
+                "(starting, running, killing, ending), start time, ranks per node (NODE:N) "
+                "and app contexts.")
+    _dvm_option(s)
+    _json_option(s, "the jobs")
+    s.set_defaults(func=cmd_ps)
+
+    s = _parser(sub, "kill", "end jobs",
+                "End each job named (its processes get SIGTERM, then SIGKILL); return once "
+                "it has ended and its data has been purged.  Its pydvm run says it was "
+                "killed by 'pydvm kill'.  Your own jobs; root and the DVM's owner may kill "
+                "any.  Exit 1 if a job could not be killed.")
+    s.add_argument("nspace", nargs="+", metavar="NSPACE", help="a job's namespace (pydvm ps)")
+    _dvm_option(s)
+    s.set_defaults(func=cmd_kill)
+
+    s = _parser(sub, "stop", "stop a DVM",
+                "Stop a DVM: end its jobs (their pydvm run says the DVM was stopped), shut "
+                "every daemon down; return once every process of the DVM has exited.")
+    _dvm_option(s)
+    s.set_defaults(func=cmd_stop)
+
+    s = _parser(sub, "store", "show every store's contents",
+                "Show every store (the master's, each node's): items, waiting lookups, "
+                "evictions, expiries and bytes per uid; then each of your own keys with "
+                "its persistence, range, time since last access, time until the idle "
+                "timeout removes it, size and publisher.  Other users' keys are counted, "
+                "never named.")
+    _dvm_option(s)
+    _json_option(s, "every store")
+    s.set_defaults(func=cmd_store)
+
+    s = _parser(sub, "info", "show parameters and nodes",
+                "Show the DVM's nodes and parameters (each value and where it came from); "
+                "without a DVM, the values a DVM started here would get.")
+    _dvm_option(s)
+    s.set_defaults(func=cmd_info)
+
+    s = _parser(sub, "session", "create or end a session")
+    ssub = s.add_subparsers(dest="action", required=True, metavar="ACTION")
+    sn = _parser(ssub, "new", "create a session and print its id",
+                 "Create a session over some nodes and print its id alone on one line.")
+    sn.add_argument("--hosts", metavar="H[:SLOTS],...",
+                    help="nodes of the session (default: every node that is up)")
+    _dvm_option(sn)
+    se = _parser(ssub, "end", "end a session",
+                 "End a session: kill its jobs (their pydvm run says so), purge its "
+                 "SESSION items everywhere; return once that is done.")
+    se.add_argument("id", metavar="ID", help="the session id 'session new' printed")
+    _dvm_option(se)
     s.set_defaults(func=cmd_session)
 
-    s = sub.add_parser("daemon", help="run one daemon (what launchers run)")
-    s.add_argument("--master", required=True)
-    s.add_argument("--node", required=True)
-    s.add_argument("--log-dir")
+    s = _parser(sub, "daemon", "run one daemon (what launchers run)",
+                "Run one node's daemon; it reads the DVM secret on standard input.  "
+                "Launchers run this; people rarely do.")
+    s.add_argument("--master", required=True, metavar="URI", help="the master's URI")
+    s.add_argument("--node", required=True, metavar="NAME", help="this node's name")
+    s.add_argument("--log-dir", metavar="D", help="write the log to D/NAME.log")
     s.set_defaults(func=cmd_daemon)
 
     ranges = [r.word for r in Range]
-    s = sub.add_parser("publish", help="publish K=V pairs (inside a job)")
-    s.add_argument("pairs", nargs="+", metavar="K=V")
-    s.add_argument("--range", default="session", choices=ranges)
-    s.add_argument("--persistence", choices=[p.word for p in Persistence
-                                             if p is not Persistence.INVALID])
-    s.add_argument("--access-uid", type=int, action="append", default=[])
-    s.add_argument("--access-gid", type=int, action="append", default=[])
-    s.add_argument("--replace", action="store_true")
-    s.add_argument("--hold", type=float, default=0.0)
+    persistences = [p.word for p in Persistence if p is not Persistence.INVALID]
+    s = _parser(sub, "publish", "publish K=V pairs (inside a job)",
+                "Publish K=V pairs as one item (inside a job: it acts as its process).",
+                f"{PUBLISH_VALUES_HELP}\n\n{RANGES_HELP}\n\n{PERSISTENCES_HELP}\n\n"
+                f"{ACCESS_HELP}")
+    s.add_argument("pairs", nargs="+", metavar="K=V", help="K=V, K=@FILE or K=- (see below)")
+    s.add_argument("--range", default="session", choices=ranges, metavar="R",
+                   help="who may see it (default session; see below)")
+    s.add_argument("--persistence", choices=persistences, metavar="P",
+                   help="how long it lives (default nspace; see below)")
+    s.add_argument("--access-uid", type=id_number, action="append", default=[], metavar="U",
+                   help="a uid that may read it (repeatable)")
+    s.add_argument("--access-gid", type=id_number, action="append", default=[], metavar="G",
+                   help="a gid that may read it (repeatable)")
+    s.add_argument("--replace", action="store_true",
+                   help="replace your own items holding these keys (else PMIX_ERR_DUPLICATE_KEY)")
+    s.add_argument("--literal", action="store_true",
+                   help="store every V as the str written, even '-' or one starting with '@'")
+    s.add_argument("--hold", type=seconds, default=0.0, metavar="SECONDS",
+                   help="stay alive this long after publishing (>= 0), so PROC items live on")
     s.set_defaults(func=cmd_publish)
 
-    s = sub.add_parser("lookup", help="look keys up (inside a job)")
-    s.add_argument("keys", nargs="+", metavar="K")
-    s.add_argument("--range", default="session", choices=ranges)
-    s.add_argument("--wait", action="store_true")
-    s.add_argument("--wait-count", type=int)
-    s.add_argument("--timeout", type=float)
+    s = _parser(sub, "lookup", "look keys up (inside a job)",
+                "Look keys up (inside a job: it asks as its process).",
+                f"{LOOKUP_OUTPUT_HELP}\n\n{RANGES_HELP}")
+    s.add_argument("keys", nargs="+", metavar="K", help="a key to look up")
+    s.add_argument("--range", default="session", choices=ranges, metavar="R",
+                   help="whose items to search (default session; see below)")
+    s.add_argument("--wait", action="store_true",
+                   help="wait until every key is published (see --timeout)")
+    s.add_argument("--wait-count", type=count, metavar="N",
+                   help="wait until N of the keys are published (0: all)")
+    s.add_argument("--timeout", type=seconds, metavar="S",
+                   help="give up waiting after S seconds (PMIX_ERR_TIMEOUT; default: never)")
+    _json_option(s, "the answer")
     s.set_defaults(func=cmd_lookup)
 
-    s = sub.add_parser("unpublish", help="unpublish keys, or everything (inside a job)")
-    s.add_argument("keys", nargs="*", metavar="K")
+    s = _parser(sub, "unpublish", "unpublish keys, or everything (inside a job)",
+                "Remove the named keys from every item you own (whoever published them); "
+                "with no key, everything this process published.  Prints STATUS; exit 0.")
+    s.add_argument("keys", nargs="*", metavar="K", help="a key to remove")
     s.set_defaults(func=cmd_unpublish)
     return p
 
@@ -605,6 +843,10 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(a, "func", None):
             parser.print_help()
             return 2
+        if a.cmd == "start":
+            from .cli_dvms import warn_before_second_start
+
+            warn_before_second_start(a)
         return a.func(a)
     except BrokenPipeError:
         # Our stdout's reader went away (``pydvm info | head``): stop quietly,

@@ -12,6 +12,7 @@ import signal
 import sys
 from typing import Any
 
+from .cli_format import job_end_lines
 from .errors import Status
 from .runtime.auth import DvmUri, UriError, connect, read_secret, tool_socket_path
 from .wire import Channel, Message
@@ -19,6 +20,16 @@ from .wire import Channel, Message
 
 class ToolError(RuntimeError):
     """A tool request failed; the message is meant for the user."""
+
+
+class DvmUnreachable(ToolError):
+    """No DVM answers at the URI (nothing listens there, or this user has no
+    credentials for it): the URI is probably stale.  The command line
+    explains what to do (:func:`pydvm.cli_dvms.unreachable_lines`)."""
+
+    def __init__(self, uri: DvmUri, why: str) -> None:
+        super().__init__(why)
+        self.uri = uri
 
 
 def resolve_uri(text: str | None) -> DvmUri:
@@ -42,7 +53,9 @@ async def open_tool(uri: DvmUri, on_message=None) -> Channel:
             ch, _ = await connect(uri, None, "tool", on_message, unix_path=str(sock))
         else:
             ch, _ = await connect(uri, secret, "tool", on_message)
-    except (ConnectionError, ValueError) as exc:
+    except (ConnectionError, UriError) as exc:
+        raise DvmUnreachable(uri, str(exc)) from None
+    except ValueError as exc:
         raise ToolError(str(exc)) from None
     return ch
 
@@ -77,11 +90,16 @@ def _status_name(st: Any) -> str:
 
 
 async def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output: bool,
-                  env: dict[str, str] | None = None, cwd: str | None = None) -> int:
+                  env: dict[str, str] | None = None, cwd: str | None = None,
+                  abort_on_failure: bool = False) -> int:
     """Submit a job and forward its output; return its exit status.
 
     Ctrl-C (SIGINT) or SIGTERM asks the master to kill the job; the tool then
-    waits for the job's end and exits with 128 + the signal number.
+    waits for the job's end and exits with 128 + the signal number.  When
+    the job has ended, the processes that failed and who ended it (if it was
+    killed) are reported on stderr (:func:`pydvm.cli_format.job_end_lines`).
+    With ``abort_on_failure`` the master kills the rest of the job at the
+    first failure.
     """
     out = sys.stdout.buffer
     err = sys.stderr.buffer
@@ -118,7 +136,8 @@ async def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output
         elif t == "started":
             state["nspace"] = msg.get("nspace")
             if state["signal"] is not None:
-                ch.send({"t": "kill_job", "id": 0, "nspace": state["nspace"]})
+                ch.send({"t": "kill_job", "id": 0, "nspace": state["nspace"],
+                         "signal": int(state["signal"])})
 
     ch = await open_tool(uri, on_message)
     loop = asyncio.get_running_loop()
@@ -128,13 +147,13 @@ async def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output
             return
         state["signal"] = signum
         if state["nspace"] is not None:
-            ch.send({"t": "kill_job", "id": 0, "nspace": state["nspace"]})
+            ch.send({"t": "kill_job", "id": 0, "nspace": state["nspace"], "signal": int(signum)})
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, interrupted, sig)
     try:
         r = await ch.call({
-            "t": "run", "apps": apps, "session": session,
+            "t": "run", "apps": apps, "session": session, "abort_on_failure": abort_on_failure,
             "env": dict(os.environ if env is None else env),
             "cwd": cwd or os.getcwd(),
         })
@@ -151,8 +170,13 @@ async def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output
     if r.get("status") != 0:
         sys.stderr.write(f"pydvm run: {_status_name(r.get('status'))}: {r.get('msg')}\n")
         return 1
-    if r.get("msg"):
-        sys.stderr.write(f"pydvm run: {r['nspace']}: {r['msg']}\n")
+    report = job_end_lines(r, interrupted=state["signal"] is not None)
+    if report and 2 not in closed:
+        try:
+            sys.stderr.write("".join(f"{ln}\n" for ln in report))
+            sys.stderr.flush()
+        except BrokenPipeError:
+            _silence(2)
     if state["signal"] is not None:
         return 128 + state["signal"]
     return int(r.get("exit") or 0)

@@ -1,0 +1,177 @@
+"""Help texts and argument checks of the command line.
+
+Every option of every subcommand is described here or next to its
+``add_argument`` in :mod:`pydvm.cli`; ``tests/test_cli_usage.py`` checks
+that none is left without a help text.  The argument types below turn a
+bad value into a usage error (exit status 2, a message naming the option)
+before the command does anything: nothing is published, started or
+submitted on a bad argument.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import textwrap
+
+from .enums import Persistence, Range
+
+#: What each range word means, for ``--help`` (SPEC 4's range table, in words).
+RANGE_MEANINGS: dict[Range, str] = {
+    Range.SESSION: "(default) every process, of this DVM or of a DVM relaying to it",
+    Range.GLOBAL: "the same as session here",
+    Range.UNDEF: "the same as session here",
+    Range.NAMESPACE: "processes of the same job only",
+    Range.LOCAL: "processes on the same node only; such items are held in that node's "
+                 "store, not the master's",
+    Range.PROC_LOCAL: "the same process only",
+    Range.RM: "the DVM itself only: tools connected to its master, never job processes",
+    Range.CUSTOM: "publish only: the users/groups named by --access-uid/--access-gid",
+}
+
+#: What each persistence word means (SPEC 5's horizon table, in words).
+PERSISTENCE_MEANINGS: dict[Persistence, str] = {
+    Persistence.NSPACE: "(default) until the publisher's job ends",
+    Persistence.PROC: "until the publishing process ends",
+    Persistence.APP: "until the publisher's application (app context) has ended on every node",
+    Persistence.SESSION: "until its session ends ('pydvm session end'; the default session "
+                         "ends with the DVM)",
+    Persistence.FIRST_READ: "until a lookup returns it (key by key), or it sits unread "
+                            "longer than prte_data_server_timeout",
+    Persistence.INDEF: "until unpublished or evicted, or unread longer than "
+                       "prte_data_server_timeout",
+}
+
+
+def _word_table(title: str, meanings: dict) -> str:
+    width = max(len(k.word) for k in meanings)
+    indent = " " * (width + 4)
+    rows = "\n".join(textwrap.fill(v, 79, initial_indent=f"  {k.word:<{width}}  ",
+                                   subsequent_indent=indent)
+                     for k, v in meanings.items())
+    return f"{textwrap.fill(title + ':', 79)}\n{rows}"
+
+
+RANGES_HELP = _word_table("ranges (publish: who may see the item; lookup: whose items it "
+                          "searches; the access rule applies as well)",
+                          RANGE_MEANINGS)
+PERSISTENCES_HELP = _word_table("persistences (how long an item lives)", PERSISTENCE_MEANINGS)
+
+ACCESS_HELP = """\
+access: with no --access-uid/--access-gid only the publisher's own uid and gid
+may read an item; each list given is a requirement every reader must meet.
+Only the owner (same uid, and gid) may unpublish, whatever the lists say."""
+
+PUBLISH_VALUES_HELP = """\
+values: K=V stores V as a str.  K=@FILE stores the bytes of FILE, K=- the bytes
+piped to standard input (one K=- per publish; a terminal or /dev/null is
+refused); such values are bytes, kept as bytes.  --literal stores every V as
+the str written, '-' and a leading '@' included.
+
+output: 'PUBLISHED K' per key once the store accepted the publish, then
+'STATUS <PMIx name>'; exit 0 on PMIX_SUCCESS, 1 otherwise."""
+
+LOOKUP_OUTPUT_HELP = """\
+output: 'FOUND K V from NSPACE:RANK' per key found, then 'STATUS <PMIx name>';
+exit 0 on PMIX_SUCCESS, 1 otherwise.  K and a str V print as they are when they
+are one plain token (no whitespace, '"' or '\\', nothing unprintable), else as
+a JSON string literal ("a b", "line\\nnext"); other values print as their
+Python literal (b'..', 42, 1.5, True).  --json prints one JSON object instead:
+{"status": NAME, "found": {K: {"value": V, "type": "str"|"bytes"|"int"|"float"|
+"bool", "publisher": {"nspace": NS, "rank": R}}}, "missing": [K, ...]}, a bytes
+value as base64 text."""
+
+RUN_HELP = """\
+usage: pydvm run [--dvm URI] [--session ID] [--mca N V]... [--tag-output]
+                 [--abort-on-failure] [--host H[:SLOTS],...] -n N CMD ARGS...
+                 [: [--host H[:SLOTS],...] -n M CMD2 ARGS...]...
+
+Run one job and exit with its status: the first non-zero exit of its
+processes (128+N for a process killed by signal N), else 0.  Output is
+forwarded live, line by line.  Processes that fail are reported on stderr,
+one line each (rank, node, exit status or signal), and so is whoever ended
+the job ('pydvm kill', 'pydvm session end', 'pydvm stop').
+
+options of the whole job (before the first command):
+  --dvm URI           submit to this DVM (default $PYDVM_URI); with neither,
+                      run a one-shot DVM on this machine for this job alone
+                      (it warns on stderr if it ends holding data a
+                      persistent DVM would have kept)
+  --session ID        run in session ID ('pydvm session new'; default: the
+                      DVM's default session); needs a persistent DVM
+  --mca NAME VALUE    set a parameter of the one-shot DVM (see 'pydvm info');
+                      a persistent DVM takes them on 'pydvm start'
+  --tag-output        prefix each output line with [NSPACE,RANK]
+  --abort-on-failure  kill the rest of the job when one process fails
+                      (default: a failing process does not abort its siblings)
+
+options of each app context (before its command; ':' starts the next):
+  -n N, --np N        number of processes (default 1)
+  --host H[:SLOTS],.. hosts this app's ranks fill, in order, SLOTS at a time
+                      (default: every host of the session, and its slots)
+  --                  end of options: what follows is the command
+
+Job processes find PYDVM_NSPACE, PYDVM_RANK, PYDVM_APP_IDX, PYDVM_JOB_SIZE,
+PYDVM_NODE and PYDVM_SERVER in their environment.  Ctrl-C kills the job and
+exits 130; a missing executable exits 127 naming it."""
+
+RUN_USAGE = RUN_HELP.split("\n\n", 1)[0]
+
+MAIN_DESCRIPTION = """\
+pydvm: a distributed virtual machine.  Start one ('pydvm start'), run jobs on
+it ('pydvm run'), and let their processes find each other through its data
+store ('pydvm publish', 'pydvm lookup'), every item with a bounded lifetime."""
+
+MAIN_EPILOG = """\
+'pydvm COMMAND --help' describes each command and every option;
+'pydvm run --help' the job launcher.  Exit status 2 is a usage error: nothing
+was done."""
+
+
+# ----------------------------------------------------------------------
+# argument types: a bad value is a usage error before anything happens
+# ----------------------------------------------------------------------
+
+
+def seconds(text: str) -> float:
+    """A finite, non-negative number of seconds."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, not {text}")
+    return v
+
+
+def port(text: str) -> int:
+    """A TCP port, 0 (any free port) to 65535."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, not {text!r}") from None
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 (any free port) to 65535, not {v}")
+    return v
+
+
+def id_number(text: str) -> int:
+    """A uid or gid: 0 to 2**32-1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a numeric id, not {text!r}") from None
+    if not 0 <= v <= 2**32 - 1:
+        raise argparse.ArgumentTypeError(f"an id is 0 to 4294967295, not {v}")
+    return v
+
+
+def count(text: str) -> int:
+    """A non-negative integer."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, not {v}")
+    return v

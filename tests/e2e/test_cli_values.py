@@ -1,0 +1,147 @@
+"""Values that do not fit a command line, and output a script can read (issue 11).
+
+``K=@FILE`` and ``K=-`` publish bytes as bytes; ``lookup --json`` gives
+value, type and publisher; plain output quotes keys and values that would
+be ambiguous while a plain str value prints exactly as SPEC 9 shows it;
+``pydvm store`` shows each of the caller's keys with its persistence, idle
+time, size and publisher.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+
+import pytest
+
+from dvmkit import lines, status
+
+pytestmark = pytest.mark.e2e
+
+UID = str(os.getuid())
+
+
+def _lookup_json(dvm, *keys: str) -> dict:
+    p = dvm.run("-n", "1", "pydvm", "lookup", "--json", *keys)
+    return json.loads(p.stdout)
+
+
+def test_publish_at_file_stores_the_files_bytes_as_bytes(dvm, tmp_path):
+    """K=@FILE with binary content: lookup --json returns type bytes, base64 of exactly it."""
+    data = bytes(range(256)) + b"\n\x00end"
+    f = tmp_path / "blob.bin"
+    f.write_bytes(data)
+    p = dvm.run("-n", "1", "pydvm", "publish", f"blob=@{f}", "--persistence", "session")
+    assert lines(p, "PUBLISHED") == ["PUBLISHED blob"] and status(p) == "PMIX_SUCCESS", p.stderr
+    got = _lookup_json(dvm, "blob")
+    assert got["status"] == "PMIX_SUCCESS" and got["missing"] == []
+    assert got["found"]["blob"]["type"] == "bytes"
+    assert base64.b64decode(got["found"]["blob"]["value"]) == data
+    assert got["found"]["blob"]["publisher"]["rank"] == 0
+    # Plain output shows a bytes value as its Python literal, on one line.
+    q = dvm.run("-n", "1", "pydvm", "lookup", "blob")
+    (found,) = lines(q, "FOUND")
+    assert found.startswith("FOUND blob b'\\x00\\x01") and found.endswith(
+        f" from {got['found']['blob']['publisher']['nspace']}:0")
+
+
+def test_publish_dash_reads_the_value_from_standard_input(dvm):
+    """`printf 'a b\\nc' | pydvm publish k=-` inside a job stores those bytes."""
+    p = dvm.run("-n", "1", "sh", "-c",
+                "printf 'a b\\nc' | pydvm publish k=- --persistence session")
+    assert status(p) == "PMIX_SUCCESS", p.stdout + p.stderr
+    got = _lookup_json(dvm, "k")["found"]["k"]
+    assert got["type"] == "bytes" and base64.b64decode(got["value"]) == b"a b\nc"
+
+
+def test_publish_dash_with_nothing_piped_in_is_refused_naming_literal(dvm):
+    """A job's stdin is /dev/null: `pydvm publish k=-` there is BAD_PARAM, never an empty
+    value, and the message names --literal (what a script meaning the str '-' wants)."""
+    p = dvm.run("-n", "1", "pydvm", "publish", "k=-", "--persistence", "session")
+    assert status(p) == "PMIX_ERR_BAD_PARAM" and p.returncode == 1
+    assert "--literal" in p.stderr, p.stderr
+    assert _lookup_json(dvm, "k")["status"] == "PMIX_ERR_NOT_FOUND"
+
+
+def test_publish_of_an_unreadable_file_stores_nothing_and_says_why(dvm, tmp_path):
+    """K=@missing: BAD_PARAM naming the file, exit 1, and the other pair is not published."""
+    missing = tmp_path / "nope"
+    p = dvm.run("-n", "1", "sh", "-c",
+                f"pydvm publish good=1 bad=@{missing} --persistence session; "
+                "pydvm lookup good")
+    assert "PUBLISHED" not in p.stdout and "STATUS PMIX_ERR_BAD_PARAM" in p.stdout
+    assert str(missing) in p.stderr, p.stderr
+    assert "STATUS PMIX_ERR_NOT_FOUND" in p.stdout
+
+
+def test_literal_publishes_at_and_dash_values_as_strings(dvm):
+    """--literal: `k=@home` and `d=-` are the strings '@home' and '-'."""
+    p = dvm.run("-n", "1", "pydvm", "publish", "--literal", "k=@home", "d=-",
+                "--persistence", "session")
+    assert status(p) == "PMIX_SUCCESS", p.stderr
+    got = _lookup_json(dvm, "k", "d")["found"]
+    assert got["k"] == {**got["k"], "value": "@home", "type": "str"}
+    assert got["d"]["value"] == "-" and got["d"]["type"] == "str"
+
+
+def test_lookup_json_gives_status_and_per_key_value_type_and_publisher(dvm):
+    """Found and missing keys in one JSON object; exit 1 on partial success."""
+    dvm.run("--host", "b", "-n", "1", "pydvm", "publish", "s=hello", "--persistence", "session",
+            check=True)
+    p = dvm.run("-n", "1", "pydvm", "lookup", "--json", "s", "absent")
+    assert p.returncode == 1
+    got = json.loads(p.stdout)  # the whole stdout is one JSON object
+    assert got["status"] == "PMIX_ERR_PARTIAL_SUCCESS"
+    assert got["found"]["s"]["value"] == "hello" and got["found"]["s"]["type"] == "str"
+    assert got["found"]["s"]["publisher"]["nspace"].startswith("pydvm-")
+    assert got["missing"] == ["absent"]
+    q = dvm.run("-n", "1", "pydvm", "lookup", "--json", "absent")
+    assert q.returncode == 1 and json.loads(q.stdout) == {
+        "status": "PMIX_ERR_NOT_FOUND", "found": {}, "missing": ["absent"]}
+
+
+def test_plain_lookup_quotes_values_and_keys_with_spaces_or_newlines_only(dvm):
+    """A plain value prints as is (SPEC 9); `a b`, `x\\ny` and a key with a space are quoted."""
+    dvm.run("-n", "1", "pydvm", "publish", "plain=tcp://x:1", "spaced=a b", "multi=x\ny",
+            "my key=v", "--persistence", "session", check=True)
+    p = dvm.run("-n", "1", "pydvm", "lookup", "plain", "spaced", "multi", "my key")
+    assert status(p) == "PMIX_SUCCESS"
+    found = {ln.split(" from ")[0] for ln in lines(p, "FOUND")}
+    assert found == {'FOUND plain tcp://x:1', 'FOUND spaced "a b"', 'FOUND multi "x\\ny"',
+                     'FOUND "my key" v'}, p.stdout
+    q = dvm.run("-n", "1", "pydvm", "publish", "other key=1")
+    assert lines(q, "PUBLISHED") == ['PUBLISHED "other key"']
+
+
+def test_duplicate_key_message_names_the_replace_flag(dvm):
+    """Publishing a key twice: PMIX_ERR_DUPLICATE_KEY and stderr suggests --replace."""
+    dvm.run("-n", "1", "pydvm", "publish", "dup=1", "--persistence", "session", check=True)
+    p = dvm.run("-n", "1", "pydvm", "publish", "dup=2", "--persistence", "session")
+    assert status(p) == "PMIX_ERR_DUPLICATE_KEY" and p.returncode == 1
+    assert "--replace" in p.stderr, p.stderr
+    q = dvm.run("-n", "1", "pydvm", "publish", "dup=2", "--persistence", "session", "--replace")
+    assert status(q) == "PMIX_SUCCESS", q.stderr
+
+
+def test_store_shows_each_own_key_with_persistence_idle_expiry_size_and_publisher(dvm):
+    """`pydvm store`: SPEC 9's JSON fields unchanged, plus key_info per own key; plain
+    output lists the keys in a table."""
+    p = dvm.run("--host", "b", "-n", "1", "sh", "-c",
+                'echo "NS $PYDVM_NSPACE"; pydvm publish tok=abc --persistence first-read && '
+                "pydvm publish here=1 --persistence indef --range local")
+    ns = lines(p, "NS ")[0].split()[1]
+    stores = dvm.store()
+    master = stores["master"]
+    assert {"store", "items", "bytes_by_uid", "parked", "evictions", "expiries"} <= set(master)
+    (tok,) = master["key_info"]
+    assert tok["key"] == "tok" and tok["persistence"] == "first-read"
+    assert tok["range"] == "session" and tok["size"] == len("tok") + len("abc")
+    assert tok["publisher"] == f"{ns}:0" and 0 <= tok["idle"] < 60
+    assert 240 < tok["expires_in"] <= 300  # default prte_data_server_timeout
+    (here,) = stores["b"]["key_info"]
+    assert here["key"] == "here" and here["range"] == "local" and here["persistence"] == "indef"
+    plain = dvm.cmd("store", check=True).stdout.splitlines()
+    assert any(ln.split()[:2] == ["your", "keys:"] and "tok" in ln for ln in plain), plain
+    (row,) = [ln for ln in plain if ln.startswith("master ") and " tok " in ln]
+    assert row.split()[2:4] == ["first-read", "session"] and row.split()[-1] == f"{ns}:0", row

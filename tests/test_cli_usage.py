@@ -1,0 +1,124 @@
+"""The command line's help and usage errors (issue 11), without a DVM.
+
+Every option of every subcommand has a help text; ``--version`` works; a bad
+argument is a usage error (exit 2, a message naming the option) before the
+command does anything -- shown by running each with nowhere to send
+anything: no DVM, no daemon socket.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pydvm import __version__
+from pydvm.cli import build_parser
+from pydvm.cli_help import PERSISTENCE_MEANINGS, RANGE_MEANINGS, RUN_HELP
+from pydvm.enums import Persistence, Range
+
+PYDVM = [sys.executable, "-m", "pydvm"]
+
+
+def _subparsers(parser: argparse.ArgumentParser, path=()):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*path, name), sub
+                yield from _subparsers(sub, (*path, name))
+
+
+def _pydvm(*args: str, tmp_path, stdin: str = "") -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYDVM_URI", "PYDVM_SERVER", "PYDVM_NSPACE", "PYDVM_RANK")}
+    env["PYDVM_STATE_DIR"] = str(tmp_path / "state")
+    return subprocess.run(PYDVM + list(args), env=env, capture_output=True, text=True,
+                          timeout=60, input=stdin, cwd=tmp_path)
+
+
+def test_every_option_of_every_subcommand_has_a_help_text():
+    """Walk the parser: no option or argument is left undescribed."""
+    missing = []
+    for path, sub in _subparsers(build_parser()):
+        if path == ("run",):
+            continue  # pydvm run has its own parser and help (checked below)
+        for action in sub._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            if not action.help:
+                missing.append(f"pydvm {' '.join(path)} {action.dest}")
+    assert not missing, missing
+
+
+def test_run_help_describes_every_option_it_parses():
+    """`pydvm run --help` names each option parse_run accepts."""
+    for opt in ("--dvm", "--session", "--mca", "--tag-output", "--abort-on-failure", "-n",
+                "--np", "--host", "--"):
+        assert f"  {opt} " in RUN_HELP or f", {opt} " in RUN_HELP, opt
+
+
+def test_publish_and_lookup_help_list_every_range_and_persistence_with_its_meaning(tmp_path):
+    """Each word appears in --help next to its meaning."""
+    assert set(RANGE_MEANINGS) == set(Range)
+    assert set(PERSISTENCE_MEANINGS) == set(Persistence) - {Persistence.INVALID}
+    pub = _pydvm("publish", "--help", tmp_path=tmp_path)
+    look = _pydvm("lookup", "--help", tmp_path=tmp_path)
+    assert pub.returncode == 0 and look.returncode == 0
+    for r in Range:
+        assert any(ln.split()[:1] == [r.word] for ln in pub.stdout.splitlines()), r
+        assert any(ln.split()[:1] == [r.word] for ln in look.stdout.splitlines()), r
+    for p in PERSISTENCE_MEANINGS:
+        assert any(ln.split()[:1] == [p.word] for ln in pub.stdout.splitlines()), p
+
+
+@pytest.mark.parametrize("cmd", ["start", "dvms", "ps", "kill", "stop", "store", "info",
+                                 "session", "daemon", "publish", "lookup", "unpublish", "run"])
+def test_every_subcommand_answers_help_with_exit_0(cmd, tmp_path):
+    p = _pydvm(cmd, "--help", tmp_path=tmp_path)
+    assert p.returncode == 0 and p.stdout.startswith(f"usage: pydvm {cmd}"), p.stderr
+
+
+def test_version_prints_the_package_version(tmp_path):
+    p = _pydvm("--version", tmp_path=tmp_path)
+    assert p.returncode == 0 and p.stdout.strip() == f"pydvm {__version__}"
+
+
+@pytest.mark.parametrize("args,option", [
+    (("publish", "k=v", "--hold", "-1"), "--hold"),
+    (("publish", "k=v", "--hold", "nan"), "--hold"),
+    (("publish", "k=v", "--access-uid", "-3"), "--access-uid"),
+    (("publish", "k=v", "--range", "everywhere"), "--range"),
+    (("lookup", "k", "--timeout", "-2"), "--timeout"),
+    (("lookup", "k", "--wait-count", "-1"), "--wait-count"),
+    (("start", "--port", "99999"), "--port"),
+    (("start", "--port", "-1"), "--port"),
+    (("start", "--dvm-id", "a/b"), "--dvm-id"),
+    (("start", "--mca", "prte_data_server_verbose", "3"), "prte_data_server_verbose"),
+    (("start", "--mca", "prte_data_server_verbose", "-1"), "prte_data_server_verbose"),
+    (("start", "--mca", "no_such_param", "1"), "no_such_param"),
+    (("start", "--hosts", "a,a"), "host listed twice"),
+    (("run", "-n", "0", "true"), "-n"),
+    (("run", "--mca", "prte_data_server_verbose", "9", "-n", "1", "true"),
+     "prte_data_server_verbose"),
+    (("session", "end", "notanumber"), "session id"),
+])
+def test_bad_arguments_are_usage_errors_before_anything_happens(args, option, tmp_path):
+    """Exit 2 and a message naming the option; no publish reached a daemon (there is none:
+    a publish that went ahead would fail with STATUS), no DVM started (no state written)."""
+    p = _pydvm(*args, tmp_path=tmp_path)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert option in p.stderr, p.stderr
+    assert "STATUS" not in p.stdout and "tcp://" not in p.stdout
+    assert not (tmp_path / "state").exists() or not any((tmp_path / "state").iterdir())
+
+
+def test_verbose_range_is_0_to_2_and_documented_in_its_help():
+    from pydvm import params as P
+
+    assert P.resolve([("prte_data_server_verbose", "2")])["prte_data_server_verbose"].value == 2
+    with pytest.raises(P.ParamError, match="between 0 and 2"):
+        P.resolve([("prte_data_server_verbose", "3")])
+    assert "(0..2)" in P.REGISTRY["prte_data_server_verbose"].help
