@@ -82,13 +82,13 @@ MASTER_FORBIDDEN = frozenset({"stop", "shutdown", "session_end", "kill_job", "ru
 TYPES = ["publish", "lookup", "unpublish", "hello"] + sorted({  # client -> daemon first
     "auth", "ready", "cancel", "output", "exited",                  # daemon -> master
     "launch", "kill", "purge", "stats", "shutdown", "ping",         # master -> daemon
-    "run", "kill_job", "stop", "session_new", "session_end", "store", "info",  # tools
+    "run", "kill_job", "ps", "stop", "session_new", "session_end", "store", "info",  # tools
     "challenge", "reply", "error", "started",                       # answers
     "bogus", "", "PUBLISH",
 } - {"publish", "lookup", "unpublish", "hello"})
 MASTER_TYPES = [t for t in TYPES if t not in MASTER_FORBIDDEN]
 #: Tool requests that may succeed; any other non-data type is refused.
-_TOOL_OK = frozenset({"session_new", "store", "info", "purge", "ping"})
+_TOOL_OK = frozenset({"session_new", "store", "info", "purge", "ping", "ps"})
 KINDS = ("daemon-before-hello", "daemon-after-hello", "master-before-handshake",
          "master-after-handshake")
 
