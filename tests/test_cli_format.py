@@ -98,6 +98,12 @@ def test_job_end_names_apps_only_for_mpmd_jobs_and_caps_the_list():
     assert out[1] == "pydvm run: ns@4: ... and 29 more failed processes"
 
 
+def test_job_end_for_a_plain_kill_counts_the_processes_it_ended():
+    r = _reply(killed=2, msg="killed by 'pydvm kill' from uid 7")
+    assert job_end_lines(r, interrupted=False) == [
+        "pydvm run: ns@4: killed by 'pydvm kill' from uid 7; 2 processes were killed"]
+
+
 def test_job_end_after_our_own_interrupt_reports_failures_but_not_the_kill():
     r = _reply(killed=2, msg="its pydvm run was interrupted (signal 2)")
     assert job_end_lines(r, interrupted=True) == []

@@ -98,14 +98,14 @@ def unreachable_lines(uri: DvmUri, why: str, from_env: bool) -> list[str]:
     message names the variable and how to clear or reset it.
     """
     running = registry.is_running(uri.dvmid)
-    if running is False:
+    if running is False:  # it ran here and ended: the reason adds nothing
         state = f"DVM {uri.dvmid} is not running any more"
     elif running is True:
-        state = f"DVM {uri.dvmid} is running but does not answer at {uri.host}:{uri.port}"
+        state = f"DVM {uri.dvmid} is running but does not answer here ({why})"
     else:
-        state = f"no DVM of yours answers at {uri}"
+        state = f"no DVM of yours answers there ({why})"
     where = f"PYDVM_URI={uri}" if from_env else f"--dvm {uri}"
-    lines = [f"pydvm: {where}: {state} ({why})"]
+    lines = [f"pydvm: {where}: {state}"]
     if from_env:
         lines.append("pydvm: unset PYDVM_URI ('pydvm run' then runs a one-shot DVM), or set "
                      "it to a running DVM: 'pydvm dvms' lists yours, "

@@ -133,8 +133,9 @@ def _how(status: int, signum: int) -> str:
     return f"exited with status {status}"
 
 
-def _procs(n: int) -> str:
-    return f"{n} other process was killed" if n == 1 else f"{n} other processes were killed"
+def _procs(n: int, other: bool) -> str:
+    o = "other " if other else ""
+    return f"{n} {o}process was killed" if n == 1 else f"{n} {o}processes were killed"
 
 
 def job_end_lines(r: dict, interrupted: bool) -> list[str]:
@@ -160,7 +161,8 @@ def job_end_lines(r: dict, interrupted: bool) -> list[str]:
     msg = r.get("msg")
     if msg and not interrupted:
         killed = r.get("killed") or 0
-        out.append(f"pydvm run: {ns}: {msg}" + (f"; {_procs(killed)}" if killed else ""))
+        out.append(f"pydvm run: {ns}: {msg}" + (f"; {_procs(killed, bool(rows))}" if killed
+                                                else ""))
     return out
 
 
