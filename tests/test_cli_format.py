@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from pydvm.cli_format import (duration, found_line, job_end_lines, lookup_json, one_shot_warning,
-                              ps_lines, quote, table)
+                              ps_lines, quote, store_lines, table)
 
 
 @pytest.mark.parametrize("text", ["abc", "tcp://10.0.0.1:5555", "héllo", "a=b", "x'y", "42"])
@@ -118,6 +118,7 @@ def test_one_shot_warning_only_for_what_a_persistent_dvm_keeps():
     assert one_shot_warning([{"key": "n", "persistence": "app"}]) is None
     many = [{"key": f"k{i}", "persistence": "indef"} for i in range(8)]
     assert "and 3 more" in one_shot_warning(many)
+    assert "holding at least 8 keys" in one_shot_warning(many, truncated=True)
 
 
 def test_tables_align_columns_and_ps_shows_layout_and_apps():
@@ -134,3 +135,23 @@ def test_tables_align_columns_and_ps_shows_layout_and_apps():
                                         (303, "5m03s"), (7260, "2h01m"), (273600, "3d04h")])
 def test_durations_read_at_a_glance(secs, shown):
     assert duration(secs) == shown
+
+
+def test_store_lines_keep_the_counts_table_and_list_own_keys_after_it():
+    row = {"store": "master", "items": 2, "parked": 0, "evictions": 1, "expiries": 0,
+           "bytes_by_uid": {"1000": 290}, "keys": ["tok", "a b"],
+           "key_info": [{"key": "tok", "persistence": "first-read", "range": "session",
+                         "idle": 3.25, "expires_in": 296.75, "size": 6,
+                         "publisher": "ns@2:0"}],
+           "key_info_truncated": True}
+    out = store_lines([row, {"store": "b", "error": "timed out"}])
+    assert out[0].split() == ["store", "items", "parked", "evictions", "expiries", "bytes",
+                              "by", "uid"]
+    assert out[1].split() == ["master", "2", "0", "1", "0", "1000:", "290"]
+    assert out[2].split() == ["your", "keys:", "tok", '"a', 'b"']
+    assert out[3] == f"{'b':<20} unavailable: timed out"
+    assert out[6].split() == ["STORE", "KEY", "PERSISTENCE", "RANGE", "IDLE", "EXPIRES", "SIZE",
+                              "PUBLISHER"]
+    assert out[7].split() == ["master", "tok", "first-read", "session", "3.2s", "4m56s", "6",
+                              "ns@2:0"]
+    assert out[8].startswith("(master holds more of your keys")

@@ -163,5 +163,6 @@ async def one_shot_warning(uri: DvmUri) -> str | None:
         r = await call(uri, {"t": "store"}, timeout=10)
     except (ToolError, OSError, asyncio.TimeoutError):
         return None
-    rows = [k for s in r.get("stores") or () for k in s.get("key_info") or ()]
-    return F.one_shot_warning(rows)
+    stores = r.get("stores") or ()
+    rows = [k for s in stores for k in s.get("key_info") or ()]
+    return F.one_shot_warning(rows, truncated=any(s.get("key_info_truncated") for s in stores))

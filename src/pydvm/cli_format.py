@@ -166,17 +166,20 @@ def job_end_lines(r: dict, interrupted: bool) -> list[str]:
     return out
 
 
-def one_shot_warning(rows: list[dict]) -> str | None:
+def one_shot_warning(rows: list[dict], truncated: bool = False) -> str | None:
     """The one line a one-shot ``pydvm run`` prints when its DVM ends holding
     items a persistent DVM would have kept; ``rows`` are the ``key_info``
-    rows of its stores.  None when there are none."""
+    rows of its stores (``truncated``: a store described only some of its
+    keys, so the count is a lower bound).  None when there are none."""
     kept = [r for r in rows if r.get("persistence") in KEPT_BY_A_PERSISTENT_DVM]
     if not kept:
         return None
     shown = ", ".join(f"{quote(r['key'])} ({r['persistence']})" for r in kept[:5])
     more = f" and {len(kept) - 5} more" if len(kept) > 5 else ""
     n = len(kept)
-    return (f"pydvm run: warning: this one-shot DVM ended holding {n} key{'s' if n > 1 else ''} "
+    least = "at least " if truncated else ""
+    return (f"pydvm run: warning: this one-shot DVM ended holding {least}{n} "
+            f"key{'s' if n > 1 else ''} "
             f"that a persistent DVM would have kept: {shown}{more}; to keep data between "
             "jobs, start one first: export PYDVM_URI=$(pydvm start --daemonize)")
 
@@ -276,7 +279,8 @@ def store_lines(stores: list[dict]) -> list[str]:
     one per row (what ``OBJECT IDLETIME`` / ``TTL`` tell a Redis user)."""
     out = [f"{'store':<20} {'items':>7} {'parked':>7} {'evictions':>9} {'expiries':>8}  "
            "bytes by uid"]
-    keyrows = []
+    keyrows: list[list[str]] = []
+    cut: list[str] = []
     for s in stores:
         if "error" in s:
             out.append(f"{s['store']:<20} unavailable: {s['error']}")
@@ -290,10 +294,13 @@ def store_lines(stores: list[dict]) -> list[str]:
             keyrows.append([s["store"], quote(k["key"]), k["persistence"], k["range"],
                             duration(k["idle"]), duration(k["expires_in"]), str(k["size"]),
                             k["publisher"]])
+        if s.get("key_info_truncated"):
+            cut.append(f"({s['store']} holds more of your keys: only the "
+                       f"{len(s.get('key_info') or ())} least recently used are shown)")
     if keyrows:
         out.append("")
         out.append("your keys (IDLE: since last access; EXPIRES: until the idle timeout "
                    "removes it, '-' when a lifetime does):")
         out += table(["STORE", "KEY", "PERSISTENCE", "RANGE", "IDLE", "EXPIRES", "SIZE",
                       "PUBLISHER"], keyrows)
-    return out
+    return out + cut

@@ -74,3 +74,13 @@ def test_describe_lists_least_recently_used_first(env, sched):
     store.lookup(alice, ["a"])
     assert [r.key for r in store.describe_uid(UID_A)] == ["b", "a"]
     assert [r.key for r in store.describe_uid(UID_A, now=sched.now() + 5)] == ["b", "a"]
+
+
+def test_describe_stops_at_its_limit_least_recently_used_first(env, sched):
+    """limit=N: the N least recently used keys, so a reply stays bounded."""
+    store = env.make()
+    for i in range(5):
+        store.publish(alice, {f"k{i}": "v"}, persistence=P.INDEF)
+        sched.advance(1)
+    assert [r.key for r in store.describe_uid(UID_A, limit=2)] == ["k0", "k1"]
+    assert len(store.describe_uid(UID_A, limit=10)) == 5

@@ -135,9 +135,12 @@ def reissue(send: Callable[[Message, Callable[[Message], None]], int | None], ch
 def stats_row(store: DataStore, uid: int) -> dict:
     """One store's entry of ``pydvm store --json``: counts for everyone's
     data, key names only of ``uid``'s own items, and for each of those
-    (``key_info``) its persistence, range, idle seconds, seconds until the
-    idle timeout (None: a lifetime removes it), size and publisher."""
+    (``key_info``, the first :data:`KEY_INFO_LIMIT`, least recently used
+    first; ``key_info_truncated`` says whether there were more) its
+    persistence, range, idle seconds, seconds until the idle timeout (None:
+    a lifetime removes it), size and publisher."""
     st = store.stats()
+    info = store.describe_uid(uid, limit=KEY_INFO_LIMIT + 1)
     return {
         "store": store.name,
         "items": st.items,
@@ -150,9 +153,15 @@ def stats_row(store: DataStore, uid: int) -> dict:
                       "idle": round(k.idle, 3), "expires_in": _rounded(k.expires_in),
                       "size": k.size, "item_bytes": k.item_bytes,
                       "publisher": f"{k.publisher[0]}:{k.publisher[1]}"}
-                     for k in store.describe_uid(uid)],
+                     for k in info[:KEY_INFO_LIMIT]],
+        "key_info_truncated": len(info) > KEY_INFO_LIMIT,
         "uid": uid,
     }
+
+
+#: Keys described one by one in a store's row: a reply must fit a frame
+#: however many keys a user holds.
+KEY_INFO_LIMIT = 1000
 
 
 def _rounded(seconds: float | None) -> float | None:

@@ -763,25 +763,28 @@ class DataStore:
         """Key names held by ``uid``'s items, least recently used first."""
         return [k for item in self._lru.get(uid, ()) for k in item.pairs]
 
-    def describe_uid(self, uid: int, now: float | None = None) -> list[KeyInfo]:
-        """Every key of ``uid``'s items, least recently used first, as
-        :class:`KeyInfo` rows (``pydvm store``).
+    def describe_uid(self, uid: int, now: float | None = None,
+                     limit: int | None = None) -> list[KeyInfo]:
+        """The keys of ``uid``'s items, least recently used first, as
+        :class:`KeyInfo` rows (``pydvm store``); at most ``limit`` of them.
 
         Read-only: touches nothing, so asking does not keep an item alive;
         an item already past its idle timeout (not yet swept) is left out,
         as a lookup would not see it.  ``now`` defaults to the store clock's
-        reading.  Costs O(that uid's items).
+        reading.  Costs O(rows returned + stale items skipped).
         """
         if now is None:
             now = self._clock.now()
         timeout = self.params.timeout
-        rows = []
+        rows: list[KeyInfo] = []
         for item in self._lru.get(uid, ()):
             if self._stale(item, now):
                 continue
             idle = max(0.0, now - item.last_access)
             expires = max(0.0, timeout - idle) if timeout and item.idle_expires else None
             for key, value in item.pairs.items():
+                if limit is not None and len(rows) >= limit:
+                    return rows
                 rows.append(KeyInfo(key, item.persistence, item.range, idle, expires,
                                     len(key.encode("utf-8")) + value_size(value),
                                     item.nbytes, item.owner.proc))
