@@ -404,6 +404,8 @@ def cmd_info(a: argparse.Namespace) -> int:
         print(f"DVM {r['dvm']} at {r['uri']}")
         for name, slots, state in r["nodes"]:
             print(f"  node {name} slots={slots} {state}")
+        if r.get("head_node"):
+            print(f"  head node {r['head_node']}: served by the master process (one hop)")
         rows = [(k, v[0], v[1], v[2]) for k, v in r["params"].items()]
     else:
         try:

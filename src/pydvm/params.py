@@ -100,6 +100,9 @@ REGISTRY: dict[str, Param] = {
         Param("pydvm_heartbeat_interval", _positive_float, 2.0,
               "seconds between master<->daemon (and relay<->data server) heartbeats; "
               "a peer silent for 3 periods is lost", "seconds"),
+        Param("pydvm_head_node", _nonempty_str, "auto",
+              "node served by the master process itself (one hop for its clients): 'auto' "
+              "(the node named like this machine, if any), 'none', or a node name", "name"),
         Param("pydvm_output_window", _window, 1024 * 1024,
               "bytes of one job's output a node may have in flight to a slow 'pydvm run' "
               "before it stops reading the job's pipes (k/m suffixes; 64k..1g)", "size"),

@@ -358,6 +358,126 @@ class Channel(asyncio.Protocol):
         return await self._closed_waiter
 
 
+class LocalEnd:
+    """One end of an in-process link: the :class:`Channel` interface without a socket.
+
+    The master serves its own node with the same node-serving component a
+    daemon process runs (:class:`pydvm.runtime.node.NodeServer`); the two
+    talk over a :func:`local_pair` instead of TCP.  Messages are delivered
+    on the next loop iteration, in order, as shallow copies (no encoding;
+    the receiver may keep or change what it gets).  ``local`` tells
+    heartbeats to leave the link alone: it cannot go silent.
+    """
+
+    local = True
+    write_paused = False
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.peer_end: "LocalEnd | None" = None
+        self.on_message: Callable[["LocalEnd", Message], None] = lambda ch, m: None
+        self.on_close: Callable[["LocalEnd", str], None] | None = None
+        self.session: Any = None
+        self.closed = False
+        self.close_reason = ""
+        self.last_rx = time.monotonic()
+        self._pending: dict[int, ReplyCallback] = {}
+        self._next_id = 0
+        self._loop = asyncio.get_running_loop()
+
+    def send(self, msg: Message) -> None:
+        peer = self.peer_end
+        if self.closed or peer is None:
+            return
+        self._loop.call_soon(peer._deliver, dict(msg))
+
+    def _deliver(self, msg: Message) -> None:
+        if self.closed:
+            return
+        self.last_rx = time.monotonic()
+        if msg.get("t") == "reply":
+            rid = msg.get("id")
+            cb = self._pending.pop(rid, None) if _hashable(rid) else None
+            if cb is not None:
+                cb(msg)
+                return
+        try:
+            self.on_message(self, msg)
+        except Exception:
+            log.exception("%s: handler failed on %r message", self.name, msg.get("t"))
+            refuse(self, msg, Status.ERR_BAD_PARAM, "internal error")  # type: ignore[arg-type]
+
+    def request(self, msg: Message, callback: ReplyCallback) -> int | None:
+        self._next_id += 1
+        rid = self._next_id
+        msg["id"] = rid
+        if self.closed:
+            callback(reply(rid, Status.ERR_UNREACH, f"link {self.name} is closed"))
+            return None
+        self._pending[rid] = callback
+        self.send(msg)
+        return rid
+
+    def forget(self, rid: int) -> None:
+        self._pending.pop(rid, None)
+
+    def withdraw(self, rid: int | None) -> None:
+        if rid is None or rid not in self._pending:
+            return
+        self.forget(rid)
+        self.send({"t": "cancel", "ref": rid})
+
+    async def call(self, msg: Message, timeout: float | None = None) -> Message:
+        fut = self._loop.create_future()
+
+        def done(r: Message) -> None:
+            if not fut.done():
+                fut.set_result(r)
+
+        rid = self.request(msg, done)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            self.withdraw(rid)
+            return reply(rid, Status.ERR_TIMEOUT, f"no reply from {self.name} in {timeout}s")
+
+    def on_drain(self, fn: Callable[[], None]) -> None:
+        fn()
+
+    def close(self, reason: str = "closed", *, error: bool = False) -> None:
+        """Close both ends (each answers its outstanding requests UNREACH)."""
+        if self.closed:
+            return
+        if error:
+            log.warning("%s: closed: %s", self.name, reason)
+        self._finish(reason)
+        peer = self.peer_end
+        if peer is not None and not peer.closed:
+            self._loop.call_soon(peer._finish, reason)
+
+    def _finish(self, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.close_reason = reason
+        pending, self._pending = self._pending, {}
+        for rid, cb in pending.items():
+            try:
+                cb(reply(rid, Status.ERR_UNREACH, f"link {self.name} closed: {reason}"))
+            except Exception:
+                log.exception("%s: reply callback failed", self.name)
+        if self.on_close is not None:
+            on_close, self.on_close = self.on_close, None
+            on_close(self, reason)
+
+
+def local_pair(name_a: str, name_b: str) -> tuple[LocalEnd, LocalEnd]:
+    """Two connected :class:`LocalEnd` objects (must be made inside a running loop)."""
+    a, b = LocalEnd(name_a), LocalEnd(name_b)
+    a.peer_end, b.peer_end = b, a
+    return a, b
+
+
 async def heartbeat(channels: Callable[[], list[Channel]], interval: float,
                     *, ask: bool = False) -> None:
     """Ping every channel each ``interval`` seconds; close those silent for 3.
@@ -372,7 +492,7 @@ async def heartbeat(channels: Callable[[], list[Channel]], interval: float,
         await asyncio.sleep(interval)
         now = time.monotonic()
         for ch in channels():
-            if ch.closed:
+            if ch.closed or getattr(ch, "local", False):
                 continue
             silent = now - ch.last_rx
             if silent > 3 * interval:

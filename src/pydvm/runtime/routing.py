@@ -144,3 +144,23 @@ class RoutingMixin:
             for remote in session.forwarded.values():
                 self.relay.cancel(remote)
         session.forwarded.clear()
+
+
+class MasterRouter:
+    """The head node's router: its clients' data requests are served by the
+    master in place -- one hop, no re-encoding, the answer written straight
+    to the client's connection.  (A daemon's clients go through an
+    :class:`~pydvm.runtime.node.UplinkRouter` instead.)"""
+
+    def __init__(self, master: "Master") -> None:
+        self.master = master
+
+    def forward(self, session: PeerSession, msg: Message) -> None:
+        self.master._data_op(session, msg, session.caller)
+
+    def cancel(self, session: PeerSession, ref: int) -> None:
+        self.master._cancel(session, ref)
+
+    def withdraw_all(self, session: PeerSession) -> None:
+        self.master._withdraw(session)
+

@@ -187,6 +187,7 @@ class ToolRequestsMixin:
             dvm=self.dvmid, uri=str(self.uri), pid=os.getpid(),
             daemon_pids={n.name: n.process.pid for n in self.nodes.values() if n.process},
             records=self.record_counts(),
+            head_node=self.head_node,
         ))
 
 
