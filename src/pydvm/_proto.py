@@ -8,7 +8,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from .enums import Persistence, Range
 from .errors import BadParamError, Status, UnreachableError, error_for
-from .wire import Message
+from .wire import BODY, Message, pack_payload
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +70,19 @@ def hello_msg(nspace: str, rank: int) -> Message:
     return {"t": "hello", "nspace": nspace, "rank": rank}
 
 
+def _envelope(t: str, rng: int | None, fields: dict) -> Message:
+    """A data request as an envelope: what routes it (type, range) in the
+    header, the rest as a payload that a daemon passes on without decoding."""
+    try:
+        payload = pack_payload(fields)
+    except (TypeError, ValueError, OverflowError) as exc:  # a value msgpack cannot encode
+        raise BadParamError(f"cannot encode request: {exc}") from None
+    head: Message = {"t": t, BODY: payload}
+    if rng is not None:
+        head["range"] = rng
+    return head
+
+
 def publish_msg(
     data: Mapping[str, Any],
     range: Range | int,
@@ -80,15 +93,13 @@ def publish_msg(
 ) -> Message:
     if not isinstance(data, Mapping):
         raise BadParamError("publish takes a mapping of key to value")
-    return {
-        "t": "publish",
+    return _envelope("publish", int(range), {
         "pairs": dict(data),
-        "range": int(range),
         "persist": None if persistence is None else int(persistence),
         "uids": list(access_uids),
         "gids": list(access_gids),
         "replace": bool(replace),
-    }
+    })
 
 
 def lookup_msg(keys: Iterable[str] | str, range: Range | int, wait: bool | int,
@@ -101,14 +112,13 @@ def lookup_msg(keys: Iterable[str] | str, range: Range | int, wait: bool | int,
         w = None
     else:
         w = int(wait)
-    return {"t": "lookup", "keys": list(keys), "range": int(range), "wait": w,
-            "timeout": timeout}
+    return _envelope("lookup", int(range), {"keys": list(keys), "wait": w, "timeout": timeout})
 
 
 def unpublish_msg(keys: Iterable[str] | str | None) -> Message:
     if isinstance(keys, str):
         keys = [keys]
-    return {"t": "unpublish", "keys": None if keys is None else list(keys)}
+    return _envelope("unpublish", None, {"keys": None if keys is None else list(keys)})
 
 
 def status_of(r: Message) -> Status:

@@ -57,14 +57,59 @@ class FrameError(Exception):
         self.messages: list = messages or []
 
 
+#: First byte of an *enveloped* frame body: a byte msgpack never produces.
+ENVELOPE = 0xC1
+_ENV_HEAD = struct.Struct("!BI")
+#: Key under which an enveloped message carries its opaque payload.
+BODY = "_body"
+
+
 def pack(msg: Message) -> bytes:
-    """Encode one message as a frame."""
+    """Encode one message as a frame (enveloped if it carries a payload)."""
+    if BODY in msg:
+        return b"".join(pack_parts(msg))
     body = msgpack.packb(msg, use_bin_type=True)
     return HEADER.pack(len(body)) + body
 
 
+def pack_parts(msg: Message) -> list:
+    """An enveloped message as the pieces of its frame, payload not copied.
+
+    Envelope layout (the frame body)::
+
+        0xC1 | u32 BE header length | msgpack map (the header) | payload
+
+    The header holds what a hop needs to route the message; the payload is
+    opaque bytes (normally a msgpack map) that a hop passes on untouched.
+    """
+    payload = msg[BODY]
+    header = msgpack.packb({k: v for k, v in msg.items() if k != BODY}, use_bin_type=True)
+    return [HEADER.pack(_ENV_HEAD.size + len(header) + len(payload)),
+            _ENV_HEAD.pack(ENVELOPE, len(header)), header, payload]
+
+
+def frame_of(body) -> bytes:
+    """A frame carrying an already-encoded body (as sent on by a router)."""
+    return HEADER.pack(len(body)) + bytes(body)
+
+
 def unpack_body(body: bytes) -> Message:
-    """Decode one frame body; raises FrameError if it is not a typed map."""
+    """Decode one frame body; raises FrameError if it is not a typed map.
+
+    An enveloped body decodes to its header map with the payload, undecoded,
+    under :data:`BODY` (a memoryview of the frame: no copy).
+    """
+    payload = None
+    if body[:1] == b"\xc1":
+        if len(body) < _ENV_HEAD.size:
+            raise FrameError("truncated envelope")
+        _, hlen = _ENV_HEAD.unpack_from(body, 0)
+        end = _ENV_HEAD.size + hlen
+        if end > len(body):
+            raise FrameError(f"envelope header of {hlen} bytes overruns its frame")
+        view = memoryview(body)
+        payload = view[end:]
+        body = view[_ENV_HEAD.size:end]
     try:
         msg = msgpack.unpackb(body, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
@@ -73,7 +118,25 @@ def unpack_body(body: bytes) -> Message:
         raise FrameError(f"frame is a {type(msg).__name__}, not a map")
     if not isinstance(msg.get("t"), str):
         raise FrameError("frame has no string message type 't'")
+    if payload is not None:
+        msg[BODY] = payload
+    elif BODY in msg:
+        del msg[BODY]  # only an envelope may carry a payload
     return msg
+
+
+def unpack_payload(payload) -> dict | None:
+    """Decode an envelope's payload as a map; None if it is not one."""
+    try:
+        out = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except Exception:
+        return None
+    return out if isinstance(out, dict) else None
+
+
+def pack_payload(obj: dict) -> bytes:
+    """Encode a map as an envelope payload (or a frame body)."""
+    return msgpack.packb(obj, use_bin_type=True)
 
 
 def reply(req_id: Any, status: Status | int, msg: str = "", **fields: Any) -> Message:
@@ -262,7 +325,16 @@ class Channel(asyncio.Protocol):
     def send(self, msg: Message) -> None:
         if self.closed or self.transport is None:
             return
-        self.transport.write(pack(msg))
+        if BODY in msg:
+            self.transport.writelines(pack_parts(msg))
+        else:
+            self.transport.write(pack(msg))
+
+    def send_raw(self, body) -> None:
+        """Send an already-encoded frame body (an answer a router passes on)."""
+        if self.closed or self.transport is None:
+            return
+        self.transport.writelines([HEADER.pack(len(body)), body])
 
     def send_error(self, status: Status, text: str) -> None:
         self.send({"t": "error", "status": int(status), "msg": text})
@@ -390,6 +462,9 @@ class LocalEnd:
         if self.closed or peer is None:
             return
         self._loop.call_soon(peer._deliver, dict(msg))
+
+    def send_raw(self, body) -> None:
+        self.send(unpack_body(bytes(body)))
 
     def _deliver(self, msg: Message) -> None:
         if self.closed:

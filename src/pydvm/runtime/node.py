@@ -138,7 +138,7 @@ class UplinkRouter:
     def forward(self, session: ClientSession, msg: Message) -> None:
         c = session.caller
         head = {"t": msg["t"], "caller": [c.nspace, c.rank, c.uid, c.gid]}
-        dataops.reissue(self.uplink.request, session.channel, msg, head, session.forwarded)
+        dataops.reissue(self.uplink.request, session, msg, head, session.forwarded)
 
     def cancel(self, session: ClientSession, ref: int) -> None:
         mid = session.forwarded.pop(ref, None)
