@@ -132,6 +132,9 @@ class UplinkRouter:
     client's id (see :func:`dataops.reissue`).
     """
 
+    #: clients send data requests as envelopes: their payload is passed on.
+    wants_envelopes = True
+
     def __init__(self, uplink: Channel) -> None:
         self.uplink = uplink
 
@@ -530,7 +533,8 @@ class NodeServer:
         lp.sessions.add(session)
         ch.on_message = self._on_client
         self._clients.add(session)
-        ch.send(reply(rid, Status.SUCCESS, node=self.node))
+        ch.send(reply(rid, Status.SUCCESS, node=self.node,
+                      envelope=getattr(self.router, "wants_envelopes", True)))
 
     def _on_client(self, ch: Channel, msg: Message) -> None:
         session: ClientSession = ch.session
