@@ -136,8 +136,12 @@ class SlurmCluster:
     n: int = 3
     #: third octet of the subnet 10.251.<tag>.0/24 and part of link names.
     tag: int = 7
-    #: node (and network namespace) name prefix: sn1, sn2, ...
+    #: network namespace name prefix: sn1, sn2, ... (also the node names unless ``names``)
     prefix: str = "sn"
+    #: Slurm node names, if not the namespaces' (``("a", "b", "c")`` lets tests written
+    #: for hosts a, b, c run unchanged; the namespaces keep their ``prefix`` names, so
+    #: they never collide with other suites' namespaces of those names).
+    names: tuple[str, ...] = ()
     #: CPUs each node claims (slurm.conf, with ``config_overrides``).
     cpus: int | tuple[int, ...] = 2
     #: seconds between SIGTERM and SIGKILL when a job/step ends (slurm.conf KillWait).
@@ -163,7 +167,20 @@ class SlurmCluster:
     # -- naming --------------------------------------------------------------------------
     @property
     def nodes(self) -> list[str]:
+        """Slurm node names (hostnames inside the nodes), in order."""
+        if self.names:
+            assert len(self.names) == self.n, "one name per node"
+            return list(self.names)
+        return self.netns_names
+
+    @property
+    def netns_names(self) -> list[str]:
+        """The nodes' network namespaces, in node order."""
         return [f"{self.prefix}{i}" for i in range(1, self.n + 1)]
+
+    def netns(self, node: str) -> str:
+        """The network namespace of node ``node``."""
+        return self.netns_names[self.nodes.index(node)]
 
     @property
     def bridge(self) -> str:
@@ -356,7 +373,7 @@ class SlurmCluster:
             shutil.rmtree(old, ignore_errors=True)
         listed = _ip("netns", "list", check=False).stdout.split("\n")
         existing = {line.split()[0] for line in listed if line.split()}
-        for ns in self.nodes:
+        for ns in self.netns_names:
             if ns in existing:
                 for pid in _netns_pids(ns):
                     _kill(pid, signal.SIGKILL)
@@ -373,14 +390,14 @@ class SlurmCluster:
         self.links_made.append(self.bridge)
         _ip("addr", "add", f"{self.head_addr}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
-        for i, ns in enumerate(self.nodes, 1):
+        for i, ns in enumerate(self.netns_names, 1):
             _ip("netns", "add", ns)
             self.netns_made.append(ns)
             _ip("link", "add", self._veth(i), "type", "veth", "peer", "name", self._peer(i))
             self.links_made.append(self._veth(i))
             _ip("link", "set", self._peer(i), "netns", ns)
             _ip("-n", ns, "link", "set", self._peer(i), "name", "eth0")
-            _ip("-n", ns, "addr", "add", f"{self.addresses[ns]}/24", "dev", "eth0")
+            _ip("-n", ns, "addr", "add", f"{self.addresses[self.nodes[i - 1]]}/24", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
             _ip("link", "set", self._veth(i), "master", self.bridge)
@@ -495,7 +512,7 @@ class SlurmCluster:
         script = self._private_ns_script(node, node_cgroup=True)
         script += f'exec {_which("slurmd")} -D -N {node} -f {self.conf}\n'
         self._spawn(f"slurmd-{node}", [
-            _which("nsenter") or "nsenter", f"--net=/run/netns/{node}", "--",
+            _which("nsenter") or "nsenter", f"--net=/run/netns/{self.netns(node)}", "--",
             _which("unshare") or "unshare", "--uts", "--mount", "--propagation", "private",
             "sh", "-c", script])
 
@@ -674,7 +691,7 @@ class SlurmCluster:
         tell); :meth:`down` removes them with the rest.
         """
         for _ in range(3):  # catch anything forked while we were killing
-            for pid in _netns_pids(node):
+            for pid in _netns_pids(self.netns(node)):
                 _kill(pid, signal.SIGKILL)
             time.sleep(0.05)
 
@@ -692,7 +709,7 @@ class SlurmCluster:
     def processes(self, node: str) -> list[tuple[int, list[str]]]:
         """(pid, argv) of every process on ``node`` (in its network namespace)."""
         out = []
-        for pid in _netns_pids(node):
+        for pid in _netns_pids(self.netns(node)):
             try:
                 raw = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
@@ -728,7 +745,7 @@ class SlurmCluster:
         found = []
         listed = {line.split()[0] for line in _ip("netns", "list", check=False).stdout.split("\n")
                   if line.split()}
-        found += [f"netns {ns}" for ns in self.nodes if ns in listed]
+        found += [f"netns {ns}" for ns in self.netns_names if ns in listed]
         for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
             parts = line.split(":")
             if len(parts) > 1 and parts[1].strip().startswith(f"pdvmslurm{self.tag}-"):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ from .. import params as P
 from ..errors import Status
 from ..wire import Channel, Message, heartbeat, reply
 from .jobs import HostSpec, ProcState
-from .launch import daemon_argv, start_daemon
+from .launch import DaemonCommand, LaunchError, stderr_sink
 from .peers import DaemonSession
 
 if TYPE_CHECKING:
@@ -72,19 +73,21 @@ class NodesMixin:
         return [n.channel for n in self.nodes.values() if n.up]
 
     async def _launch_daemons(self: "Master") -> None:
-        agent = self.values["plm_ssh_agent"]
-        for node in self.nodes.values():
-            argv = daemon_argv(self.launcher, node.name, str(self.uri), agent, self.log_dir,
-                               self.values["pydvm_remote_python"])
-            try:
-                node.process = await start_daemon(argv, self.secret)
-            except OSError as exc:
-                raise StartError(f"cannot start the daemon for {node.name} ({argv[0]}): {exc}")
+        """Start every node's daemon with the DVM's launcher; return once all
+        have reported in.  A daemon that ends before reporting in fails the
+        start-up with what it wrote on stderr (:meth:`_start_failure`)."""
+        launcher = self.launcher
+        cmd = DaemonCommand(str(self.uri), self.log_dir,
+                            self.values["pydvm_remote_python"] or sys.executable)
+        launcher.tail.sink = stderr_sink(self.log_dir)
+        try:
+            await launcher.start(list(self.nodes), cmd, self.secret, self.values)
+        except LaunchError as exc:
+            raise StartError(str(exc)) from None
+        for name, proc in launcher.processes().items():
+            self.nodes[name].process = proc
         waits = {n.name: asyncio.ensure_future(n.registered.wait()) for n in self.nodes.values()}
-        exits = {
-            n.name: asyncio.ensure_future(n.process.wait())
-            for n in self.nodes.values() if n.process is not None
-        }
+        gone = {name: launcher.gone(name) for name in self.nodes}
         deadline = asyncio.get_running_loop().time() + REGISTER_TIMEOUT
         try:
             while any(not w.done() for w in waits.values()):
@@ -94,17 +97,42 @@ class NodesMixin:
                     raise StartError(f"daemons did not report in within {REGISTER_TIMEOUT:.0f}s: "
                                      f"{', '.join(missing)}")
                 pending = [w for w in waits.values() if not w.done()]
-                pending += [e for n, e in exits.items() if not waits[n].done()]
+                pending += [g for n, g in gone.items() if not waits[n].done()]
                 await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-                for name, e in exits.items():
-                    if e.done() and not waits[name].done():
-                        raise StartError(f"the daemon for {name} exited with status {e.result()} "
-                                         "before reporting in (see its log)")
+                failed = [n for n, g in gone.items() if g.done() and not waits[n].done()]
+                if failed:
+                    raise StartError(self._start_failure(failed))
         finally:
-            for f in list(waits.values()) + list(exits.values()):
-                f.cancel()
+            for w in waits.values():
+                w.cancel()
+        # From now on a daemon that dies is noticed as before, by its link
+        # closing (or falling silent); but a launcher that has lost every
+        # daemon for good (the srun step ended) ends the DVM.
+        launcher.on_ended = self._launcher_ended
         self._heartbeat = self._spawn(heartbeat(self.up_channels,
                                                 self.values["pydvm_heartbeat_interval"]))
+
+    def _start_failure(self: "Master", failed: list[str]) -> str:
+        """The start-up error for daemons that ended before reporting in:
+        the first one's reason and the last lines of its stderr."""
+        name = failed[0]
+        why = self.launcher.gone(name).result()
+        text = f"the daemon for {name} {why} before reporting in"
+        if len(failed) > 1:
+            text += f" (so did {', '.join(failed[1:])})"
+        tail = self.launcher.stderr_tail(name)
+        if tail:
+            text += "; its standard error ended with:\n" + "\n".join(f"  {ln}" for ln in tail)
+        else:
+            text += "; it wrote nothing on its standard error"
+        if self.log_dir:
+            text += f"\n(logs in {self.log_dir})"
+        return text
+
+    def _launcher_ended(self: "Master", reason: str) -> None:
+        if not self._stopping:
+            log.error("%s: every daemon is gone; stopping the DVM", reason)
+            self._spawn(self.stop())
 
     def _register_daemon(self: "Master", ch: Channel, msg: Message) -> None:
         name = msg.get("node")
