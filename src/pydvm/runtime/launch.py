@@ -145,11 +145,13 @@ async def _read_lines(stream: asyncio.StreamReader, each: Callable[[str], None])
 async def _hand_secret(proc: asyncio.subprocess.Process, secret: bytes) -> None:
     """Write the secret line to ``proc``'s stdin and close it."""
     assert proc.stdin is not None
-    proc.stdin.write(secret.hex().encode() + b"\n")
     try:
+        proc.stdin.write(secret.hex().encode() + b"\n")
         await proc.stdin.drain()
-    except (BrokenPipeError, ConnectionResetError):
-        pass  # it died already; its exit says why
+    except (BrokenPipeError, ConnectionResetError, RuntimeError):
+        # it died already (uvloop refuses a write to a closed pipe with
+        # RuntimeError): its exit and its stderr say why
+        pass
     proc.stdin.close()
 
 
