@@ -11,6 +11,11 @@ Use from a test (fixtures in conftest.py)::
             slurm.find("sn2", r"sleep 60")   # PIDs of matching processes on sn2
         slurm.env, slurm.nodes, slurm.addresses, slurm.head_addr, slurm.host_names
 
+``SlurmCluster(names=("a", "b", "c"))`` names the Slurm nodes (and their
+hostnames) a, b, c while their namespaces keep the ``prefix`` names (sn1..):
+tests written for hosts a, b, c then run unchanged on Slurm nodes, and no
+namespace ever takes a name another suite uses.
+
 Bring-up takes about 1.3 s once the packages are installed, tear-down about
 0.2 s.  Needs root and the Debian packages ``slurmctld slurmd slurm-client
 munge`` (:func:`unavailable_reason` says what is missing).
