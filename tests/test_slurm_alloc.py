@@ -377,3 +377,14 @@ def test_mca_values_that_look_like_options_reach_the_parameter():
     assert resolved["prte_data_server_timeout"].value == 5.0
     with pytest.raises(ValueError, match="plm_slurm_args"):
         _resolve_params([["plm_slurm_args", "--comment='unbalanced"]])
+
+
+def test_daemon_without_node_name_or_slurmd_nodename_is_refused():
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "SLURMD_NODENAME"}
+    r = subprocess.run([sys.executable, "-m", "pydvm", "daemon", "--master",
+                        "tcp://127.0.0.1:1/x"], env=env, capture_output=True, text=True,
+                       input="", timeout=30)
+    assert r.returncode == 2
+    assert "no node name: give --node NAME (SLURMD_NODENAME" in r.stderr
