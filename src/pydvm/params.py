@@ -70,6 +70,13 @@ def _nonempty_str(text: str) -> str:
     return str(text)
 
 
+def _srun_args(text: str) -> str:
+    import shlex
+
+    shlex.split(str(text))  # unbalanced quotes are a start-up error, not an srun one
+    return str(text)
+
+
 @dataclass(frozen=True)
 class Param:
     name: str
@@ -94,6 +101,9 @@ REGISTRY: dict[str, Param] = {
         Param("plm_ssh_agent", _nonempty_str, "ssh",
               "command (split on spaces) that runs the daemon on a remote host: "
               "AGENT HOST pydvm daemon ...", "command"),
+        Param("plm_slurm_args", _srun_args, "",
+              "extra srun options for the step that starts the daemons inside a Slurm "
+              "allocation (shell-quoted; placed after pydvm's own, so they win)", "options"),
         Param("pydvm_remote_python", str, "",
               "python interpreter that runs 'python -m pydvm daemon' on remote hosts "
               "(default: the master's own sys.executable)", "path"),

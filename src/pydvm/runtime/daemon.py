@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import signal
 
 from ..wire import Channel, heartbeat
 from .auth import DvmUri, connect
@@ -41,6 +42,9 @@ class Daemon:
             fields={"node": self.node})
         self.server = NodeServer(self.node, self.master, welcome, guardian=self.guardian)
         await self.server.start()
+        # SIGTERM (Slurm ending the allocation or the step, an admin): end the
+        # node's processes and leave, as when the master is lost.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._terminated)
         beat = asyncio.ensure_future(heartbeat(lambda: [self.master],
                                                self.server.values["pydvm_heartbeat_interval"]))
         lost = asyncio.ensure_future(self._lost.wait())
@@ -53,6 +57,11 @@ class Daemon:
         finally:
             beat.cancel()
         return 0
+
+    def _terminated(self) -> None:
+        if self.server is not None and not self.server.done.is_set():
+            log.warning("SIGTERM: killing local processes and exiting")
+        self._lost.set()
 
     def _on_master_lost(self, ch: Channel, reason: str) -> None:
         if self.server is not None and not self.server.done.is_set():

@@ -50,6 +50,7 @@ from ..wire import Channel, Message, peer_credentials, refuse, reply
 from . import dataops, registry
 from .auth import HANDSHAKE_TIMEOUT, DvmUri, check_auth, tool_socket_path
 from .jobs import HostSpec, JobRecord, SessionRecord
+from .launch import Launcher, make_launcher
 from .lifetimes import DEFAULT_SESSION, LifetimesMixin
 from .guard import Guardian
 from .nodes import LOST_STATUS, NodeRecord, NodesMixin, StartError, choose_head_node  # noqa: F401
@@ -93,7 +94,7 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
     def __init__(
         self,
         hosts: list[HostSpec],
-        launcher: str = "local",
+        launcher: "str | Launcher" = "local",
         resolved: dict[str, P.Resolved] | None = None,
         bind: str = "127.0.0.1",
         log_dir: str | None = None,
@@ -112,7 +113,9 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
         self._tool_server: asyncio.AbstractServer | None = None
         self.dvm_nspace = f"pydvm-{self.dvmid}"
         self.secret = secrets.token_bytes(32)
-        self.launcher = launcher
+        #: starts the daemons (:mod:`pydvm.runtime.launch`); a name gets that
+        #: launcher with hosts given by the caller.
+        self.launcher = launcher if isinstance(launcher, Launcher) else make_launcher(launcher)
         self.bind = bind
         self.log_dir = log_dir
         self.nodes: dict[str, NodeRecord] = {h.name: NodeRecord(h.name, h.slots) for h in hosts}
@@ -237,23 +240,17 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
         for node in self.nodes.values():
             if node.channel is not None and not node.channel.closed:
                 acks.append(node.channel.call({"t": "shutdown"}, timeout=10))
+        if self._server is not None:
+            self._server.close()  # a daemon still on its way in finds nobody
         if acks:
             await asyncio.gather(*acks)
+        await self.launcher.finish(timeout=10)
         for node in self.nodes.values():
-            if node.process is not None and node.process.returncode is None:
-                try:
-                    await asyncio.wait_for(node.process.wait(), 10)
-                except asyncio.TimeoutError:
-                    log.warning("daemon %s did not exit; killing it", node.name)
-                    node.process.kill()
-                    await node.process.wait()
             if node.server is not None:
                 await node.server.stop()
             node.state = "stopped"
         if self._guardian is not None:
             self._guardian.close()
-        if self._server is not None:
-            self._server.close()
         if self._tool_server is not None:
             self._tool_server.close()
             shutil.rmtree(tool_socket_path(self.dvmid).parent, ignore_errors=True)

@@ -229,7 +229,10 @@ class NodeServer:
         os.chmod(base, mode)
         remove_stale_socket_dirs(base)
         self.socket_dir = Path(tempfile.mkdtemp(prefix=f"{self.dvmid}-{self.node}-", dir=base))
-        (self.socket_dir / "owner").write_text(_process_identity(os.getpid()))
+        # written whole or not at all: other daemons sweep this directory
+        tmp = self.socket_dir / "owner.tmp"
+        tmp.write_text(_process_identity(os.getpid()))
+        tmp.rename(self.socket_dir / "owner")
         os.chmod(self.socket_dir, mode)
         self.socket_path = str(self.socket_dir / "client.sock")
         self.guardian.remove_on_exit(str(self.socket_dir))
@@ -641,8 +644,9 @@ def remove_stale_socket_dirs(base: Path) -> list[Path]:
 
     Each daemon writes ``owner`` (``PID STARTTIME``) into its directory; a
     directory whose owner process no longer exists (or is another process
-    under a reused pid) is a dead DVM's.  One without an owner file is left
-    alone for :data:`STALE_GRACE` seconds.  Returns what was removed.
+    under a reused pid) is a dead DVM's.  One without an owner file, or with
+    one not yet written whole, is left alone for :data:`STALE_GRACE` seconds.
+    Returns what was removed.
     """
     removed = []
     try:
@@ -657,14 +661,15 @@ def remove_stale_socket_dirs(base: Path) -> list[Path]:
             ident = (d / "owner").read_text().split()
         except OSError:
             ident = None
+        if ident is not None and not (len(ident) == 2 and ident[0].isdigit()):
+            ident = None  # being written by a daemon starting right now: as if missing
         if ident is None:
             try:
                 if now - d.stat().st_mtime < STALE_GRACE:
                     continue
             except OSError:
                 continue
-        elif len(ident) == 2 and ident[0].isdigit() and \
-                _process_identity(int(ident[0])) == " ".join(ident):
+        elif _process_identity(int(ident[0])) == " ".join(ident):
             continue  # its daemon is alive
         shutil.rmtree(d, ignore_errors=True)
         removed.append(d)
