@@ -873,3 +873,17 @@ def _procs_naming(dir: Path) -> list[tuple[int, str]]:
 
 def _all_pids() -> list[int]:
     return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def need_cluster() -> None:
+    """Skip the calling test (with the reason) where no cluster can be made --
+    or fail it under ``PYDVM_REQUIRE_SLURM=1``."""
+    import pytest
+
+    why = unavailable_reason()
+    if not why:
+        return
+    if os.environ.get("PYDVM_REQUIRE_SLURM") == "1":
+        pytest.fail(f"PYDVM_REQUIRE_SLURM=1 but no Slurm test cluster: {why}")
+    pytest.skip(why)
+

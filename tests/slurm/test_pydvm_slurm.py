@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster import SlurmCluster
+from cluster import SlurmCluster, need_cluster
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "e2e"))
 
@@ -53,9 +53,8 @@ DAEMON = r"-m pydvm daemon"
 @pytest.fixture(scope="module")
 def slurm_cluster():
     """This module's cluster: nodes a, b, c (namespaces sn1..sn3, tag 7)."""
-    from conftest import _need_cluster
 
-    _need_cluster()
+    need_cluster()
     with SlurmCluster(names=tuple(NODES)) as c:
         yield c
 
@@ -295,7 +294,8 @@ def test_the_end_of_the_allocation_ends_the_dvm(slurm, tmp_path):
 
 def test_sbatch_script_runs_a_dvm_on_its_first_node(slurm, tmp_path):
     """The README's sbatch script: the master runs on node a (no --bind: pydvm listens on
-    all of a's interfaces and names itself a), daemons on a, b, c as one step."""
+    all of a's interfaces and names itself a) and serves node a itself (the head node);
+    daemons on b and c as one step."""
     state = tmp_path / "state"
     py = sys.executable
     script = f"""#!/bin/sh
@@ -318,14 +318,15 @@ echo "AFTER $(squeue --steps --noheader -j $SLURM_JOB_ID --format=%j | sort | tr
     assert "launcher slurm, nodes from Slurm job" in out
     assert "logs in " + str(state / "logs") in out, out  # the --daemonize default
     steps = next(ln for ln in out.splitlines() if ln.startswith("STEPS"))
-    assert "pydvm-daemons:a,b,c" in steps, out
+    assert "pydvm-daemons:b,c" in steps, out
+    assert "head node a: served by the master process" in out, out
     assert sorted(ln.split("] ")[1] for ln in out.splitlines() if "] R " in ln) == [
         "R 0 a", "R 1 b", "R 2 c"], out
     assert "FOUND k v from" in out, out
     after = next(ln for ln in out.splitlines() if ln.startswith("AFTER"))
     assert "pydvm-daemons" not in after, out
     [logs] = list((state / "logs").iterdir())
-    assert {"master.log", "a.log", "b.log", "c.log"} <= {f.name for f in logs.iterdir()}
+    assert {"master.log", "b.log", "c.log"} <= {f.name for f in logs.iterdir()}
 
 
 # -- outside an allocation --------------------------------------------------------------
