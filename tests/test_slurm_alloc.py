@@ -309,3 +309,82 @@ def test_node_from_env_without_the_variable_fails():
         node_from_env([])
     with pytest.raises(ValueError):
         node_from_env(ECHO_ARGS, variable="A-B")
+
+
+# -- the slurm launcher's reading of srun's stderr, and the start command's choices -------
+
+def test_srun_label_option():
+    argv = srun_argv(["sn1"], ["d"], label=True)
+    assert "--label" in argv and argv.index("--label") < argv.index("d")
+    assert "--label" not in srun_argv(["sn1"], ["d"])
+
+
+def test_slurm_launcher_maps_task_lines_to_nodes_from_srun_end_lines():
+    """``srun --label`` prefixes task lines with the task number; srun's own end-of-task
+    lines (one node, or a compressed list with a task range) say which node it was."""
+    import asyncio
+
+    from pydvm.runtime.launch import SlurmLauncher
+
+    async def scenario():
+        sl = SlurmLauncher("test")
+        sl._nodes = ["sn1", "sn2", "sn3"]
+        for line in ["1: slurmstepd-sn2: error: execve(): /x: No such file or directory",
+                     "0: hello from sn1",
+                     "srun: error: sn2: task 1: Exited with exit code 2"]:
+            sl._on_line(line)
+        assert sl.gone("sn2").done() and not sl.gone("sn1").done()
+        assert sl.gone("sn2").result() == "ended (Exited with exit code 2)"
+        assert sl.stderr_tail("sn2") == [
+            "slurmstepd-sn2: error: execve(): /x: No such file or directory"]
+        sl._on_line("1: later")
+        assert sl.stderr_tail("sn2")[-1] == "later"
+        sl._on_line("srun: error: sn[1,3]: tasks 0,2: Killed")
+        assert sl.gone("sn1").done() and sl.gone("sn3").done()
+        assert sl.stderr_tail("sn1") == ["hello from sn1"]
+
+    asyncio.run(scenario())
+
+
+def test_start_inside_an_allocation_defaults_to_slurm_and_its_nodes():
+    from pydvm.cli import _start_hosts
+
+    hosts, launcher = _start_hosts(None, None, env())
+    assert (launcher.name, [h.name for h in hosts]) == ("slurm", ["sn1", "sn2", "sn3"])
+    assert launcher.source.startswith("Slurm job 42 (SLURM_JOB_NODELIST=sn[1-3]")
+    hosts, launcher = _start_hosts("sn2", None, env())
+    assert hosts == [HostSpec("sn2")] and launcher.source.endswith(", --hosts sn2")
+    with pytest.raises(ValueError, match="host sn9 is not in Slurm job 42"):
+        _start_hosts("sn1,sn9", None, env())
+    hosts, launcher = _start_hosts("x,y", "local", env())  # explicitly local: as outside
+    assert launcher.name == "local" and [h.name for h in hosts] == ["x", "y"]
+    with pytest.raises(ValueError, match="--launcher slurm needs a Slurm allocation"):
+        _start_hosts(None, "slurm", {})
+    with pytest.raises(ValueError, match="unknown launcher 'pbs'"):
+        _start_hosts(None, "pbs", {})
+    assert _start_hosts(None, None, {})[1].name == "local"
+
+
+def test_mca_values_that_look_like_options_reach_the_parameter():
+    from pydvm.cli import _mca_values_verbatim, _resolve_params, build_parser
+
+    argv = _mca_values_verbatim(["start", "--mca", "plm_slurm_args", "--exclusive",
+                                 "--mca", "prte_data_server_timeout", "5", "--daemonize"])
+    a = build_parser().parse_args(argv)
+    assert a.daemonize
+    resolved = _resolve_params(a.mca)
+    assert resolved["plm_slurm_args"].value == "--exclusive"
+    assert resolved["prte_data_server_timeout"].value == 5.0
+    with pytest.raises(ValueError, match="plm_slurm_args"):
+        _resolve_params([["plm_slurm_args", "--comment='unbalanced"]])
+
+
+def test_daemon_without_node_name_or_slurmd_nodename_is_refused():
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "SLURMD_NODENAME"}
+    r = subprocess.run([sys.executable, "-m", "pydvm", "daemon", "--master",
+                        "tcp://127.0.0.1:1/x"], env=env, capture_output=True, text=True,
+                       input="", timeout=30)
+    assert r.returncode == 2
+    assert "no node name: give --node NAME (SLURMD_NODENAME" in r.stderr

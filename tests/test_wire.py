@@ -307,7 +307,8 @@ msg_values = st.recursive(
 messages = st.builds(
     lambda t, rest: {**rest, "t": t},
     st.text(max_size=10),
-    st.dictionaries(st.text(max_size=6), msg_values, max_size=4),
+    # "_body" is reserved: it names an envelope's payload (see the tests below).
+    st.dictionaries(st.text(max_size=6).filter(lambda k: k != "_body"), msg_values, max_size=4),
 )
 
 
@@ -393,3 +394,82 @@ def test_valid_frames_in_random_chunks_reassemble_exactly(msgs, cuts):
     assert not failed
     assert pending == 0
     assert got == msgs
+
+
+# ---------------------------------------------------------------------------
+# envelopes: a routing header and an opaque payload
+# ---------------------------------------------------------------------------
+
+from pydvm.wire import BODY, pack_payload  # noqa: E402
+
+
+def test_an_envelope_round_trips_with_its_payload_untouched():
+    payload = pack_payload({"pairs": {"k": b"\x00" * 1000}, "persist": 5})
+    frame = pack({"t": "publish", "id": 3, "range": 4, BODY: payload})
+    assert frame[4] == 0xC1
+    (msg,) = FrameDecoder().feed(frame)
+    assert msg["t"] == "publish" and msg["id"] == 3 and msg["range"] == 4
+    assert bytes(msg[BODY]) == payload
+
+
+def test_an_envelope_passed_on_keeps_the_same_payload_bytes():
+    """What a daemon forwards is the payload it got, not a re-encoding of it."""
+    payload = pack_payload({"keys": ["a"], "wait": None, "timeout": None})
+    (got,) = FrameDecoder().feed(pack({"t": "lookup", "id": 1, BODY: payload}))
+    forwarded = pack({"t": "lookup", "id": 99, "rid": 1, "caller": ["n", 0, 0, 0],
+                      BODY: got[BODY]})
+    assert forwarded.endswith(payload)
+
+
+def test_a_plain_map_cannot_smuggle_a_payload_field():
+    """Only an envelope carries a payload: a plain map's "_body" key is dropped."""
+    body = msgpack.packb({"t": "publish", "id": 1, "_body": b"x"})
+    (msg,) = FrameDecoder().feed(HEADER.pack(len(body)) + body)
+    assert BODY not in msg
+
+
+@pytest.mark.parametrize("body", [
+    b"\xc1",                                    # no header length
+    b"\xc1\x00\x00",                            # truncated header length
+    b"\xc1\x00\x00\x00\x10\x81",                # header length overruns the frame
+    b"\xc1\x00\x00\x00\x01\x92",                # header is not a map
+    b"\xc1\x00\x00\x00\x01\x80payload",         # header map without a type
+])
+def test_malformed_envelopes_raise_frame_error(body):
+    with pytest.raises(FrameError):
+        FrameDecoder().feed(HEADER.pack(len(body)) + body)
+
+
+def test_reissue_passes_an_envelope_payload_on_as_the_same_object():
+    """dataops.reissue (a daemon forwarding a client request) neither decodes
+    nor re-encodes the payload, and an answer the next hop encoded for the
+    client is passed back as bytes."""
+    from pydvm.runtime import dataops
+
+    payload = memoryview(pack_payload({"pairs": {"k": "v"}}))
+    sent, raw, answered = [], [], []
+
+    class To:
+        closed = False
+
+        class channel:  # noqa: N801 - a stand-in for the client's channel
+            send_raw = raw.append
+
+        def send_answer(self, rid, r):
+            answered.append((rid, r))
+
+    def send(msg, cb):
+        sent.append((msg, cb))
+        return 77
+
+    out: dict = {}
+    dataops.reissue(send, To(), {"t": "publish", "id": 5, "range": 4, BODY: payload},
+                    {"t": "publish", "caller": ["ns", 0, 1, 1]}, out)
+    (fwd, cb), = sent
+    assert fwd[BODY] is payload and fwd["rid"] == 5 and fwd["range"] == 4
+    assert out == {5: 77}
+    cb({"t": "reply", "id": 77, BODY: b"encoded-once"})
+    assert raw == [b"encoded-once"] and out == {}
+    dataops.reissue(send, To(), {"t": "lookup", "id": 6, "keys": ["k"]}, {"t": "lookup"}, out)
+    sent[-1][1]({"t": "reply", "id": 78, "status": -46})
+    assert answered == [(6, {"t": "reply", "id": 6, "status": -46})]

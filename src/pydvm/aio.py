@@ -25,11 +25,13 @@ __all__ = ["Client", "Found", "LookupResult"]
 class Client:
     """An asyncio connection to this node's daemon; make one with :meth:`connect`."""
 
-    def __init__(self, channel: Channel, nspace: str, rank: int, node: str | None) -> None:
+    def __init__(self, channel: Channel, nspace: str, rank: int, node: str | None,
+                 envelope: bool = True) -> None:
         self._ch = channel
         self.nspace = nspace
         self.rank = rank
         self.node = node
+        self._envelope = envelope
 
     @classmethod
     async def connect(cls, server: str | None = None, nspace: str | None = None,
@@ -48,24 +50,24 @@ class Client:
         except BaseException:
             ch.close("hello refused")
             raise
-        return cls(ch, nspace, rank, r.get("node"))
+        return cls(ch, nspace, rank, r.get("node"), bool(r.get("envelope", True)))
 
     async def publish(self, data: Mapping[str, Any], *, range: Range = Range.SESSION,
                       persistence: Persistence | None = None, access_uids: Iterable[int] = (),
                       access_gids: Iterable[int] = (), replace: bool = False) -> None:
         """See :meth:`pydvm.Client.publish`."""
         _proto.check(await self._call(_proto.publish_msg(
-            data, range, persistence, access_uids, access_gids, replace)))
+            data, range, persistence, access_uids, access_gids, replace, self._envelope)))
 
     async def lookup(self, keys: Iterable[str] | str, *, range: Range = Range.SESSION,
                      wait: bool | int = False, timeout: float | None = None) -> LookupResult:
         """See :meth:`pydvm.Client.lookup`."""
         return _proto.lookup_result(await self._call(_proto.lookup_msg(keys, range, wait,
-                                                                       timeout)))
+                                                                       timeout, self._envelope)))
 
     async def unpublish(self, keys: Iterable[str] | str | None = None) -> None:
         """See :meth:`pydvm.Client.unpublish`."""
-        _proto.check(await self._call(_proto.unpublish_msg(keys)))
+        _proto.check(await self._call(_proto.unpublish_msg(keys, self._envelope)))
 
     async def close(self) -> None:
         self._ch.close("client closed")

@@ -100,25 +100,78 @@ def _hosts(text: str | None):
 
 
 def _resolve_params(mca: list[list[str]] | None) -> dict[str, P.Resolved]:
-    return P.resolve([(n, v) for n, v in (mca or [])])
+    return P.resolve([(n, v[1:] if v.startswith(" -") else v) for n, v in (mca or [])])
+
+
+def _mca_values_verbatim(argv: list[str]) -> list[str]:
+    """``--mca plm_slurm_args --exclusive``: argparse would take a value that
+    starts with '-' for an option and refuse the line, so such a value gets a
+    leading space here, which :func:`_resolve_params` takes off again."""
+    out = list(argv)
+    i = 0
+    while i < len(out) and out[i] != "--":
+        if out[i] == "--mca" and i + 2 < len(out):
+            if out[i + 2].startswith("-"):
+                out[i + 2] = " " + out[i + 2]
+            i += 3
+        else:
+            i += 1
+    return out
+
+
+def _start_hosts(text: str | None, launcher: str | None, env):
+    """The hosts and the launcher of a DVM started with ``--hosts text``
+    and ``--launcher launcher`` in environment ``env``.
+
+    Inside a Slurm allocation (``SLURM_JOB_ID`` set) the launcher defaults
+    to ``slurm`` and the hosts to the allocation's nodes with their slots;
+    ``--hosts`` then picks some of them (one refused if not allocated).
+    Elsewhere: ``local``, this machine.  Raises ValueError with the reason.
+    """
+    from .runtime.jobs import parse_hosts
+    from .runtime.launch import LAUNCHERS, make_launcher
+    from .runtime.slurm import allocation_from_env, in_allocation, select_hosts
+
+    if launcher is None:
+        launcher = "slurm" if in_allocation(env) else "local"
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"unknown launcher {launcher!r}; expected one of {', '.join(LAUNCHERS)}")
+    if launcher != "slurm":
+        return _hosts(text), make_launcher(launcher, "--hosts" if text else "this machine")
+    if not in_allocation(env):
+        raise ValueError("--launcher slurm needs a Slurm allocation, and SLURM_JOB_ID is not "
+                         "set: run pydvm inside salloc or an sbatch script")
+    alloc = allocation_from_env(env)
+    if not text:
+        return list(alloc.nodes), make_launcher("slurm", alloc.source)
+    hosts = select_hosts(alloc, parse_hosts(text))
+    return hosts, make_launcher("slurm", f"{alloc.source}, --hosts {text}")
+
+
+def _bind(given: str | None, launcher) -> str:
+    """The address the master listens on: ``--bind``, else ``PYDVM_BIND``,
+    else all interfaces for the Slurm launcher (the nodes must reach it; the
+    URI then names this host by its hostname), else 127.0.0.1."""
+    if given:
+        return given
+    if os.environ.get("PYDVM_BIND"):
+        return os.environ["PYDVM_BIND"]
+    return "0.0.0.0" if launcher.name == "slurm" else "127.0.0.1"
 
 
 def cmd_start(a: argparse.Namespace) -> int:
-    from .runtime.launch import LAUNCHERS
-
     try:
-        hosts = _hosts(a.hosts)
+        hosts, launcher = _start_hosts(a.hosts, a.launcher, os.environ)
         resolved = _resolve_params(a.mca)
     except ValueError as exc:
         return _fail(str(exc), 2)
-    if a.launcher not in LAUNCHERS:
-        return _fail(f"unknown launcher {a.launcher!r}", 2)
+    a.bind = _bind(a.bind, launcher)
     if a.daemonize:
-        return _daemonize(a, hosts, resolved)
-    return run_async(_serve(a, hosts, resolved, ready_fd=None), profile_name="master")
+        return _daemonize(a, hosts, launcher, resolved)
+    return run_async(_serve(a, hosts, launcher, resolved, ready_fd=None), profile_name="master")
 
 
-async def _serve(a, hosts, resolved, ready_fd: int | None) -> int:
+async def _serve(a, hosts, launcher, resolved, ready_fd: int | None) -> int:
     import signal
 
     from .runtime.launch import setup_logging
@@ -131,7 +184,7 @@ async def _serve(a, hosts, resolved, ready_fd: int | None) -> int:
         ds = DvmUri.parse(a.data_server_uri) if a.data_server_uri else None
     except UriError as exc:
         return _fail(str(exc), 2)
-    master = Master(hosts, a.launcher, resolved, bind=a.bind, log_dir=a.log_dir,
+    master = Master(hosts, launcher, resolved, bind=a.bind, log_dir=a.log_dir,
                     data_server=ds, port=a.port, dvmid=a.dvm_id, multi_user=a.multi_user)
     try:
         uri = await master.start()
@@ -164,7 +217,17 @@ def _write_private(path: str, text: str) -> None:
         os.close(fd)
 
 
-def _daemonize(a, hosts, resolved) -> int:
+def _daemonize(a, hosts, launcher, resolved) -> int:
+    import secrets
+
+    from .runtime.launch import default_log_dir
+
+    if not a.log_dir:  # a detached DVM has no terminal: it logs to its own directory
+        a.dvm_id = a.dvm_id or secrets.token_hex(4)
+        try:
+            a.log_dir = str(default_log_dir(a.dvm_id))
+        except OSError as exc:
+            return _fail(f"cannot create the DVM's log directory: {exc}")
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: detach and serve
@@ -176,18 +239,21 @@ def _daemonize(a, hosts, resolved) -> int:
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
         try:
-            code = run_async(_serve(a, hosts, resolved, ready_fd=w), profile_name="master")
+            code = run_async(_serve(a, hosts, launcher, resolved, ready_fd=w),
+                             profile_name="master")
         finally:
             os._exit(0)
         os._exit(code)
     os.close(w)
     os.waitpid(pid, 0)
     with os.fdopen(r) as f:
-        line = f.readline().strip()
-    if line.startswith("OK "):
-        print(line[3:], flush=True)
+        text = f.read().strip()  # an error may run to several lines (a daemon's stderr)
+    if text.startswith("OK "):
+        print(text[3:], flush=True)
         return 0
-    return _fail(line[4:] if line.startswith("ERR ") else "DVM exited during start-up")
+    if text.startswith("ERR "):
+        return _fail(f"cannot start the DVM: {text[4:]}")
+    return _fail(f"the DVM exited during start-up (see {a.log_dir})")
 
 
 def cmd_daemon(a: argparse.Namespace) -> int:
@@ -196,7 +262,13 @@ def cmd_daemon(a: argparse.Namespace) -> int:
 
     from .runtime.guard import Guardian
 
-    setup_logging(a.node, a.log_dir)
+    # Under the slurm launcher every task runs the same command: the node
+    # name is the one slurmstepd gives the task.
+    node = a.node or os.environ.get("SLURMD_NODENAME", "").strip()
+    if not node:
+        return _fail("daemon: no node name: give --node NAME (SLURMD_NODENAME, which Slurm "
+                     "sets in a job step, is not set either)", 2)
+    setup_logging(node, a.log_dir)
     line = sys.stdin.readline().strip()
     try:
         secret = bytes.fromhex(line)
@@ -205,7 +277,7 @@ def cmd_daemon(a: argparse.Namespace) -> int:
     guardian = Guardian()
     guardian.start()  # before any thread or event loop exists
     try:
-        return run_async(run_daemon(a.master, a.node, secret, guardian), profile_name=a.node)
+        return run_async(run_daemon(a.master, node, secret, guardian), profile_name=node)
     finally:
         guardian.close()
 
@@ -320,6 +392,29 @@ def cmd_run(argv: list[str]) -> int:
     return run_async(_one_shot(opts, resolved))
 
 
+def _one_shot_hosts(named: list[str], env):
+    """Nodes and launcher of a one-shot DVM whose apps name hosts ``named``.
+
+    Outside a Slurm allocation, hosts named by ``--host`` become local
+    daemons of those names (else one daemon, this machine).  Inside one,
+    the DVM runs on the allocation through the slurm launcher: on the named
+    nodes (each must be allocated), else on every allocated node.
+    """
+    from .runtime.jobs import HostSpec
+    from .runtime.launch import make_launcher
+    from .runtime.slurm import allocation_from_env, in_allocation, select_hosts
+
+    if not in_allocation(env):
+        hosts = [HostSpec(n, 1) for n in named] if named else _hosts(None)
+        return hosts, make_launcher("local", "--host" if named else "this machine")
+    alloc = allocation_from_env(env)
+    if not named:
+        return list(alloc.nodes), make_launcher("slurm", alloc.source)
+    select_hosts(alloc, [HostSpec(n) for n in named])  # refuses a host not allocated
+    return ([HostSpec(n, alloc.slots(n)) for n in named],
+            make_launcher("slurm", f"{alloc.source}, --host {','.join(named)}"))
+
+
 async def _one_shot(opts: dict, resolved) -> int:
     """Run one job on a private DVM on this machine, then take it down."""
     from .cli_dvms import one_shot_warning
@@ -328,12 +423,12 @@ async def _one_shot(opts: dict, resolved) -> int:
     from .tool import ToolError, run_job
 
     setup_logging("pydvm-run", None, resolved["prte_data_server_verbose"].value)
-    from .runtime.jobs import HostSpec
-
     named = sorted({h[0] for a in opts["apps"] for h in (a["hosts"] or [])})
-    # A one-shot DVM runs hosts named by --host as local daemons of that name.
-    hosts = [HostSpec(n, 1) for n in named] if named else _hosts(None)
-    master = Master(hosts, "local", resolved)
+    try:
+        hosts, launcher = _one_shot_hosts(named, os.environ)
+    except ValueError as exc:
+        return _fail(str(exc), 2)
+    master = Master(hosts, launcher, resolved, bind=_bind(None, launcher))
     try:
         uri = await master.start()
     except (StartError, OSError) as exc:
@@ -465,8 +560,14 @@ def cmd_info(a: argparse.Namespace) -> int:
         except (ToolError, ValueError) as exc:
             return _tool_failed(exc, a.dvm)
         print(f"DVM {r['dvm']} at {r['uri']}")
+        if r.get("launcher"):
+            print(f"  launcher {r['launcher']}, nodes from {r.get('hosts_from') or '?'}")
+        print(f"  logs in {r['log_dir']}" if r.get("log_dir") else
+              "  logs: the master's standard error")
         for name, slots, state in r["nodes"]:
             print(f"  node {name} slots={slots} {state}")
+        if r.get("head_node"):
+            print(f"  head node {r['head_node']}: served by the master process (one hop)")
         rows = [(k, v[0], v[1], v[2]) for k, v in r["params"].items()]
     else:
         try:
@@ -690,9 +791,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--hosts", metavar="H[:SLOTS],...",
                    help="nodes of the DVM, one daemon each (default: this machine, one slot "
                         "per CPU; a listed host has one slot unless given)")
-    s.add_argument("--launcher", default="local",
-                   help="how daemons are started: local (default: on this machine, named "
-                        "after the hosts) or ssh (AGENT HOST python -m pydvm daemon ...)")
+    s.add_argument("--launcher",
+                   help="how daemons start: local (on this machine, named after the hosts), "
+                        "ssh (AGENT HOST python -m pydvm daemon ...), or slurm (one srun "
+                        "step; the default inside a Slurm allocation, else local)")
     s.add_argument("--mca", nargs=2, action="append", metavar=("NAME", "VALUE"),
                    help="set a parameter for the whole DVM (repeatable; 'pydvm info' lists "
                         "them with their meaning and range)")
@@ -702,10 +804,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--data-server-uri", metavar="URI",
                    help="keep no store: relay every data request to the DVM at URI")
     s.add_argument("--log-dir", metavar="D",
-                   help="one log file per process in D (default: stderr)")
-    s.add_argument("--bind", default=os.environ.get("PYDVM_BIND", "127.0.0.1"), metavar="ADDR",
+                   help="one log file per process in D (default: stderr; with --daemonize, "
+                        "$PYDVM_STATE_DIR/logs/DVMID)")
+    s.add_argument("--bind", metavar="ADDR",
                    help="address the master listens on, which the URI carries (default "
-                        "$PYDVM_BIND or 127.0.0.1)")
+                        "$PYDVM_BIND, else all interfaces with the slurm launcher, else "
+                        "127.0.0.1)")
     s.add_argument("--multi-user", action="store_true",
                    help="(root) serve every local user; jobs run as their submitter")
     s.add_argument("--port", type=port, default=0, metavar="P",
@@ -783,7 +887,8 @@ def build_parser() -> argparse.ArgumentParser:
                 "Run one node's daemon; it reads the DVM secret on standard input.  "
                 "Launchers run this; people rarely do.")
     s.add_argument("--master", required=True, metavar="URI", help="the master's URI")
-    s.add_argument("--node", required=True, metavar="NAME", help="this node's name")
+    s.add_argument("--node", metavar="NAME",
+                   help="this node's name (default $SLURMD_NODENAME)")
     s.add_argument("--log-dir", metavar="D", help="write the log to D/NAME.log")
     s.set_defaults(func=cmd_daemon)
 
@@ -839,6 +944,8 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] == "run":
             return cmd_run(argv[1:])
         parser = build_parser()
+        if argv and argv[0] == "start":
+            argv = _mca_values_verbatim(argv)
         a = parser.parse_args(argv)
         if not getattr(a, "func", None):
             parser.print_help()

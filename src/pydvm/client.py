@@ -59,6 +59,8 @@ class Client:
         r = self._call(_proto.hello_msg(self.nspace, self.rank))
         _proto.check(r)
         self.node = r.get("node")
+        #: whether data requests go as envelopes (a daemon passes them on).
+        self._envelope = bool(r.get("envelope", True))
 
     def publish(
         self,
@@ -77,7 +79,7 @@ class Client:
         a refused publish stored nothing.
         """
         self._check(_proto.publish_msg(data, range, persistence, access_uids, access_gids,
-                                       replace))
+                                       replace, self._envelope))
 
     def lookup(
         self,
@@ -94,13 +96,14 @@ class Client:
         ``timeout`` seconds of waiting; None waits without limit) or
         BadParamError.
         """
-        return _proto.lookup_result(self._call(_proto.lookup_msg(keys, range, wait, timeout)))
+        return _proto.lookup_result(self._call(_proto.lookup_msg(keys, range, wait, timeout,
+                                                                 self._envelope)))
 
     def unpublish(self, keys: Iterable[str] | str | None = None) -> None:
         """Remove the named keys from every item this user owns; with no
         keys, remove everything this process published.  Succeeds whether or
         not anything matched."""
-        self._check(_proto.unpublish_msg(keys))
+        self._check(_proto.unpublish_msg(keys, self._envelope))
 
     def close(self) -> None:
         self._ch.close()

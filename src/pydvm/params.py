@@ -81,6 +81,13 @@ def _nonempty_str(text: str) -> str:
     return str(text)
 
 
+def _srun_args(text: str) -> str:
+    import shlex
+
+    shlex.split(str(text))  # unbalanced quotes are a start-up error, not an srun one
+    return str(text)
+
+
 @dataclass(frozen=True)
 class Param:
     name: str
@@ -105,12 +112,18 @@ REGISTRY: dict[str, Param] = {
         Param("plm_ssh_agent", _nonempty_str, "ssh",
               "command (split on spaces) that runs the daemon on a remote host: "
               "AGENT HOST pydvm daemon ...", "command"),
+        Param("plm_slurm_args", _srun_args, "",
+              "extra srun options for the step that starts the daemons inside a Slurm "
+              "allocation (shell-quoted; placed after pydvm's own, so they win)", "options"),
         Param("pydvm_remote_python", str, "",
               "python interpreter that runs 'python -m pydvm daemon' on remote hosts "
               "(default: the master's own sys.executable)", "path"),
         Param("pydvm_heartbeat_interval", _positive_float, 2.0,
               "seconds between master<->daemon (and relay<->data server) heartbeats; "
               "a peer silent for 3 periods is lost", "seconds"),
+        Param("pydvm_head_node", _nonempty_str, "auto",
+              "node served by the master process itself (one hop for its clients): 'auto' "
+              "(the node named like this machine, if any), 'none', or a node name", "name"),
         Param("pydvm_output_window", _window, 1024 * 1024,
               "bytes of one job's output a node may have in flight to a slow 'pydvm run' "
               "before it stops reading the job's pipes (k/m suffixes; 64k..1g)", "size"),

@@ -57,14 +57,59 @@ class FrameError(Exception):
         self.messages: list = messages or []
 
 
+#: First byte of an *enveloped* frame body: a byte msgpack never produces.
+ENVELOPE = 0xC1
+_ENV_HEAD = struct.Struct("!BI")
+#: Key under which an enveloped message carries its opaque payload.
+BODY = "_body"
+
+
 def pack(msg: Message) -> bytes:
-    """Encode one message as a frame."""
+    """Encode one message as a frame (enveloped if it carries a payload)."""
+    if BODY in msg:
+        return b"".join(pack_parts(msg))
     body = msgpack.packb(msg, use_bin_type=True)
     return HEADER.pack(len(body)) + body
 
 
+def pack_parts(msg: Message) -> list:
+    """An enveloped message as the pieces of its frame, payload not copied.
+
+    Envelope layout (the frame body)::
+
+        0xC1 | u32 BE header length | msgpack map (the header) | payload
+
+    The header holds what a hop needs to route the message; the payload is
+    opaque bytes (normally a msgpack map) that a hop passes on untouched.
+    """
+    payload = msg[BODY]
+    header = msgpack.packb({k: v for k, v in msg.items() if k != BODY}, use_bin_type=True)
+    return [HEADER.pack(_ENV_HEAD.size + len(header) + len(payload)),
+            _ENV_HEAD.pack(ENVELOPE, len(header)), header, payload]
+
+
+def frame_of(body) -> bytes:
+    """A frame carrying an already-encoded body (as sent on by a router)."""
+    return HEADER.pack(len(body)) + bytes(body)
+
+
 def unpack_body(body: bytes) -> Message:
-    """Decode one frame body; raises FrameError if it is not a typed map."""
+    """Decode one frame body; raises FrameError if it is not a typed map.
+
+    An enveloped body decodes to its header map with the payload, undecoded,
+    under :data:`BODY` (a memoryview of the frame: no copy).
+    """
+    payload = None
+    if body[:1] == b"\xc1":
+        if len(body) < _ENV_HEAD.size:
+            raise FrameError("truncated envelope")
+        _, hlen = _ENV_HEAD.unpack_from(body, 0)
+        end = _ENV_HEAD.size + hlen
+        if end > len(body):
+            raise FrameError(f"envelope header of {hlen} bytes overruns its frame")
+        view = memoryview(body)
+        payload = view[end:]
+        body = view[_ENV_HEAD.size:end]
     try:
         msg = msgpack.unpackb(body, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
@@ -73,7 +118,25 @@ def unpack_body(body: bytes) -> Message:
         raise FrameError(f"frame is a {type(msg).__name__}, not a map")
     if not isinstance(msg.get("t"), str):
         raise FrameError("frame has no string message type 't'")
+    if payload is not None:
+        msg[BODY] = payload
+    elif BODY in msg:
+        del msg[BODY]  # only an envelope may carry a payload
     return msg
+
+
+def unpack_payload(payload) -> dict | None:
+    """Decode an envelope's payload as a map; None if it is not one."""
+    try:
+        out = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except Exception:
+        return None
+    return out if isinstance(out, dict) else None
+
+
+def pack_payload(obj: dict) -> bytes:
+    """Encode a map as an envelope payload (or a frame body)."""
+    return msgpack.packb(obj, use_bin_type=True)
 
 
 def reply(req_id: Any, status: Status | int, msg: str = "", **fields: Any) -> Message:
@@ -262,7 +325,16 @@ class Channel(asyncio.Protocol):
     def send(self, msg: Message) -> None:
         if self.closed or self.transport is None:
             return
-        self.transport.write(pack(msg))
+        if BODY in msg:
+            self.transport.writelines(pack_parts(msg))
+        else:
+            self.transport.write(pack(msg))
+
+    def send_raw(self, body) -> None:
+        """Send an already-encoded frame body (an answer a router passes on)."""
+        if self.closed or self.transport is None:
+            return
+        self.transport.writelines([HEADER.pack(len(body)), body])
 
     def send_error(self, status: Status, text: str) -> None:
         self.send({"t": "error", "status": int(status), "msg": text})
@@ -358,6 +430,129 @@ class Channel(asyncio.Protocol):
         return await self._closed_waiter
 
 
+class LocalEnd:
+    """One end of an in-process link: the :class:`Channel` interface without a socket.
+
+    The master serves its own node with the same node-serving component a
+    daemon process runs (:class:`pydvm.runtime.node.NodeServer`); the two
+    talk over a :func:`local_pair` instead of TCP.  Messages are delivered
+    on the next loop iteration, in order, as shallow copies (no encoding;
+    the receiver may keep or change what it gets).  ``local`` tells
+    heartbeats to leave the link alone: it cannot go silent.
+    """
+
+    local = True
+    write_paused = False
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.peer_end: "LocalEnd | None" = None
+        self.on_message: Callable[["LocalEnd", Message], None] = lambda ch, m: None
+        self.on_close: Callable[["LocalEnd", str], None] | None = None
+        self.session: Any = None
+        self.closed = False
+        self.close_reason = ""
+        self.last_rx = time.monotonic()
+        self._pending: dict[int, ReplyCallback] = {}
+        self._next_id = 0
+        self._loop = asyncio.get_running_loop()
+
+    def send(self, msg: Message) -> None:
+        peer = self.peer_end
+        if self.closed or peer is None:
+            return
+        self._loop.call_soon(peer._deliver, dict(msg))
+
+    def send_raw(self, body) -> None:
+        self.send(unpack_body(bytes(body)))
+
+    def _deliver(self, msg: Message) -> None:
+        if self.closed:
+            return
+        self.last_rx = time.monotonic()
+        if msg.get("t") == "reply":
+            rid = msg.get("id")
+            cb = self._pending.pop(rid, None) if _hashable(rid) else None
+            if cb is not None:
+                cb(msg)
+                return
+        try:
+            self.on_message(self, msg)
+        except Exception:
+            log.exception("%s: handler failed on %r message", self.name, msg.get("t"))
+            refuse(self, msg, Status.ERR_BAD_PARAM, "internal error")  # type: ignore[arg-type]
+
+    def request(self, msg: Message, callback: ReplyCallback) -> int | None:
+        self._next_id += 1
+        rid = self._next_id
+        msg["id"] = rid
+        if self.closed:
+            callback(reply(rid, Status.ERR_UNREACH, f"link {self.name} is closed"))
+            return None
+        self._pending[rid] = callback
+        self.send(msg)
+        return rid
+
+    def forget(self, rid: int) -> None:
+        self._pending.pop(rid, None)
+
+    def withdraw(self, rid: int | None) -> None:
+        if rid is None or rid not in self._pending:
+            return
+        self.forget(rid)
+        self.send({"t": "cancel", "ref": rid})
+
+    async def call(self, msg: Message, timeout: float | None = None) -> Message:
+        fut = self._loop.create_future()
+
+        def done(r: Message) -> None:
+            if not fut.done():
+                fut.set_result(r)
+
+        rid = self.request(msg, done)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            self.withdraw(rid)
+            return reply(rid, Status.ERR_TIMEOUT, f"no reply from {self.name} in {timeout}s")
+
+    def on_drain(self, fn: Callable[[], None]) -> None:
+        fn()
+
+    def close(self, reason: str = "closed", *, error: bool = False) -> None:
+        """Close both ends (each answers its outstanding requests UNREACH)."""
+        if self.closed:
+            return
+        if error:
+            log.warning("%s: closed: %s", self.name, reason)
+        self._finish(reason)
+        peer = self.peer_end
+        if peer is not None and not peer.closed:
+            self._loop.call_soon(peer._finish, reason)
+
+    def _finish(self, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.close_reason = reason
+        pending, self._pending = self._pending, {}
+        for rid, cb in pending.items():
+            try:
+                cb(reply(rid, Status.ERR_UNREACH, f"link {self.name} closed: {reason}"))
+            except Exception:
+                log.exception("%s: reply callback failed", self.name)
+        if self.on_close is not None:
+            on_close, self.on_close = self.on_close, None
+            on_close(self, reason)
+
+
+def local_pair(name_a: str, name_b: str) -> tuple[LocalEnd, LocalEnd]:
+    """Two connected :class:`LocalEnd` objects (must be made inside a running loop)."""
+    a, b = LocalEnd(name_a), LocalEnd(name_b)
+    a.peer_end, b.peer_end = b, a
+    return a, b
+
+
 async def heartbeat(channels: Callable[[], list[Channel]], interval: float,
                     *, ask: bool = False) -> None:
     """Ping every channel each ``interval`` seconds; close those silent for 3.
@@ -372,7 +567,7 @@ async def heartbeat(channels: Callable[[], list[Channel]], interval: float,
         await asyncio.sleep(interval)
         now = time.monotonic()
         for ch in channels():
-            if ch.closed:
+            if ch.closed or getattr(ch, "local", False):
                 continue
             silent = now - ch.last_rx
             if silent > 3 * interval:

@@ -896,3 +896,26 @@ def test_dvm_keeps_serving_after_bad_input_on_every_socket(dvm, held, monkeypatc
     assert j.returncode == 0, j.stdout + j.stderr
     assert len([ln for ln in j.stdout.splitlines() if ln.startswith("FOUND r")]) == 9, j.stdout
     assert_others_still_served(dvm, held)
+
+
+def test_envelopes_on_the_client_socket_are_read_only_for_their_operations_fields(dvm, held):
+    """An enveloped request whose payload is not a map is answered BAD_PARAM,
+    whether the node store serves it (LOCAL) or the master does (forwarded
+    as bytes); claims hidden in a payload are never read."""
+    from pydvm.wire import BODY, pack_payload
+
+    peer = client(held)
+    for rng in (2, 4):
+        r = peer.call({"t": "publish", "range": rng, BODY: b"\x93\x01\x02\x03"})
+        assert r["status"] == -27 and "payload" in r["msg"], r
+        r = peer.call({"t": "lookup", "range": rng, BODY: b"\xc1"})
+        assert r["status"] == -27, r
+    r = peer.call({"t": "publish", "range": 4, BODY: pack_payload({
+        "pairs": {"envk": "v"}, "persist": 4, "caller": ["someone@9", 9, 0, 0],
+        "requestor": ["someone@9", 9], "req_uid": 4242, "req_gid": 4242})})
+    assert r["status"] == 0, r
+    peer.close()
+    p = dvm.run("-n", "1", "pydvm", "lookup", "envk")
+    assert f"FOUND envk v from {held.nspace}:{held.rank}" in p.stdout, p.stdout
+    assert list(dvm.store()["master"]["bytes_by_uid"]) == [str(os.getuid())]
+    assert_others_still_served(dvm, held)

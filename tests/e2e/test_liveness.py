@@ -279,3 +279,19 @@ def test_one_connection_may_hold_at_most_its_cap_of_waiting_lookups(make_dvm):
     assert "PARKED 5" in p.stdout, p.stdout
     assert p.stdout.count("REFUSED PMIX_ERR_OUT_OF_RESOURCE") == 1, p.stdout
     assert dvm.store()["master"]["parked"] == 0  # withdrawn with the connection
+
+
+def test_a_socket_directory_whose_owner_file_is_still_being_written_is_left_alone(tmp_path):
+    """Daemons a, b, c start together: one's sweep of stale directories must not
+    take another's directory in the moment between creating its ``owner`` file
+    and writing it (seen as a daemon failing with FileNotFoundError at start)."""
+    from pydvm.runtime.node import remove_stale_socket_dirs
+
+    young = tmp_path / "cafe-a-young"
+    young.mkdir()
+    (young / "owner").write_text("")  # created, not yet written
+    torn = tmp_path / "cafe-b-torn"
+    torn.mkdir()
+    (torn / "owner").write_text("12")  # half written
+    assert remove_stale_socket_dirs(tmp_path) == []
+    assert young.exists() and torn.exists()

@@ -11,6 +11,11 @@ Use from a test (fixtures in conftest.py)::
             slurm.find("sn2", r"sleep 60")   # PIDs of matching processes on sn2
         slurm.env, slurm.nodes, slurm.addresses, slurm.head_addr, slurm.host_names
 
+``SlurmCluster(names=("a", "b", "c"))`` names the Slurm nodes (and their
+hostnames) a, b, c while their namespaces keep the ``prefix`` names (sn1..):
+tests written for hosts a, b, c then run unchanged on Slurm nodes, and no
+namespace ever takes a name another suite uses.
+
 Bring-up takes about 1.3 s once the packages are installed, tear-down about
 0.2 s.  Needs root and the Debian packages ``slurmctld slurmd slurm-client
 munge`` (:func:`unavailable_reason` says what is missing).
@@ -136,8 +141,12 @@ class SlurmCluster:
     n: int = 3
     #: third octet of the subnet 10.251.<tag>.0/24 and part of link names.
     tag: int = 7
-    #: node (and network namespace) name prefix: sn1, sn2, ...
+    #: network namespace name prefix: sn1, sn2, ... (also the node names unless ``names``)
     prefix: str = "sn"
+    #: Slurm node names, if not the namespaces' (``("a", "b", "c")`` lets tests written
+    #: for hosts a, b, c run unchanged; the namespaces keep their ``prefix`` names, so
+    #: they never collide with other suites' namespaces of those names).
+    names: tuple[str, ...] = ()
     #: CPUs each node claims (slurm.conf, with ``config_overrides``).
     cpus: int | tuple[int, ...] = 2
     #: seconds between SIGTERM and SIGKILL when a job/step ends (slurm.conf KillWait).
@@ -163,7 +172,20 @@ class SlurmCluster:
     # -- naming --------------------------------------------------------------------------
     @property
     def nodes(self) -> list[str]:
+        """Slurm node names (hostnames inside the nodes), in order."""
+        if self.names:
+            assert len(self.names) == self.n, "one name per node"
+            return list(self.names)
+        return self.netns_names
+
+    @property
+    def netns_names(self) -> list[str]:
+        """The nodes' network namespaces, in node order."""
         return [f"{self.prefix}{i}" for i in range(1, self.n + 1)]
+
+    def netns(self, node: str) -> str:
+        """The network namespace of node ``node``."""
+        return self.netns_names[self.nodes.index(node)]
 
     @property
     def bridge(self) -> str:
@@ -356,7 +378,7 @@ class SlurmCluster:
             shutil.rmtree(old, ignore_errors=True)
         listed = _ip("netns", "list", check=False).stdout.split("\n")
         existing = {line.split()[0] for line in listed if line.split()}
-        for ns in self.nodes:
+        for ns in self.netns_names:
             if ns in existing:
                 for pid in _netns_pids(ns):
                     _kill(pid, signal.SIGKILL)
@@ -373,14 +395,14 @@ class SlurmCluster:
         self.links_made.append(self.bridge)
         _ip("addr", "add", f"{self.head_addr}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
-        for i, ns in enumerate(self.nodes, 1):
+        for i, ns in enumerate(self.netns_names, 1):
             _ip("netns", "add", ns)
             self.netns_made.append(ns)
             _ip("link", "add", self._veth(i), "type", "veth", "peer", "name", self._peer(i))
             self.links_made.append(self._veth(i))
             _ip("link", "set", self._peer(i), "netns", ns)
             _ip("-n", ns, "link", "set", self._peer(i), "name", "eth0")
-            _ip("-n", ns, "addr", "add", f"{self.addresses[ns]}/24", "dev", "eth0")
+            _ip("-n", ns, "addr", "add", f"{self.addresses[self.nodes[i - 1]]}/24", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
             _ip("link", "set", self._veth(i), "master", self.bridge)
@@ -495,7 +517,7 @@ class SlurmCluster:
         script = self._private_ns_script(node, node_cgroup=True)
         script += f'exec {_which("slurmd")} -D -N {node} -f {self.conf}\n'
         self._spawn(f"slurmd-{node}", [
-            _which("nsenter") or "nsenter", f"--net=/run/netns/{node}", "--",
+            _which("nsenter") or "nsenter", f"--net=/run/netns/{self.netns(node)}", "--",
             _which("unshare") or "unshare", "--uts", "--mount", "--propagation", "private",
             "sh", "-c", script])
 
@@ -608,23 +630,43 @@ class SlurmCluster:
 
     def sbatch_wait(self, script: str, *args: str, timeout: float = 60
                     ) -> tuple[subprocess.CompletedProcess, str]:
-        """Submit ``script`` with ``sbatch --wait``; return the result and the job's output."""
+        """Submit ``script`` with sbatch and wait for the job to end; return the
+        result (``returncode`` is the job's exit code, as ``sbatch --wait`` gives
+        it) and the job's output.
+
+        The job's end is polled here every 0.1 s with ``scontrol show job``:
+        ``sbatch --wait`` itself checks only every 10 s or so, which made every
+        batch test take at least that long.
+        """
         assert self.dir is not None
         fd, path = tempfile.mkstemp(prefix="job-", suffix=".sh", dir=self.dir / "out")
         with os.fdopen(fd, "w") as f:
             f.write(script)
         os.chmod(path, 0o755)
         out = f"{path}.%j.out"
-        r = self.run("sbatch", "--wait", "--parsable", f"--output={out}", *args, path,
-                     timeout=timeout)
+        r = self.run("sbatch", "--parsable", f"--output={out}", *args, path, timeout=timeout)
         job = r.stdout.strip().split(";")[0]
-        text = ""
-        if job.isdigit():
-            try:
-                text = Path(out.replace("%j", job)).read_text()
-            except FileNotFoundError:
-                pass
-        return r, text
+        if r.returncode or not job.isdigit():
+            return r, ""
+        deadline = time.monotonic() + timeout
+        while True:
+            show = self.run("scontrol", "show", "job", "--oneliner", job, timeout=20).stdout
+            state = re.search(r"\bJobState=(\S+)", show)
+            code = re.search(r"\bExitCode=(\d+):(\d+)", show)
+            if state and code and state.group(1) not in ("PENDING", "CONFIGURING", "RUNNING",
+                                                         "COMPLETING", "SUSPENDED"):
+                status, sig = int(code.group(1)), int(code.group(2))
+                break
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(["sbatch", path], timeout)
+            time.sleep(0.1)
+        try:
+            text = Path(out.replace("%j", job)).read_text()
+        except FileNotFoundError:
+            text = ""
+        result = subprocess.CompletedProcess(r.args, 128 + sig if sig else status, r.stdout,
+                                             r.stderr + f"job {job}: {state.group(1)}\n")
+        return result, text
 
     def steps(self) -> list[Step]:
         """Every job step ``squeue --steps`` shows (all users)."""
@@ -674,7 +716,7 @@ class SlurmCluster:
         tell); :meth:`down` removes them with the rest.
         """
         for _ in range(3):  # catch anything forked while we were killing
-            for pid in _netns_pids(node):
+            for pid in _netns_pids(self.netns(node)):
                 _kill(pid, signal.SIGKILL)
             time.sleep(0.05)
 
@@ -692,7 +734,7 @@ class SlurmCluster:
     def processes(self, node: str) -> list[tuple[int, list[str]]]:
         """(pid, argv) of every process on ``node`` (in its network namespace)."""
         out = []
-        for pid in _netns_pids(node):
+        for pid in _netns_pids(self.netns(node)):
             try:
                 raw = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
@@ -728,7 +770,7 @@ class SlurmCluster:
         found = []
         listed = {line.split()[0] for line in _ip("netns", "list", check=False).stdout.split("\n")
                   if line.split()}
-        found += [f"netns {ns}" for ns in self.nodes if ns in listed]
+        found += [f"netns {ns}" for ns in self.netns_names if ns in listed]
         for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
             parts = line.split(":")
             if len(parts) > 1 and parts[1].strip().startswith(f"pdvmslurm{self.tag}-"):
@@ -831,3 +873,17 @@ def _procs_naming(dir: Path) -> list[tuple[int, str]]:
 
 def _all_pids() -> list[int]:
     return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def need_cluster() -> None:
+    """Skip the calling test (with the reason) where no cluster can be made --
+    or fail it under ``PYDVM_REQUIRE_SLURM=1``."""
+    import pytest
+
+    why = unavailable_reason()
+    if not why:
+        return
+    if os.environ.get("PYDVM_REQUIRE_SLURM") == "1":
+        pytest.fail(f"PYDVM_REQUIRE_SLURM=1 but no Slurm test cluster: {why}")
+    pytest.skip(why)
+

@@ -30,17 +30,13 @@ import pytest
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
-from cluster import SlurmCluster, unavailable_reason  # noqa: E402
+from cluster import SlurmCluster, need_cluster, unavailable_reason  # noqa: E402
 
 _REASON = unavailable_reason()
 
 
 def _need_cluster() -> None:
-    if not _REASON:
-        return
-    if os.environ.get("PYDVM_REQUIRE_SLURM") == "1":
-        pytest.fail(f"PYDVM_REQUIRE_SLURM=1 but no Slurm test cluster: {_REASON}")
-    pytest.skip(_REASON)
+    need_cluster()
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import constants as C
 from .values import Proc, Value
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -37,7 +37,7 @@ import shutil
 import tempfile
 import threading
 import weakref
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable
 
 from . import _lib as L
 from . import constants as C

@@ -5,5 +5,6 @@
 * :mod:`.jobs` -- pure job/app/process/session bookkeeping and rank mapping.
 * :mod:`.dataops` -- how a data request is applied to a store (both kinds).
 * :mod:`.auth` -- URIs, the DVM secret, the handshake.
-* :mod:`.launch` -- the local and ssh launchers; logging set-up.
+* :mod:`.launch` -- the local, ssh and slurm launchers; daemons' stderr; logging set-up.
+* :mod:`.slurm` -- reading a Slurm allocation; the srun line of the daemons' step.
 """

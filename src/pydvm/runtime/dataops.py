@@ -22,7 +22,7 @@ from typing import Any, Callable, Hashable
 from ..enums import Range
 from ..errors import Status
 from ..store import Caller, DataStore, Pending, Reply
-from ..wire import Message, reply
+from ..wire import BODY, Message, reply, unpack_payload
 
 DATA_OPS = frozenset({"publish", "lookup", "unpublish"})
 
@@ -36,8 +36,35 @@ FORWARDED_FIELDS = {
 
 
 def request_range(msg: Message) -> Any:
-    """The range that routes this request (SESSION when absent)."""
+    """The range that routes this request (SESSION when absent).
+
+    In an envelope it is in the header, which is all a router reads.
+    """
     return msg.get("range", int(Range.SESSION))
+
+
+def op_fields(msg: Message) -> Message | None:
+    """The request as :func:`apply` reads it, or None if its payload is not a map.
+
+    A plain request is its own fields.  An enveloped one
+    (:func:`pydvm.wire.pack_parts`) is decoded here -- once, by the store
+    that serves it -- keeping only the fields of its operation
+    (:data:`FORWARDED_FIELDS`), with type, id and range from the header:
+    whatever else the payload holds (claims included) is never read.
+    """
+    payload = msg.get(BODY)
+    if payload is None:
+        return msg
+    body = unpack_payload(payload)
+    if body is None:
+        return None
+    t = msg["t"]
+    out = {f: body[f] for f in FORWARDED_FIELDS.get(t, ()) if f in body and f != "range"}
+    out["t"] = t
+    out["id"] = msg.get("id")
+    if "range" in msg:
+        out["range"] = msg["range"]
+    return out
 
 
 def encode(rid: Any, r: Reply) -> Message:
@@ -54,8 +81,12 @@ def apply(store: DataStore, caller: Caller, msg: Message, ticket: Hashable) -> M
     with ``ticket``.  Never raises for bad input: a malformed request gets a
     BAD_PARAM reply naming the problem.
     """
-    t = msg["t"]
     rid = msg.get("id")
+    fields = op_fields(msg)
+    if fields is None:
+        return reply(rid, Status.ERR_BAD_PARAM, "request payload is not a map")
+    msg = fields
+    t = msg["t"]
     if t == "publish":
         r = store.publish(
             caller,
@@ -102,33 +133,50 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def reissue(send: Callable[[Message, Callable[[Message], None]], int | None], ch: Any,
-            msg: Message, head: Message, outstanding: dict[int, int]) -> None:
+def reissue(send: Callable[[Message, Callable[[Message], None]], int | None],
+            to: Any, msg: Message, head: Message, outstanding: dict[int, int]) -> None:
     """Pass a data request one hop on and route its one reply back.
 
     Used by a daemon (client -> master) and a relaying master (daemon ->
     data server).  The reissued request is ``head`` (type and identity,
-    chosen by the relaying side) plus only the fields in
-    :data:`FORWARDED_FIELDS` -- whatever else the sender put in is dropped.
-    The reply returns to ``ch`` under the sender's own id; until then
-    ``outstanding`` maps that id to the next hop's, so a vanished sender's
-    waiting lookups can be cancelled there.  ``send`` is
-    :meth:`Channel.request`-like: it returns the next hop's id, or None when
-    it already answered (the next hop is unreachable).
+    chosen by the relaying side) plus the request itself: an enveloped
+    request's payload, passed on as bytes, with the sender's id as ``rid``
+    so that the next hop can encode the answer for the sender once; a plain
+    request's fields in :data:`FORWARDED_FIELDS` -- whatever else the sender
+    put in is dropped either way.
+
+    The reply returns to ``to`` (a peer session) under the sender's own id:
+    an answer encoded by the next hop (it carries a payload) is passed on as
+    it is, any other is re-addressed.  Until then ``outstanding`` maps that id
+    to the next hop's, so a vanished sender's waiting lookups can be
+    cancelled there.  ``send`` is :meth:`Channel.request`-like: it returns
+    the next hop's id, or None when it already answered (the next hop is
+    unreachable).
     """
     rid = msg["id"]
     fwd = dict(head)
-    for f in FORWARDED_FIELDS[msg["t"]]:
-        if f in msg:
-            fwd[f] = msg[f]
+    payload = msg.get(BODY)
+    if payload is not None:
+        fwd["rid"] = rid
+        if "range" in msg:
+            fwd["range"] = msg["range"]
+        fwd[BODY] = payload
+    else:
+        for f in FORWARDED_FIELDS[msg["t"]]:
+            if f in msg:
+                fwd[f] = msg[f]
 
     def answered(r: Message) -> None:
         outstanding.pop(rid, None)
-        r["id"] = rid
-        ch.send(r)
+        body = r.get(BODY)
+        if body is not None:
+            to.channel.send_raw(body)
+        else:
+            r["id"] = rid
+            to.send_answer(rid, r)
 
     remote = send(fwd, answered)
-    if remote is not None and not ch.closed:
+    if remote is not None and not to.closed:
         outstanding[rid] = remote
 
 

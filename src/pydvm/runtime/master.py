@@ -14,8 +14,9 @@ module                   concern
 ``master.py`` (here)     start-up and shutdown, accepting connections, the
                          handshake that gives each peer its session, message
                          dispatch
-``nodes.py``             launching daemons, registration, heartbeats, node
-                         loss, acknowledged broadcasts
+``nodes.py``             launching daemons (and serving the head node here,
+                         see below), registration, heartbeats, node loss,
+                         acknowledged broadcasts
 ``lifetimes.py``         jobs and sessions: planning, launching, exits, the
                          purges each lifetime causes, output flow control
 ``routing.py``           data requests: whose they are, which store answers
@@ -24,6 +25,12 @@ module                   concern
 
 Peers are typed sessions (:mod:`pydvm.runtime.peers`): a channel's
 ``session`` says who it is and what it has outstanding.
+
+The head node (``pydvm_head_node``; by default the node named like this
+machine) is served by the master process itself: the same
+:class:`~pydvm.runtime.node.NodeServer` a daemon runs, joined to the master
+by an in-process link, whose clients' data requests the master serves in
+place (one hop).  Every other node has its daemon.
 """
 
 from __future__ import annotations
@@ -43,8 +50,10 @@ from ..wire import Channel, Message, peer_credentials, refuse, reply
 from . import dataops, registry
 from .auth import HANDSHAKE_TIMEOUT, DvmUri, check_auth, tool_socket_path
 from .jobs import HostSpec, JobRecord, SessionRecord
+from .launch import Launcher, make_launcher
 from .lifetimes import DEFAULT_SESSION, LifetimesMixin
-from .nodes import LOST_STATUS, NodeRecord, NodesMixin, StartError  # noqa: F401
+from .guard import Guardian
+from .nodes import LOST_STATUS, NodeRecord, NodesMixin, StartError, choose_head_node  # noqa: F401
 from .peers import DaemonSession, PeerSession, ToolSession, route_answer
 from .relay import Relay
 from .routing import RoutingMixin
@@ -85,7 +94,7 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
     def __init__(
         self,
         hosts: list[HostSpec],
-        launcher: str = "local",
+        launcher: "str | Launcher" = "local",
         resolved: dict[str, P.Resolved] | None = None,
         bind: str = "127.0.0.1",
         log_dir: str | None = None,
@@ -104,7 +113,9 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
         self._tool_server: asyncio.AbstractServer | None = None
         self.dvm_nspace = f"pydvm-{self.dvmid}"
         self.secret = secrets.token_bytes(32)
-        self.launcher = launcher
+        #: starts the daemons (:mod:`pydvm.runtime.launch`); a name gets that
+        #: launcher with hosts given by the caller.
+        self.launcher = launcher if isinstance(launcher, Launcher) else make_launcher(launcher)
         self.bind = bind
         self.log_dir = log_dir
         self.nodes: dict[str, NodeRecord] = {h.name: NodeRecord(h.name, h.slots) for h in hosts}
@@ -127,6 +138,9 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
         self._callers: dict[str, dict[tuple, Any]] = {}
         self._heartbeat: asyncio.Task | None = None
         self._lock: registry.DvmLock | None = None
+        #: the node this process serves itself (see nodes.choose_head_node).
+        self.head_node: str | None = None
+        self._guardian: Guardian | None = None
         #: set when this DVM relays its data requests to another DVM (SPEC 7).
         self.relay: Relay | None = Relay(data_server, self.values) if data_server else None
 
@@ -140,6 +154,8 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
         Raises :class:`StartError` -- before anything is started or written --
         if a DVM with this id is already running.
         """
+        self.head_node = choose_head_node(self.values["pydvm_head_node"],
+                                          [HostSpec(n.name, n.slots) for n in self.nodes.values()])
         try:
             self._lock = registry.DvmLock.acquire(self.dvmid)
         except registry.AlreadyRunning as exc:
@@ -224,19 +240,17 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
         for node in self.nodes.values():
             if node.channel is not None and not node.channel.closed:
                 acks.append(node.channel.call({"t": "shutdown"}, timeout=10))
+        if self._server is not None:
+            self._server.close()  # a daemon still on its way in finds nobody
         if acks:
             await asyncio.gather(*acks)
+        await self.launcher.finish(timeout=10)
         for node in self.nodes.values():
-            if node.process is not None and node.process.returncode is None:
-                try:
-                    await asyncio.wait_for(node.process.wait(), 10)
-                except asyncio.TimeoutError:
-                    log.warning("daemon %s did not exit; killing it", node.name)
-                    node.process.kill()
-                    await node.process.wait()
+            if node.server is not None:
+                await node.server.stop()
             node.state = "stopped"
-        if self._server is not None:
-            self._server.close()
+        if self._guardian is not None:
+            self._guardian.close()
         if self._tool_server is not None:
             self._tool_server.close()
             shutil.rmtree(tool_socket_path(self.dvmid).parent, ignore_errors=True)

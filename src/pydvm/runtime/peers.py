@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from ..errors import Status
 from ..store import Caller, Reply
-from ..wire import Message, reply
+from ..wire import BODY, Message, pack_payload, reply
 from . import dataops
 
 if TYPE_CHECKING:
@@ -123,10 +123,14 @@ class PeerSession:
                          "(waiting lookups included); cancel or finish some first")
         return None
 
+    def send_answer(self, rid: int, out: Message) -> None:
+        """Send ``out``, the answer to this peer's request ``rid``."""
+        self.channel.send(out)
+
     def answer(self, rid: int, r: Reply) -> None:
         """The store answered one of our parked lookups (its ``on_answer`` sink)."""
         self.parked.discard(rid)
-        self.channel.send(dataops.encode(rid, r))
+        self.send_answer(rid, dataops.encode(rid, r))
 
 
 def route_answer(ticket: tuple[PeerSession, int], r: Reply) -> None:
@@ -170,6 +174,30 @@ class DaemonSession(PeerSession):
         self.output_unacked: dict[str, int] = {}
         #: namespaces whose acknowledgement waits for their tool to drain.
         self.ack_scheduled: set[str] = set()
+        #: our id of an enveloped request -> its client's own id, so that the
+        #: answer is encoded once, here, for the client (the daemon passes
+        #: it on as bytes).
+        self.client_rids: dict[int, int] = {}
+
+    def note_client_rid(self, msg: Message) -> None:
+        """Remember the client's id of an enveloped request (see send_answer)."""
+        rid = msg.get("rid")
+        if BODY in msg and isinstance(rid, int) and not isinstance(rid, bool):
+            self.client_rids[msg["id"]] = rid
+
+    def forget_client_rid(self, rid: int) -> None:
+        self.client_rids.pop(rid, None)
+
+    def send_answer(self, rid: int, out: Message) -> None:
+        """Answer our request ``rid``: for an enveloped one, the answer is
+        encoded once with the client's id and travels as the payload of a
+        reply the daemon passes on untouched."""
+        client = self.client_rids.pop(rid, None)
+        if client is None:
+            self.channel.send(out)
+            return
+        out["id"] = client
+        self.channel.send({"t": "reply", "id": rid, BODY: pack_payload(out)})
 
 
 class ToolSession(PeerSession):

@@ -73,9 +73,11 @@ class RoutingMixin:
         if refusal is not None:
             session.send(refusal)
             return
+        session.note_client_rid(msg)
         fields = dataops.parse_caller_fields(msg.get("caller"))
         if fields is None:
-            session.send(reply(msg.get("id"), Status.ERR_BAD_PARAM, "malformed caller"))
+            session.send_answer(msg["id"], reply(msg["id"], Status.ERR_BAD_PARAM,
+                                                 "malformed caller"))
             return
         ns, rank, uid, gid = fields
         key = (session.node, rank, uid, gid)
@@ -89,7 +91,7 @@ class RoutingMixin:
                        if proc is None or proc.node != session.node
                        else f"process {ns}:{rank} has ended")
                 log.warning("%s: refused a %s request: %s", session.name, msg["t"], why)
-                session.send(reply(msg.get("id"), Status.ERR_NO_PERMISSIONS, why))
+                session.send_answer(msg["id"], reply(msg["id"], Status.ERR_NO_PERMISSIONS, why))
                 return
             caller = self._resolve_caller(ns, rank, uid, gid, session.node)
             self._callers.setdefault(ns, {})[key] = caller
@@ -115,19 +117,26 @@ class RoutingMixin:
         """Serve one admitted data request (:meth:`PeerSession.admit`) as ``caller``."""
         rid = msg["id"]
         if self.relay is not None:
+            fields = dataops.op_fields(msg)  # the data server gets a plain request
+            if fields is None:
+                session.send_answer(rid, reply(rid, Status.ERR_BAD_PARAM,
+                                               "request payload is not a map"))
+                return
             head = {"t": msg["t"], **Relay.claims(caller)}
-            dataops.reissue(self.relay.request, session.channel, msg, head, session.forwarded)
+            dataops.reissue(self.relay.request, session, fields, head, session.forwarded)
             return
         out = dataops.apply(self.store, caller, msg, (session, rid))
         if out is None:
             session.parked.add(rid)
         else:
-            session.send(out)
+            session.send_answer(rid, out)
 
     def _cancel(self: "Master", session: PeerSession, ref: Any) -> None:
         """A request's caller went away or gave up: drop it without an answer."""
         if not isinstance(ref, int) or isinstance(ref, bool):
             return
+        if isinstance(session, DaemonSession):
+            session.forget_client_rid(ref)
         if ref in session.parked:
             session.parked.discard(ref)
             self.store.cancel((session, ref))
@@ -144,3 +153,26 @@ class RoutingMixin:
             for remote in session.forwarded.values():
                 self.relay.cancel(remote)
         session.forwarded.clear()
+
+
+class MasterRouter:
+    """The head node's router: its clients' data requests are served by the
+    master in place -- one hop, no re-encoding, the answer written straight
+    to the client's connection.  (A daemon's clients go through an
+    :class:`~pydvm.runtime.node.UplinkRouter` instead.)"""
+
+    #: nothing is passed on: clients send plain maps (one decode fewer).
+    wants_envelopes = False
+
+    def __init__(self, master: "Master") -> None:
+        self.master = master
+
+    def forward(self, session: PeerSession, msg: Message) -> None:
+        self.master._data_op(session, msg, session.caller)
+
+    def cancel(self, session: PeerSession, ref: int) -> None:
+        self.master._cancel(session, ref)
+
+    def withdraw_all(self, session: PeerSession) -> None:
+        self.master._withdraw(session)
+

@@ -298,7 +298,7 @@ SRUN_RESILIENT = (
 def srun_argv(nodes: Sequence[HostSpec | str], daemon_cmd: Sequence[str],
               extra_args: str = "", *, kill_on_bad_exit: bool = False,
               job_name: str = "pydvm-daemons", external_launcher: bool = False,
-              srun: str = "srun") -> list[str]:
+              label: bool = False, srun: str = "srun") -> list[str]:
     """One ``srun`` step starting ``daemon_cmd`` once on each of ``nodes``.
 
     ``daemon_cmd`` is the same for every task (its node name comes from
@@ -312,7 +312,9 @@ def srun_argv(nodes: Sequence[HostSpec | str], daemon_cmd: Sequence[str],
     death end the whole step (``--kill-on-bad-exit=1``) instead.
     ``external_launcher=True`` adds ``--external-launcher``, which only
     Slurm 23.11 and later know (it marks the step as a launcher's, sharing
-    the allocation like ``--overlap``).
+    the allocation like ``--overlap``).  ``label=True`` adds ``--label``:
+    every line a task writes on stdout or stderr starts with its task number
+    (``1: ...``), so the launcher can tell whose stderr it is reading.
     """
     names = [n.name if isinstance(n, HostSpec) else n for n in nodes]
     if not names:
@@ -331,6 +333,8 @@ def srun_argv(nodes: Sequence[HostSpec | str], daemon_cmd: Sequence[str],
         argv += SRUN_RESILIENT
     if external_launcher:
         argv.append("--external-launcher")
+    if label:
+        argv.append("--label")
     if job_name:
         argv.append(f"--job-name={job_name}")
     try:

@@ -222,7 +222,9 @@ class ToolRequestsMixin:
             sessions=sorted(self.sessions), jobs=sorted(self.jobs),
             dvm=self.dvmid, uri=str(self.uri), pid=os.getpid(),
             daemon_pids={n.name: n.process.pid for n in self.nodes.values() if n.process},
+            launcher=self.launcher.name, hosts_from=self.launcher.source, log_dir=self.log_dir,
             records=self.record_counts(),
+            head_node=self.head_node,
         ))
 
 

@@ -1,0 +1,676 @@
+"""Serving one node: its job processes, their client connections, its node store.
+
+:class:`NodeServer` is the one piece of code that serves a node's clients.
+It is hosted either by a daemon process (:mod:`pydvm.runtime.daemon`, one
+per node, talking to the master over TCP) or, for the head node, by the
+master process itself (:mod:`pydvm.runtime.nodes`), so that a head-node
+client reaches the master store in one hop.  Whatever else serves a node's
+clients comes with it.  The host gives it two things:
+
+* an **uplink** to the master -- a :class:`~pydvm.wire.Channel` in a daemon,
+  an in-process :class:`~pydvm.wire.LocalEnd` in the master -- for launch,
+  kill, purge and stats requests coming down, and ``ready``, ``exited`` and
+  ``output`` going up;
+* a **router** for the data requests that are not its own to answer
+  (every range but LOCAL): :class:`UplinkRouter` passes them on over the
+  uplink; the master's router serves them in place.
+
+Request path of a client call::
+
+    client --unix--> node server --+-- range LOCAL --> node store
+                                   +-- other ranges --> router --> master store
+
+The node server fills the caller's identity itself: uid/gid/pid from the
+Unix socket's peer credentials, namespace/rank from the client's hello
+(checked against the processes it launched).  Requestor claims a client
+puts in a message are never forwarded (see ``dataops.FORWARDED_FIELDS``).
+Each accepted client is a :class:`~pydvm.runtime.peers.ClientSession`.
+
+A connection acts for a process only while that process lives: once the
+node server has reaped a process it closes every connection acting for it,
+and a ``hello`` naming it is refused ``PMIX_ERR_NO_PERMISSIONS`` -- so a
+child that lingers after its job process cannot store anything no lifetime
+reaches.  When a job ends, whatever is left of its processes' groups on this
+node (lingering children) is killed, as a resource manager ends a step.
+
+``unpublish`` is applied to both stores: removal is a question of ownership,
+not of range, so an owner's key goes wherever it is.
+
+What the node server purges in its own store: PROC when it reaps a process;
+APP, NSPACE and SESSION when the master says that application, job or
+session has ended (the application notice goes to the nodes that ran the
+application, once it has ended on all of them).  Its own share of a job or
+application finishing purges nothing more: that is not a lifetime.
+
+No orphans (:mod:`pydvm.runtime.guard`): job processes get a parent-death
+signal and their process groups are listed with a guardian process that
+kills them if the process hosting the node server dies, however it dies.
+
+Output is read with flow control: at most ``pydvm_output_window`` bytes of
+one job's output may be unacknowledged by the master; beyond that the node
+server stops reading the job's pipes until the master's ``output_ack``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import params as P
+from ..enums import Persistence, Range
+from ..errors import Status
+from ..store import Caller, DataStore, MonotonicClock, StoreParams
+from ..wire import Channel, Message, peer_credentials, refuse, reply
+from . import dataops
+from .guard import Guardian, die_with_parent, group_alive
+from .peers import ClientSession, route_answer
+
+log = logging.getLogger("pydvm.node")
+
+#: Seconds between SIGTERM and SIGKILL when killing a job's processes.
+KILL_GRACE = 3.0
+#: Longest line forwarded in one piece; longer output is split.
+LINE_LIMIT = 64 * 1024
+#: After a process exits, how long its pipes may sit idle (held open by a
+#: lingering child) before the exit is reported anyway.
+PIPE_IDLE = 0.5
+#: A socket directory without an owner file is left alone this long (its
+#: daemon may be creating it right now).
+STALE_GRACE = 60.0
+
+
+@dataclass
+class PumpState:
+    """What one output pump is doing: ``reading_since`` is the loop time it
+    started waiting for data, None while it waits for credit."""
+
+    reading_since: float | None = None
+
+
+@dataclass
+class LocalProc:
+    nspace: str
+    rank: int
+    app_idx: int
+    process: asyncio.subprocess.Process | None = None
+    ended: bool = False
+    #: connections acting for this process (closed when it is reaped).
+    sessions: set[ClientSession] = field(default_factory=set)
+
+    @property
+    def pgid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+
+@dataclass
+class LocalJob:
+    nspace: str
+    session_id: int
+    procs: dict[int, LocalProc] = field(default_factory=dict)
+    #: the job's owner in a multi-user DVM (its processes run as them).
+    uid: int | None = None
+    gid: int | None = None
+    #: output bytes this node may still send before an ``output_ack``.
+    credit: int = 0
+    credit_ok: asyncio.Event = field(default_factory=asyncio.Event)
+    #: output pumps still running (cancelled at the job's cleanup).
+    pumps: set[asyncio.Task] = field(default_factory=set)
+
+
+class UplinkRouter:
+    """Data requests of a daemon's clients go to the master over the uplink.
+
+    The reissued request is the client's own plus a routing head (type and
+    the caller's identity); its one reply returns to the client under the
+    client's id (see :func:`dataops.reissue`).
+    """
+
+    #: clients send data requests as envelopes: their payload is passed on.
+    wants_envelopes = True
+
+    def __init__(self, uplink: Channel) -> None:
+        self.uplink = uplink
+
+    def forward(self, session: ClientSession, msg: Message) -> None:
+        c = session.caller
+        head = {"t": msg["t"], "caller": [c.nspace, c.rank, c.uid, c.gid]}
+        dataops.reissue(self.uplink.request, session, msg, head, session.forwarded)
+
+    def cancel(self, session: ClientSession, ref: int) -> None:
+        mid = session.forwarded.pop(ref, None)
+        if mid is not None:
+            self.uplink.withdraw(mid)
+
+    def withdraw_all(self, session: ClientSession) -> None:
+        for mid in session.forwarded.values():
+            self.uplink.withdraw(mid)
+        session.forwarded.clear()
+
+
+class NodeServer:
+    """Serves one node (see the module docstring).
+
+    ``uplink`` is the link to the master (its ``on_message`` is set to
+    :meth:`on_master`); ``router`` takes the data requests that are not
+    LOCAL (default: an :class:`UplinkRouter` over ``uplink``).  ``welcome``
+    is what the master told the node when it joined (parameters, DVM id,
+    namespace, multi-user).  :meth:`start` opens the client socket and says
+    ``ready``; :meth:`stop` ends every process and closes everything;
+    :attr:`done` is set once it has.
+    """
+
+    def __init__(self, node: str, uplink, welcome: Message, *, guardian: Guardian,
+                 router=None) -> None:
+        self.node = node
+        self.uplink = uplink
+        self.router = router or UplinkRouter(uplink)
+        self.guardian = guardian
+        self.values = P.values(P.from_wire(welcome["params"]))
+        self.dvmid = welcome["dvm"]
+        self.dvm_nspace = welcome["dvm_nspace"]
+        self.multi_user = bool(welcome.get("multi_user"))
+        self.store: DataStore | None = None
+        self.jobs: dict[str, LocalJob] = {}
+        self.socket_dir: Path | None = None
+        self.socket_path = ""
+        self._server: asyncio.AbstractServer | None = None
+        self.done = asyncio.Event()
+        self._clients: set[ClientSession] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._exiting = False
+
+    # ------------------------------------------------------------------
+    # life cycle
+    # ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        values = self.values
+        self.store = DataStore(
+            name=self.node,
+            clock=MonotonicClock(),
+            timer=loop,
+            on_answer=route_answer,
+            params=StoreParams(
+                timeout=values["prte_data_server_timeout"],
+                max_size=values["prte_data_server_max_size"],
+                verbose=values["prte_data_server_verbose"],
+            ),
+            dvm_nspace=self.dvm_nspace,
+        )
+        self._make_socket_dir()
+        self._server = await loop.create_unix_server(
+            lambda: Channel(self._on_client_hello, self._on_client_closed, name="client"),
+            self.socket_path)
+        os.chmod(self.socket_path, 0o666 if self.multi_user else 0o700)
+        self.uplink.on_message = self.on_master
+        self.uplink.send({"t": "ready"})
+        log.info("node %s serving clients at %s", self.node, self.socket_path)
+
+    def _make_socket_dir(self) -> None:
+        """A private directory for the client socket, and removal of those
+        left by daemons that died (their owner process is gone).
+
+        Single-user: only the DVM's user can enter it.  Multi-user: job
+        processes of every user must reach the socket, so the directory is
+        traversable (not listable) and the socket open to all; identity
+        comes from SO_PEERCRED and is checked against the job's owner.
+        """
+        base = Path(tempfile.gettempdir()) / f"pydvm-{os.getuid()}"
+        base.mkdir(mode=0o700, exist_ok=True)
+        mode = 0o711 if self.multi_user else 0o700
+        os.chmod(base, mode)
+        remove_stale_socket_dirs(base)
+        self.socket_dir = Path(tempfile.mkdtemp(prefix=f"{self.dvmid}-{self.node}-", dir=base))
+        # written whole or not at all: other daemons sweep this directory
+        tmp = self.socket_dir / "owner.tmp"
+        tmp.write_text(_process_identity(os.getpid()))
+        tmp.rename(self.socket_dir / "owner")
+        os.chmod(self.socket_dir, mode)
+        self.socket_path = str(self.socket_dir / "client.sock")
+        self.guardian.remove_on_exit(str(self.socket_dir))
+
+    async def stop(self, grace: float = KILL_GRACE) -> None:
+        """End every process (SIGTERM, SIGKILL after ``grace``), close the
+        client socket and every client connection, remove the socket directory."""
+        if self._exiting:
+            await self.done.wait()
+            return
+        self._exiting = True
+        await self._kill_all(grace)
+        if self._server is not None:
+            self._server.close()
+        for s in list(self._clients):
+            s.channel.close("node server stopping")
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+        self.done.set()
+
+    def _spawn(self, coro, answer_id=None) -> asyncio.Task:
+        """Run ``coro`` as a task; if it fails and ``answer_id`` names a master
+        request, answer that request with the failure."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self._tasks.discard(t)
+            if t.cancelled() or t.exception() is None:
+                return
+            log.error("internal error", exc_info=t.exception())
+            if answer_id is not None:
+                self.uplink.send(reply(answer_id, Status.ERR_UNREACH,
+                                       f"{self.node}: internal error: {t.exception()!r}"))
+        task.add_done_callback(done)
+        return task
+
+    # ------------------------------------------------------------------
+    # master messages
+    # ------------------------------------------------------------------
+
+    def on_master(self, ch, msg: Message) -> None:
+        t = msg["t"]
+        rid = msg.get("id")
+        if t == "launch":
+            self._spawn(self._launch(msg), rid)
+        elif t == "output_ack":
+            job = self.jobs.get(msg.get("nspace"))
+            n = msg.get("bytes")
+            if job is not None and isinstance(n, int) and n > 0:
+                job.credit += n
+                if job.credit > 0:
+                    job.credit_ok.set()
+        elif t == "kill":
+            job = self.jobs.get(msg.get("nspace"))
+            if job is not None:
+                self._spawn(self._kill_procs(list(job.procs.values()), KILL_GRACE))
+        elif t == "purge":
+            self._apply_purge(msg)
+        elif t == "stats":
+            uid = msg.get("uid")
+            uid = uid if isinstance(uid, int) else -1
+            ch.send(reply(rid, Status.SUCCESS, store=dataops.stats_row(self.store, uid)))
+        elif t == "shutdown":
+            async def run() -> None:
+                await self._kill_all(KILL_GRACE)
+                ch.send(reply(rid, Status.SUCCESS))
+                await self.stop()
+            self._spawn(run(), rid)
+        elif t == "ping":
+            if rid is not None:
+                ch.send(reply(rid, Status.SUCCESS))
+        else:
+            if t != "reply":
+                log.warning("master sent unknown message type %r", t)
+            if rid is not None:
+                refuse(ch, msg, Status.ERR_BAD_PARAM, f"unknown message type {t!r}")
+
+    def _apply_purge(self, msg: Message) -> None:
+        """A lifetime the master decided has ended: APP (an application has
+        ended on every node), NSPACE (the job) or SESSION.  Acknowledged."""
+        rid = msg.get("id")
+        try:
+            horizon = Persistence(msg.get("horizon"))
+            app = msg.get("app_idx")
+            if horizon is Persistence.APP:
+                if not isinstance(msg.get("nspace"), str) or not isinstance(app, int) \
+                        or isinstance(app, bool):
+                    raise ValueError("an APP purge names its namespace and app_idx")
+            else:
+                app = None
+            n = self.store.purge(horizon, nspace=msg.get("nspace"), app_idx=app,
+                                 session_id=msg.get("session_id"))
+        except (ValueError, TypeError) as exc:
+            self.uplink.send(reply(rid, Status.ERR_BAD_PARAM, str(exc)))
+            return
+        if horizon is Persistence.NSPACE:
+            job = self.jobs.pop(msg.get("nspace"), None)
+            if job is not None:
+                self._clean_up_job(job)
+        self.uplink.send(reply(rid, Status.SUCCESS, removed=n))
+
+    def _clean_up_job(self, job: LocalJob) -> None:
+        """The job has ended everywhere: end what is left of it on this node
+        (lingering children of its processes, their output pumps)."""
+        for lp in job.procs.values():
+            pgid = lp.pgid
+            if pgid is not None and pgid in self.guardian.groups:
+                _signal_group(pgid, signal.SIGKILL)
+                self.guardian.release(pgid)
+            for s in list(lp.sessions):
+                s.channel.close(f"job {job.nspace} ended")
+        for task in list(job.pumps):
+            task.cancel()
+
+    # ------------------------------------------------------------------
+    # processes
+    # ------------------------------------------------------------------
+
+    async def _launch(self, msg: Message) -> None:
+        rid = msg.get("id")
+        ns = msg.get("nspace")
+        procs = msg.get("procs") or []
+        job = self.jobs.get(ns)
+        if job is None:
+            job = self.jobs[ns] = LocalJob(ns, msg.get("session_id", 0),
+                                           credit=self.values["pydvm_output_window"])
+            job.credit_ok.set()
+        switch = None
+        if self.multi_user and msg.get("uid") is not None:
+            job.uid, job.gid = msg["uid"], msg["gid"]
+            if job.uid != os.getuid():
+                switch = _credentials(job.uid, job.gid)
+        # Resolve every executable first: a job either starts here or fails whole.
+        for p in procs:
+            path = p["env"].get("PATH", os.defpath)
+            exe = p["argv"][0]
+            if not shutil.which(exe, path=path) and not (os.sep in exe and os.access(exe, os.X_OK)):
+                self.uplink.send(reply(rid, Status.ERR_NOT_FOUND,
+                                       f"{self.node}: executable not found: {exe}", exit=127))
+                return
+        preexec = _child_setup(os.getpid(), switch)
+        started = 0
+        for p in procs:
+            env = dict(p["env"])
+            env.update({
+                "PYDVM_SERVER": self.socket_path,
+                "PYDVM_NSPACE": ns,
+                "PYDVM_RANK": str(p["rank"]),
+                "PYDVM_APP_IDX": str(p["app_idx"]),
+                "PYDVM_JOB_SIZE": str(msg.get("job_size")),
+                "PYDVM_NODE": self.node,
+                "PMIX_NAMESPACE": ns,
+                "PMIX_RANK": str(p["rank"]),
+            })
+            lp = LocalProc(ns, p["rank"], p["app_idx"])
+            job.procs[p["rank"]] = lp
+            cwd = p.get("cwd") if p.get("cwd") and os.path.isdir(p["cwd"]) else None
+            try:
+                lp.process = await asyncio.create_subprocess_exec(
+                    *p["argv"], env=env, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                    start_new_session=True, limit=LINE_LIMIT, preexec_fn=preexec)
+            except OSError as exc:
+                # Already started ranks of this job are killed by the master.
+                job.procs.pop(p["rank"], None)
+                self.uplink.send(reply(rid, Status.ERR_NOT_FOUND,
+                                       f"{self.node}: cannot start {p['argv'][0]}: {exc}",
+                                       exit=126 if isinstance(exc, PermissionError) else 127))
+                for q in procs[started:]:
+                    job.procs.pop(q["rank"], None)
+                return
+            self.guardian.track(lp.process.pid)
+            started += 1
+            self._spawn(self._watch(job, lp))
+        self.uplink.send(reply(rid, Status.SUCCESS))
+
+    async def _watch(self, job: LocalJob, lp: LocalProc) -> None:
+        proc = lp.process
+        states = [PumpState(), PumpState()]
+        pumps = [self._spawn(self._pump(job, lp, proc.stdout, 1, states[0])),
+                 self._spawn(self._pump(job, lp, proc.stderr, 2, states[1]))]
+        job.pumps.update(pumps)
+        for t in pumps:
+            t.add_done_callback(job.pumps.discard)
+        rc = await proc.wait()
+        await self._drain(pumps, states)
+        status = 128 - rc if rc < 0 else rc  # -N means killed by signal N
+        self._reaped(job, lp)
+        if not self.uplink.closed:
+            self.uplink.send({"t": "exited", "nspace": lp.nspace, "rank": lp.rank,
+                              "status": status, "signal": -rc if rc < 0 else 0})
+
+    async def _drain(self, pumps: list[asyncio.Task], states: list[PumpState]) -> None:
+        """Wait for an exited process's pipes to reach end of file, so its
+        last output goes before its exit -- unless they sit idle for
+        :data:`PIPE_IDLE` (a lingering child holds them): then stop waiting.
+        A pump held back by flow control is not idle: that output is real."""
+        loop = asyncio.get_running_loop()
+        while True:
+            left = [t for t in pumps if not t.done()]
+            if not left:
+                return
+            await asyncio.wait(left, timeout=PIPE_IDLE / 2)
+            now = loop.time()
+            if all(st.reading_since is not None and now - st.reading_since > PIPE_IDLE
+                   for t, st in zip(pumps, states) if not t.done()):
+                return
+
+    def _reaped(self, job: LocalJob, lp: LocalProc) -> None:
+        """``lp`` has ended: nothing may act for it any more."""
+        lp.ended = True
+        for s in list(lp.sessions):
+            s.channel.close(f"process {lp.nspace}:{lp.rank} ended")
+        pgid = lp.pgid
+        if pgid is not None and not group_alive(pgid):
+            self.guardian.release(pgid)
+        self.store.purge(Persistence.PROC, nspace=lp.nspace, rank=lp.rank)
+
+    async def _pump(self, job: LocalJob, lp: LocalProc, stream: asyncio.StreamReader,
+                    fd: int, state: PumpState) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while job.credit <= 0:
+                state.reading_since = None
+                await job.credit_ok.wait()
+            state.reading_since = loop.time()
+            try:
+                line = await stream.readuntil(b"\n")
+            except asyncio.IncompleteReadError as exc:  # EOF: the last, unterminated line
+                line = exc.partial
+            except asyncio.LimitOverrunError as exc:
+                # A line longer than LINE_LIMIT goes in pieces; nothing is dropped.
+                line = await stream.readexactly(max(1, min(exc.consumed, LINE_LIMIT)))
+            if not line:
+                return
+            job.credit -= len(line)
+            if job.credit <= 0:
+                job.credit_ok.clear()
+            if not self.uplink.closed:
+                self.uplink.send({"t": "output", "nspace": lp.nspace, "rank": lp.rank,
+                                  "fd": fd, "data": line})
+
+    async def _kill_procs(self, procs: list[LocalProc], grace: float) -> None:
+        live = [lp for lp in procs if lp.process is not None and lp.process.returncode is None]
+        for lp in live:
+            _signal_group(lp.process.pid, signal.SIGTERM)
+        deadline = asyncio.get_running_loop().time() + grace
+        for lp in live:
+            left = max(0.0, deadline - asyncio.get_running_loop().time())
+            try:
+                await asyncio.wait_for(asyncio.shield(lp.process.wait()), left)
+            except asyncio.TimeoutError:
+                _signal_group(lp.process.pid, signal.SIGKILL)
+        for lp in live:
+            _signal_group(lp.process.pid, signal.SIGKILL)  # stragglers in the group
+            await lp.process.wait()
+
+    async def _kill_all(self, grace: float) -> None:
+        procs = [lp for job in self.jobs.values() for lp in job.procs.values()]
+        await self._kill_procs(procs, grace)
+        for pgid in self.guardian.groups:  # lingering children of ended processes
+            _signal_group(pgid, signal.SIGKILL)
+        # Let the watchers report and purge.
+        for _ in range(50):
+            if all(lp.ended for lp in procs):
+                break
+            await asyncio.sleep(0.01)
+
+    # ------------------------------------------------------------------
+    # clients
+    # ------------------------------------------------------------------
+
+    def _on_client_hello(self, ch: Channel, msg: Message) -> None:
+        rid = msg.get("id")
+        if msg["t"] != "hello":
+            refuse(ch, msg, Status.ERR_BAD_PARAM, "first message must be hello")
+            ch.close(f"client sent {msg['t']!r} before hello", error=True)
+            return
+        try:
+            pid, uid, gid = peer_credentials(ch.transport.get_extra_info("socket"))
+        except OSError as exc:
+            ch.close(f"no peer credentials: {exc}", error=True)
+            return
+        ns, rank = msg.get("nspace"), msg.get("rank")
+        job = self.jobs.get(ns) if isinstance(ns, str) else None
+        ok_rank = isinstance(rank, int) and not isinstance(rank, bool)
+        lp = job.procs.get(rank) if job is not None and ok_rank else None
+        if lp is not None and job.uid is not None and uid not in (job.uid, 0):
+            lp = None  # another user's process: claiming it would be claiming them
+        if lp is None or lp.ended:
+            why = (f"process {ns}:{rank} has ended" if lp is not None else
+                   f"{ns!r}:{rank!r} is not a running process of this node")
+            ch.send(reply(rid, Status.ERR_NO_PERMISSIONS, why))
+            ch.close(f"client pid {pid} refused: {why}", error=True)
+            return
+        ch.name = f"client {ns}:{rank} pid {pid}"
+        # The default session (0) never ends: no session horizon applies to it.
+        caller = Caller(ns, rank, uid, gid, self.node, lp.app_idx, job.session_id or None)
+        session = ClientSession(ch, caller, pid, self.values["pydvm_max_outstanding"])
+        lp.sessions.add(session)
+        ch.on_message = self._on_client
+        self._clients.add(session)
+        ch.send(reply(rid, Status.SUCCESS, node=self.node,
+                      envelope=getattr(self.router, "wants_envelopes", True)))
+
+    def _on_client(self, ch: Channel, msg: Message) -> None:
+        session: ClientSession = ch.session
+        t = msg["t"]
+        if t == "cancel":
+            self._cancel(session, msg.get("ref"))
+            return
+        if t not in dataops.DATA_OPS:
+            refuse(ch, msg, Status.ERR_BAD_PARAM, f"unknown message type {t!r}")
+            return
+        refusal = session.admit(msg)
+        if refusal is not None:
+            ch.send(refusal)
+            return
+        rid = msg["id"]
+        caller = session.caller
+        if t == "unpublish":
+            dataops.apply(self.store, caller, msg, (session, rid))
+            self._forward(session, msg)
+        elif dataops.request_range(msg) == Range.LOCAL:
+            out = dataops.apply(self.store, caller, msg, (session, rid))
+            if out is None:
+                session.parked.add(rid)
+            else:
+                ch.send(out)
+        else:
+            self._forward(session, msg)
+
+    def _forward(self, session: ClientSession, msg: Message) -> None:
+        self.router.forward(session, msg)
+
+    def _cancel(self, session: ClientSession, ref) -> None:
+        """The client gave up on request ``ref`` (a cancelled asyncio call):
+        withdraw it here or wherever it went.  No reply (it is a notice)."""
+        if not isinstance(ref, int) or isinstance(ref, bool):
+            return
+        if ref in session.parked and self.store.cancel((session, ref)):
+            session.parked.discard(ref)
+            return
+        self.router.cancel(session, ref)
+
+    def _on_client_closed(self, ch: Channel, reason: str) -> None:
+        session = ch.session
+        if not isinstance(session, ClientSession):
+            return
+        self._clients.discard(session)
+        job = self.jobs.get(session.caller.nspace)
+        lp = job.procs.get(session.caller.rank) if job is not None else None
+        if lp is not None:
+            lp.sessions.discard(session)
+        for rid in list(session.parked):
+            if self.store.cancel((session, rid)):
+                session.parked.discard(rid)
+        self.router.withdraw_all(session)
+
+
+def _credentials(uid: int, gid: int) -> tuple[int, int, list[int]]:
+    """(uid, gid, supplementary groups) to start a job process as."""
+    import pwd
+
+    try:
+        groups = os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)
+    except KeyError:
+        groups = [gid]
+    return uid, gid, groups
+
+
+def _child_setup(parent: int, switch: tuple[int, int, list[int]] | None):
+    """The function run in each job process between fork and exec: switch to
+    the job's user if needed (uvloop's subprocess support has no
+    ``user``/``group`` arguments), then ask to die with the daemon -- in that
+    order, since a change of user clears the parent-death signal."""
+
+    def setup() -> None:
+        if switch is not None:
+            uid, gid, groups = switch
+            os.setgroups(groups)
+            os.setgid(gid)
+            os.setuid(uid)
+        die_with_parent(parent)
+
+    return setup
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _process_identity(pid: int) -> str:
+    """``PID STARTTIME``: names one process even if its pid is reused later."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            start = f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        start = "?"
+    return f"{pid} {start}"
+
+
+def remove_stale_socket_dirs(base: Path) -> list[Path]:
+    """Remove socket directories under ``base`` whose daemon is dead.
+
+    Each daemon writes ``owner`` (``PID STARTTIME``) into its directory; a
+    directory whose owner process no longer exists (or is another process
+    under a reused pid) is a dead DVM's.  One without an owner file, or with
+    one not yet written whole, is left alone for :data:`STALE_GRACE` seconds.
+    Returns what was removed.
+    """
+    removed = []
+    try:
+        entries = list(base.iterdir())
+    except OSError:
+        return removed
+    now = time.time()
+    for d in entries:
+        if not d.is_dir():
+            continue
+        try:
+            ident = (d / "owner").read_text().split()
+        except OSError:
+            ident = None
+        if ident is not None and not (len(ident) == 2 and ident[0].isdigit()):
+            ident = None  # being written by a daemon starting right now: as if missing
+        if ident is None:
+            try:
+                if now - d.stat().st_mtime < STALE_GRACE:
+                    continue
+            except OSError:
+                continue
+        elif _process_identity(int(ident[0])) == " ".join(ident):
+            continue  # its daemon is alive
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
