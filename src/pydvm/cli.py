@@ -8,7 +8,7 @@ DVM-level commands (``start``, ``run``, ``stop``, ``session``, ``store``,
 What is printed is formatted in :mod:`pydvm.cli_format`; help texts and
 argument checks are in :mod:`pydvm.cli_help`; finding DVMs (``dvms``, stale
 URIs, a second ``start``, the one-shot data-loss warning) in
-:mod:`pydvm.cli_dvms`.  Exit status 2 is a usage error, reported before the
+:mod:`pydvm.cli_dvms`; the in-job commands in :mod:`pydvm.cli_injob`.  Exit status 2 is a usage error, reported before the
 command does anything.
 """
 
@@ -28,8 +28,8 @@ from . import params as P
 from .cli_help import (ACCESS_HELP, LOOKUP_OUTPUT_HELP, MAIN_DESCRIPTION, MAIN_EPILOG,
                        PERSISTENCES_HELP, PUBLISH_VALUES_HELP, RANGES_HELP, RUN_HELP, RUN_USAGE,
                        count, id_number, port, seconds)
+from .cli_injob import cmd_lookup, cmd_publish, cmd_unpublish
 from .enums import Persistence, Range
-from .errors import PMIxError, Status
 
 # ----------------------------------------------------------------------
 # event loop
@@ -579,167 +579,6 @@ def cmd_info(a: argparse.Namespace) -> int:
     width = max(len(r[0]) for r in rows)
     for name, value, source, help_ in rows:
         print(f"{name:<{width}}  {value!r:<12} ({source})  {help_}")
-    return 0
-
-
-# ----------------------------------------------------------------------
-# in-job commands
-# ----------------------------------------------------------------------
-
-
-def _status_line(st: Status) -> None:
-    print(f"STATUS {st.pmix_name}", flush=True)
-
-
-#: The most a value read from a file or standard input may hold: a publish
-#: must fit one frame on the wire.
-MAX_VALUE_BYTES = 60 * 1024 * 1024
-
-
-def _publish_pairs(texts: list[str], literal: bool) -> dict[str, str | bytes]:
-    """``K=V`` arguments as pairs: ``V`` as a str, or with ``K=@FILE`` /
-    ``K=-`` (unless ``literal``) the bytes of FILE / of standard input.
-    Raises ValueError naming the argument at fault, before anything is sent.
-
-    ``K=-`` refuses a standard input that is a terminal or ``/dev/null``
-    (a job's own standard input): a value is piped in or read from a file,
-    and a script that meant the str ``-`` gets an error naming
-    ``--literal`` rather than an empty value.
-    """
-    pairs: dict[str, str | bytes] = {}
-    stdin_used = False
-    for kv in texts:
-        k, eq, v = kv.partition("=")
-        if not eq or not k:
-            raise ValueError(f"expected K=V, K=@FILE or K=-, got {kv!r}")
-        if literal or not (v == "-" or v.startswith("@")):
-            pairs[k] = v
-        elif v == "-":
-            if stdin_used:
-                raise ValueError("only one value can be read from standard input (K=-)")
-            stdin_used = True
-            if not _stdin_carries_data():
-                raise ValueError(f"{kv!r} reads the value from standard input, which is a "
-                                 "terminal or /dev/null here: pipe the value in, or use "
-                                 "--literal to publish '-' itself")
-            pairs[k] = _read_limited(sys.stdin.buffer, f"standard input (for {k})")
-        elif v == "@":
-            raise ValueError(f"{kv!r}: '@' must be followed by a file name "
-                             "(--literal publishes '@' as it is)")
-        else:
-            try:
-                with open(v[1:], "rb") as f:
-                    pairs[k] = _read_limited(f, f"{v[1:]} (for {k})")
-            except OSError as exc:
-                raise ValueError(f"cannot read the value of {k} from {v[1:]}: "
-                                 f"{exc.strerror or exc} (--literal publishes {v!r} as "
-                                 "written)") from None
-    return pairs
-
-
-def _stdin_carries_data() -> bool:
-    """True when standard input is a pipe, socket or file (not a terminal,
-    not a character device such as /dev/null, not closed)."""
-    import stat
-
-    try:
-        mode = os.fstat(sys.stdin.fileno()).st_mode
-    except (OSError, ValueError, AttributeError):
-        return False
-    return not stat.S_ISCHR(mode)
-
-
-def _read_limited(f, what: str) -> bytes:
-    data = f.read(MAX_VALUE_BYTES + 1)
-    if len(data) > MAX_VALUE_BYTES:
-        raise ValueError(f"{what} holds more than {MAX_VALUE_BYTES} bytes, the most one "
-                         "publish can carry")
-    return data
-
-
-def cmd_publish(a: argparse.Namespace) -> int:
-    from .client import Client
-
-    try:
-        pairs = _publish_pairs(a.pairs, a.literal)
-    except ValueError as exc:
-        sys.stderr.write(f"pydvm publish: {exc}\n")
-        _status_line(Status.ERR_BAD_PARAM)
-        return 1
-    try:
-        rng = Range.from_word(a.range)
-        per = Persistence.from_word(a.persistence) if a.persistence else None
-    except ValueError as exc:
-        sys.stderr.write(f"pydvm publish: {exc}\n")
-        _status_line(Status.ERR_BAD_PARAM)
-        return 1
-    st = Status.SUCCESS
-    try:
-        with Client() as c:
-            c.publish(pairs, range=rng, persistence=per, access_uids=a.access_uid,
-                      access_gids=a.access_gid, replace=a.replace)
-            for k in pairs:
-                print(f"PUBLISHED {F.quote(k)}")
-            _status_line(st)
-            if a.hold:
-                time.sleep(a.hold)
-    except PMIxError as exc:
-        st = exc.status
-        message = exc.message
-        if st is Status.ERR_DUPLICATE_KEY:
-            # The store speaks of the API's replace=True; name the flag here.
-            message = message.replace("(use replace to", "(use --replace to")
-        if message:
-            sys.stderr.write(f"pydvm publish: {message}\n")
-        _status_line(st)
-    return 0 if st is Status.SUCCESS else 1
-
-
-def cmd_lookup(a: argparse.Namespace) -> int:
-    from .client import Client
-
-    try:
-        rng = Range.from_word(a.range)
-    except ValueError as exc:
-        sys.stderr.write(f"pydvm lookup: {exc}\n")
-        _status_line(Status.ERR_BAD_PARAM)
-        return 1
-    wait: bool | int = False
-    if a.wait_count is not None:
-        wait = a.wait_count
-    elif a.wait:
-        wait = True
-    try:
-        with Client() as c:
-            r = c.lookup(a.keys, range=rng, wait=wait, timeout=a.timeout)
-    except PMIxError as exc:
-        if exc.message and exc.status not in (Status.ERR_NOT_FOUND, Status.ERR_TIMEOUT):
-            sys.stderr.write(f"pydvm lookup: {exc.message}\n")
-        if a.json:
-            print(json.dumps(F.lookup_json(exc.status.pmix_name, a.keys, ())), flush=True)
-        else:
-            _status_line(exc.status)
-        return 1
-    if a.json:
-        print(json.dumps(F.lookup_json(r.status.pmix_name, a.keys, r.found.values())),
-              flush=True)
-    else:
-        for key, f in r.found.items():
-            print(F.found_line(key, f.value, f.nspace, f.rank))
-        _status_line(r.status)
-    return 0 if r.status is Status.SUCCESS else 1
-
-
-def cmd_unpublish(a: argparse.Namespace) -> int:
-    from .client import Client
-
-    try:
-        with Client() as c:
-            c.unpublish(a.keys or None)
-    except PMIxError as exc:
-        _status_line(exc.status)
-        return 1
-    _status_line(Status.SUCCESS)
     return 0
 
 
