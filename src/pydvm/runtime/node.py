@@ -218,15 +218,20 @@ class NodeServer:
         """A private directory for the client socket, and removal of those
         left by daemons that died (their owner process is gone).
 
-        Single-user: only the DVM's user can enter it.  Multi-user: job
-        processes of every user must reach the socket, so the directory is
-        traversable (not listable) and the socket open to all; identity
-        comes from SO_PEERCRED and is checked against the job's owner.
+        Single-user: only the DVM's user can enter it (under
+        ``$TMPDIR/pydvm-<uid>``, 0700).  Multi-user: job processes of every
+        user must reach the socket, so the directory is traversable (not
+        listable) and the socket open to all -- identity comes from
+        SO_PEERCRED and is checked against the job's owner; those live under
+        ``$TMPDIR/pydvm-<uid>-mu`` (0711), a base of their own, so that a
+        single-user DVM of the same user never closes it to the others.
         """
-        base = Path(tempfile.gettempdir()) / f"pydvm-{os.getuid()}"
-        base.mkdir(mode=0o700, exist_ok=True)
         mode = 0o711 if self.multi_user else 0o700
-        os.chmod(base, mode)
+        suffix = "-mu" if self.multi_user else ""
+        base = Path(tempfile.gettempdir()) / f"pydvm-{os.getuid()}{suffix}"
+        base.mkdir(mode=mode, exist_ok=True)
+        if base.stat().st_mode & 0o777 != mode:
+            os.chmod(base, mode)
         remove_stale_socket_dirs(base)
         self.socket_dir = Path(tempfile.mkdtemp(prefix=f"{self.dvmid}-{self.node}-", dir=base))
         # written whole or not at all: other daemons sweep this directory
