@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from pydvm.cli_format import (duration, found_line, job_end_lines, lookup_json, one_shot_warning,
-                              ps_lines, quote, store_lines, table)
+                              ps_lines, quote, store_lines, table, value_text)
 
 
 @pytest.mark.parametrize("text", ["abc", "tcp://10.0.0.1:5555", "héllo", "a=b", "x'y", "42"])
@@ -26,8 +26,25 @@ def test_a_plain_token_prints_exactly_as_it_is(text):
     ("back\\slash", '"back\\\\slash"'), ("tab\there", '"tab\\there"'),
     ("nb\u00a0sp", '"nb\\u00a0sp"'), ("line\u2028sep", '"line\\u2028sep"'),
 ])
-def test_ambiguous_text_is_quoted_as_a_json_string(text, shown):
+def test_a_key_that_is_not_one_plain_token_is_quoted_as_a_json_string(text, shown):
     assert quote(text) == shown
+
+
+@pytest.mark.parametrize("text", ["a b", "", 'say "hi"', "back\\slash", "tcp://h:1 x", "é ü"])
+def test_a_printable_str_value_prints_as_is_spaces_and_quotes_included(text):
+    """SPEC 9: a str value is printed as is."""
+    assert value_text(text) == text
+    assert found_line("k", text, "ns@1", 0) == f"FOUND k {text} from ns@1:0"
+
+
+@pytest.mark.parametrize("text,shown", [
+    ("x\ny", '"x\\ny"'), ("tab\there", '"tab\\there"'), ("cr\r", '"cr\\r"'),
+    ("line\u2028sep", '"line\\u2028sep"'),
+])
+def test_a_str_value_with_a_line_break_or_unprintable_character_is_quoted(text, shown):
+    """Every FOUND stays one line: such a value prints as a JSON string literal."""
+    assert value_text(text) == shown
+    assert json.loads(value_text(text)) == text
 
 
 @given(st.text())

@@ -737,7 +737,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "Publish K=V pairs as one item (inside a job: it acts as its process).",
                 f"{PUBLISH_VALUES_HELP}\n\n{RANGES_HELP}\n\n{PERSISTENCES_HELP}\n\n"
                 f"{ACCESS_HELP}")
-    s.add_argument("pairs", nargs="+", metavar="K=V", help="K=V, K=@FILE or K=- (see below)")
+    s.add_argument("pairs", nargs="+", metavar="K=V", help="K=V (with --files also K=@FILE or K=-; see below)")
     s.add_argument("--range", default="session", choices=ranges, metavar="R",
                    help="who may see it (default session; see below)")
     s.add_argument("--persistence", choices=persistences, metavar="P",
@@ -748,8 +748,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a gid that may read it (repeatable)")
     s.add_argument("--replace", action="store_true",
                    help="replace your own items holding these keys (else PMIX_ERR_DUPLICATE_KEY)")
-    s.add_argument("--literal", action="store_true",
-                   help="store every V as the str written, even '-' or one starting with '@'")
+    s.add_argument("--files", action="store_true",
+                   help="read K=@FILE from FILE and K=- from standard input, as bytes")
     s.add_argument("--hold", type=seconds, default=0.0, metavar="SECONDS",
                    help="stay alive this long after publishing (>= 0), so PROC items live on")
     s.set_defaults(func=cmd_publish)

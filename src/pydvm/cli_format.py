@@ -7,17 +7,18 @@ or a socket, so every format is tested on its own
 
 Plain output rules
 ------------------
-Keys and str values are printed **as they are** when they are one plain
-token -- non-empty, printable, no whitespace, no ``"`` and no ``\\``.
-Anything else is printed as a JSON string literal (double quotes, with
-``\\n``, ``\\t``, ``\\"``, ``\\\\`` and ``\\uXXXX`` escapes), which never
-contains a newline or any whitespace but the space: a token that starts
-with ``"`` is always quoted, and ``json.loads`` reads it back.  A value
-that is not a str (bytes, int, float, bool) is printed as its Python
-literal (``repr``; ``ast.literal_eval`` reads it back), as SPEC 9 says.
-So ``FOUND K V from NSPACE:RANK`` stays one line, ``K`` is one token, and
-``V`` is everything between ``K`` and the last two tokens.  ``--json``
-is the way to tell a str ``"42"`` from an int ``42``.
+SPEC 9 prints a str value **as is**: so does this module, spaces included,
+unless the value holds a line break or another unprintable character --
+then it is printed as a JSON string literal (double quotes, with ``\\n``,
+``\\t``, ``\\"``, ``\\\\`` and ``\\uXXXX`` escapes), so that every
+``FOUND`` stays one line.  A key is printed as is when it is one plain
+token -- non-empty, printable, no whitespace, no ``"`` and no ``\\`` -- and
+as a JSON string literal otherwise, so that ``K`` is always one token and
+``V`` is everything between ``K`` and the last two tokens (``from
+NSPACE:RANK``).  A value that is not a str (bytes, int, float, bool) is
+printed as its Python literal (``repr``; ``ast.literal_eval`` reads it
+back), as SPEC 9 says.  Plain output cannot tell a str ``"42"`` from an int
+``42``, nor a str that looks quoted from a quoted one: ``--json`` can.
 """
 
 from __future__ import annotations
@@ -47,8 +48,19 @@ def is_plain(text: str) -> bool:
 
 def quote(text: str) -> str:
     """``text`` as one unambiguous token: itself when plain, else a JSON string."""
-    if is_plain(text):
-        return text
+    return text if is_plain(text) else _json_string(text)
+
+
+def value_text(value: Any) -> str:
+    """A looked-up value in plain output: a str as is (SPEC 9) unless it holds
+    something unprintable (a line break...), then quoted; others as repr."""
+    if isinstance(value, str):
+        return value if value.isprintable() else _json_string(value)
+    return repr(value)
+
+
+def _json_string(text: str) -> str:
+    """``text`` as a JSON string literal (always quoted)."""
     out = ['"']
     for c in text:
         esc = _ESCAPES.get(c)
@@ -65,11 +77,6 @@ def quote(text: str) -> str:
                 out.append(f"\\u{cp:04x}")
     out.append('"')
     return "".join(out)
-
-
-def value_text(value: Any) -> str:
-    """A looked-up value in plain output: a str quoted as needed, others as repr."""
-    return quote(value) if isinstance(value, str) else repr(value)
 
 
 def found_line(key: str, value: Any, nspace: str, rank: int) -> str:

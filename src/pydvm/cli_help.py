@@ -63,20 +63,22 @@ may read an item; each list given is a requirement every reader must meet.
 Only the owner (same uid, and gid) may unpublish, whatever the lists say."""
 
 PUBLISH_VALUES_HELP = """\
-values: K=V stores V as a str.  K=@FILE stores the bytes of FILE, K=- the bytes
-piped to standard input (one K=- per publish; a terminal or /dev/null is
-refused); such values are bytes, kept as bytes.  --literal stores every V as
-the str written, '-' and a leading '@' included.
+values: K=V stores V as a str, whatever it holds.  With --files, K=@FILE stores
+the bytes of FILE and K=- the bytes piped to standard input (one K=- per
+publish; a terminal or /dev/null is refused); such values are bytes, kept as
+bytes.
 
 output: 'PUBLISHED K' per key once the store accepted the publish, then
 'STATUS <PMIx name>'; exit 0 on PMIX_SUCCESS, 1 otherwise."""
 
 LOOKUP_OUTPUT_HELP = """\
 output: 'FOUND K V from NSPACE:RANK' per key found, then 'STATUS <PMIx name>';
-exit 0 on PMIX_SUCCESS, 1 otherwise.  K and a str V print as they are when they
-are one plain token (no whitespace, '"' or '\\', nothing unprintable), else as
-a JSON string literal ("a b", "line\\nnext"); other values print as their
-Python literal (b'..', 42, 1.5, True).  --json prints one JSON object instead:
+exit 0 on PMIX_SUCCESS, 1 otherwise.  A str V prints as it is, spaces included,
+unless it holds a line break or another unprintable character: then as a JSON
+string literal ("line\\nnext").  K prints as it is when it is one plain token
+(no whitespace, '"' or '\\', nothing unprintable), else as a JSON string
+literal ("a b").  Other values print as their Python literal (b'..', 42, 1.5,
+True).  --json prints one JSON object instead:
 {"status": NAME, "found": {K: {"value": V, "type": "str"|"bytes"|"int"|"float"|
 "bool", "publisher": {"nspace": NS, "rank": R}}}, "missing": [K, ...]}, a bytes
 value as base64 text."""

@@ -3,8 +3,8 @@
 They run inside a job and act as its process (``PYDVM_SERVER``,
 ``PYDVM_NSPACE``, ``PYDVM_RANK``), for scripts: each prints one line per
 key and a final ``STATUS <PMIx name>``, and exits 0 on ``PMIX_SUCCESS``, 1
-otherwise.  A pair or value that cannot be read (``K=@FILE`` of a missing
-file, say) is answered the same way, ``STATUS PMIX_ERR_BAD_PARAM``, before
+otherwise.  A pair or value that cannot be read (``--files K=@FILE`` of a
+missing file, say) is answered the same way, ``STATUS PMIX_ERR_BAD_PARAM``, before
 anything is sent; a bad option is a usage error (exit 2) from argparse.
 How keys and values are printed is :mod:`pydvm.cli_format`'s.
 """
@@ -31,23 +31,24 @@ def _status_line(st: Status) -> None:
 MAX_VALUE_BYTES = 60 * 1024 * 1024
 
 
-def _publish_pairs(texts: list[str], literal: bool) -> dict[str, str | bytes]:
-    """``K=V`` arguments as pairs: ``V`` as a str, or with ``K=@FILE`` /
-    ``K=-`` (unless ``literal``) the bytes of FILE / of standard input.
-    Raises ValueError naming the argument at fault, before anything is sent.
+def _publish_pairs(texts: list[str], files: bool) -> dict[str, str | bytes]:
+    """``K=V`` arguments as pairs: ``V`` as a str (SPEC 9: whatever it holds),
+    or -- with ``files`` (``--files``) -- ``K=@FILE`` / ``K=-`` as the bytes of
+    FILE / of standard input.  Raises ValueError naming the argument at
+    fault, before anything is sent.
 
-    ``K=-`` refuses a standard input that is a terminal or ``/dev/null``
-    (a job's own standard input): a value is piped in or read from a file,
-    and a script that meant the str ``-`` gets an error naming
-    ``--literal`` rather than an empty value.
+    ``--files K=-`` refuses a standard input that is a terminal or
+    ``/dev/null`` (a job's own standard input): a value is piped in or read
+    from a file, never silently empty.
     """
     pairs: dict[str, str | bytes] = {}
     stdin_used = False
     for kv in texts:
         k, eq, v = kv.partition("=")
         if not eq or not k:
-            raise ValueError(f"expected K=V, K=@FILE or K=-, got {kv!r}")
-        if literal or not (v == "-" or v.startswith("@")):
+            want = "K=V, K=@FILE or K=-" if files else "K=V"
+            raise ValueError(f"expected {want}, got {kv!r}")
+        if not files or not (v == "-" or v.startswith("@")):
             pairs[k] = v
         elif v == "-":
             if stdin_used:
@@ -55,20 +56,18 @@ def _publish_pairs(texts: list[str], literal: bool) -> dict[str, str | bytes]:
             stdin_used = True
             if not _stdin_carries_data():
                 raise ValueError(f"{kv!r} reads the value from standard input, which is a "
-                                 "terminal or /dev/null here: pipe the value in, or use "
-                                 "--literal to publish '-' itself")
+                                 "terminal or /dev/null here: pipe the value in (without "
+                                 "--files, '-' is published as it is)")
             pairs[k] = _read_limited(sys.stdin.buffer, f"standard input (for {k})")
         elif v == "@":
-            raise ValueError(f"{kv!r}: '@' must be followed by a file name "
-                             "(--literal publishes '@' as it is)")
+            raise ValueError(f"{kv!r}: '@' must be followed by a file name")
         else:
             try:
                 with open(v[1:], "rb") as f:
                     pairs[k] = _read_limited(f, f"{v[1:]} (for {k})")
             except OSError as exc:
                 raise ValueError(f"cannot read the value of {k} from {v[1:]}: "
-                                 f"{exc.strerror or exc} (--literal publishes {v!r} as "
-                                 "written)") from None
+                                 f"{exc.strerror or exc}") from None
     return pairs
 
 
@@ -96,7 +95,7 @@ def cmd_publish(a: argparse.Namespace) -> int:
     from .client import Client
 
     try:
-        pairs = _publish_pairs(a.pairs, a.literal)
+        pairs = _publish_pairs(a.pairs, a.files)
     except ValueError as exc:
         sys.stderr.write(f"pydvm publish: {exc}\n")
         _status_line(Status.ERR_BAD_PARAM)

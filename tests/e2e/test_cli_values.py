@@ -1,8 +1,10 @@
 """Values that do not fit a command line, and output a script can read (issue 11).
 
-``K=@FILE`` and ``K=-`` publish bytes as bytes; ``lookup --json`` gives
-value, type and publisher; plain output quotes keys and values that would
-be ambiguous while a plain str value prints exactly as SPEC 9 shows it;
+``--files K=@FILE`` and ``--files K=-`` publish bytes as bytes (without
+``--files`` every value is the str written, as SPEC 9 says); ``lookup
+--json`` gives value, type and publisher; plain output prints a str value as
+it is (spaces included) unless a line break would split the line, and quotes
+a key that is not one token;
 ``pydvm store`` shows each of the caller's keys with its persistence, idle
 time, size and publisher.
 """
@@ -32,7 +34,8 @@ def test_publish_at_file_stores_the_files_bytes_as_bytes(dvm, tmp_path):
     data = bytes(range(256)) + b"\n\x00end"
     f = tmp_path / "blob.bin"
     f.write_bytes(data)
-    p = dvm.run("-n", "1", "pydvm", "publish", f"blob=@{f}", "--persistence", "session")
+    p = dvm.run("-n", "1", "pydvm", "publish", "--files", f"blob=@{f}", "--persistence",
+                "session")
     assert lines(p, "PUBLISHED") == ["PUBLISHED blob"] and status(p) == "PMIX_SUCCESS", p.stderr
     got = _lookup_json(dvm, "blob")
     assert got["status"] == "PMIX_SUCCESS" and got["missing"] == []
@@ -49,18 +52,18 @@ def test_publish_at_file_stores_the_files_bytes_as_bytes(dvm, tmp_path):
 def test_publish_dash_reads_the_value_from_standard_input(dvm):
     """`printf 'a b\\nc' | pydvm publish k=-` inside a job stores those bytes."""
     p = dvm.run("-n", "1", "sh", "-c",
-                "printf 'a b\\nc' | pydvm publish k=- --persistence session")
+                "printf 'a b\\nc' | pydvm publish --files k=- --persistence session")
     assert status(p) == "PMIX_SUCCESS", p.stdout + p.stderr
     got = _lookup_json(dvm, "k")["found"]["k"]
     assert got["type"] == "bytes" and base64.b64decode(got["value"]) == b"a b\nc"
 
 
-def test_publish_dash_with_nothing_piped_in_is_refused_naming_literal(dvm):
-    """A job's stdin is /dev/null: `pydvm publish k=-` there is BAD_PARAM, never an empty
-    value, and the message names --literal (what a script meaning the str '-' wants)."""
-    p = dvm.run("-n", "1", "pydvm", "publish", "k=-", "--persistence", "session")
+def test_publish_dash_with_nothing_piped_in_is_refused(dvm):
+    """A job's stdin is /dev/null: `pydvm publish --files k=-` there is BAD_PARAM, never an
+    empty value, and the message says how to publish '-' itself."""
+    p = dvm.run("-n", "1", "pydvm", "publish", "--files", "k=-", "--persistence", "session")
     assert status(p) == "PMIX_ERR_BAD_PARAM" and p.returncode == 1
-    assert "--literal" in p.stderr, p.stderr
+    assert "without --files" in p.stderr, p.stderr
     assert _lookup_json(dvm, "k")["status"] == "PMIX_ERR_NOT_FOUND"
 
 
@@ -68,17 +71,16 @@ def test_publish_of_an_unreadable_file_stores_nothing_and_says_why(dvm, tmp_path
     """K=@missing: BAD_PARAM naming the file, exit 1, and the other pair is not published."""
     missing = tmp_path / "nope"
     p = dvm.run("-n", "1", "sh", "-c",
-                f"pydvm publish good=1 bad=@{missing} --persistence session; "
+                f"pydvm publish --files good=1 bad=@{missing} --persistence session; "
                 "pydvm lookup good")
     assert "PUBLISHED" not in p.stdout and "STATUS PMIX_ERR_BAD_PARAM" in p.stdout
     assert str(missing) in p.stderr, p.stderr
     assert "STATUS PMIX_ERR_NOT_FOUND" in p.stdout
 
 
-def test_literal_publishes_at_and_dash_values_as_strings(dvm):
-    """--literal: `k=@home` and `d=-` are the strings '@home' and '-'."""
-    p = dvm.run("-n", "1", "pydvm", "publish", "--literal", "k=@home", "d=-",
-                "--persistence", "session")
+def test_without_files_at_and_dash_values_are_published_as_strings(dvm):
+    """SPEC 9 unchanged: `k=@home` and `d=-` are the strings '@home' and '-'."""
+    p = dvm.run("-n", "1", "pydvm", "publish", "k=@home", "d=-", "--persistence", "session")
     assert status(p) == "PMIX_SUCCESS", p.stderr
     got = _lookup_json(dvm, "k", "d")["found"]
     assert got["k"] == {**got["k"], "value": "@home", "type": "str"}
@@ -101,14 +103,15 @@ def test_lookup_json_gives_status_and_per_key_value_type_and_publisher(dvm):
         "status": "PMIX_ERR_NOT_FOUND", "found": {}, "missing": ["absent"]}
 
 
-def test_plain_lookup_quotes_values_and_keys_with_spaces_or_newlines_only(dvm):
-    """A plain value prints as is (SPEC 9); `a b`, `x\\ny` and a key with a space are quoted."""
+def test_plain_lookup_prints_values_as_is_and_quotes_only_line_breaks_and_odd_keys(dvm):
+    """A str value prints as is, spaces included (SPEC 9); `x\\ny` (a line break) and a key
+    with a space are quoted, so every FOUND is one line and its key one token."""
     dvm.run("-n", "1", "pydvm", "publish", "plain=tcp://x:1", "spaced=a b", "multi=x\ny",
             "my key=v", "--persistence", "session", check=True)
     p = dvm.run("-n", "1", "pydvm", "lookup", "plain", "spaced", "multi", "my key")
     assert status(p) == "PMIX_SUCCESS"
     found = {ln.split(" from ")[0] for ln in lines(p, "FOUND")}
-    assert found == {'FOUND plain tcp://x:1', 'FOUND spaced "a b"', 'FOUND multi "x\\ny"',
+    assert found == {'FOUND plain tcp://x:1', 'FOUND spaced a b', 'FOUND multi "x\\ny"',
                      'FOUND "my key" v'}, p.stdout
     q = dvm.run("-n", "1", "pydvm", "publish", "other key=1")
     assert lines(q, "PUBLISHED") == ['PUBLISHED "other key"']
