@@ -103,7 +103,8 @@ async def _serve(a, hosts, resolved, ready_fd: int | None) -> int:
     except UriError as exc:
         return _fail(str(exc), 2)
     master = Master(hosts, a.launcher, resolved, bind=a.bind, log_dir=a.log_dir,
-                    data_server=ds, port=a.port, dvmid=a.dvm_id, multi_user=a.multi_user)
+                    data_server=ds, port=a.port, dvmid=a.dvm_id, multi_user=a.multi_user,
+                    metrics=a.metrics)
     try:
         uri = await master.start()
     except (StartError, OSError) as exc:
@@ -518,6 +519,15 @@ def _dvm_id(text: str) -> str:
     return text
 
 
+def _metrics_address(text: str) -> tuple[str, int]:
+    from .runtime.metrics import parse_address
+
+    try:
+        return parse_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pydvm", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
@@ -539,6 +549,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="port the master listens on (default: any free port)")
     s.add_argument("--dvm-id", type=_dvm_id,
                    help="reuse this DVM id, so a restarted DVM keeps its URI")
+    s.add_argument("--metrics", type=_metrics_address, metavar="ADDR:PORT",
+                   help="serve Prometheus metrics at http://ADDR:PORT/metrics "
+                        "(needs pydvm[metrics]; port 0: any free port)")
     s.set_defaults(func=cmd_start)
 
     s = sub.add_parser("run", help="run one job (see 'pydvm run --help')", add_help=False)

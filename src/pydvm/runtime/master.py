@@ -41,6 +41,7 @@ from ..errors import Status
 from ..store import DataStore, MonotonicClock, StoreParams
 from ..wire import Channel, Message, peer_credentials, refuse, reply
 from . import dataops, registry
+from .metrics import MetricsServer, MetricsUnavailable, RequestStats, require_prometheus
 from .auth import HANDSHAKE_TIMEOUT, DvmUri, check_auth, tool_socket_path
 from .jobs import HostSpec, JobRecord, SessionRecord
 from .lifetimes import DEFAULT_SESSION, LifetimesMixin
@@ -93,6 +94,7 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
         port: int = 0,
         dvmid: str | None = None,
         multi_user: bool = False,
+        metrics: tuple[str, int] | None = None,
     ) -> None:
         self.resolved = resolved or P.resolve()
         self.values = P.values(self.resolved)
@@ -129,6 +131,11 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
         self._lock: registry.DvmLock | None = None
         #: set when this DVM relays its data requests to another DVM (SPEC 7).
         self.relay: Relay | None = Relay(data_server, self.values) if data_server else None
+        #: (addr, port) to serve Prometheus metrics on; the server once started.
+        self.metrics_address = metrics
+        self.metrics: MetricsServer | None = None
+        #: counts and latencies of the data requests the master store served.
+        self.request_stats = RequestStats()
 
     # ------------------------------------------------------------------
     # start / stop
@@ -140,6 +147,11 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
         Raises :class:`StartError` -- before anything is started or written --
         if a DVM with this id is already running.
         """
+        if self.metrics_address is not None:
+            try:
+                require_prometheus()
+            except MetricsUnavailable as exc:
+                raise StartError(str(exc)) from None
         try:
             self._lock = registry.DvmLock.acquire(self.dvmid)
         except registry.AlreadyRunning as exc:
@@ -169,6 +181,13 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
             self._lock.publish(self.secret, self.uri, [n for n in self.nodes])
             if self.multi_user:
                 await self._open_tool_socket()
+            if self.metrics_address is not None:
+                try:
+                    self.metrics = MetricsServer.start(self, *self.metrics_address)
+                except OSError as exc:
+                    raise StartError("cannot serve metrics on %s:%d: %s"
+                                     % (*self.metrics_address, exc)) from None
+                log.info("serving metrics at %s", self.metrics.url)
             log.info("DVM %s listening at %s", self.dvmid, self.uri)
             if self.relay is not None:
                 try:
@@ -216,6 +235,8 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
         await self._teardown()
 
     async def _teardown(self) -> None:
+        if self.metrics is not None:
+            await self.metrics.stop()
         if self._heartbeat is not None:
             self._heartbeat.cancel()
         if self.relay is not None:

@@ -187,6 +187,7 @@ class ToolRequestsMixin:
             dvm=self.dvmid, uri=str(self.uri), pid=os.getpid(),
             daemon_pids={n.name: n.process.pid for n in self.nodes.values() if n.process},
             records=self.record_counts(),
+            metrics=self.metrics.url if self.metrics is not None else None,
         ))
 
 
