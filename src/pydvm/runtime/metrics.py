@@ -374,11 +374,14 @@ class DvmCollector:
             yield _family(name, kind, help_, labels)
 
     def collect(self) -> Iterator:
+        fut = None
         try:
             fut = asyncio.run_coroutine_threadsafe(snapshot(self._master, self._timeout),
                                                    self._loop)
             snap = fut.result(self._timeout + 1.0)
         except Exception as exc:  # the loop is closed, stopping or stuck
+            if fut is not None:
+                fut.cancel()
             log.warning("metrics scrape got no figures from the DVM: %r", exc)
             return
         yield from families(snap)
