@@ -243,6 +243,11 @@ async def snapshot(master: "Master", timeout: float = SCRAPE_TIMEOUT) -> dict[st
     stores = []
     if master.store is not None:
         stores.append(store_sample(master.store, master.request_stats))
+    # Node and job states as of this instant, when we decide whom to ask: a
+    # node lost while we wait shows as a store that did not answer now, and
+    # as lost in the next scrape.
+    nodes = dict(Counter(n.state for n in master.nodes.values()))
+    jobs = dict(Counter(job_state(j) for j in master.jobs.values()))
     asked = [n for n in master.nodes.values() if n.up]
     replies = await asyncio.gather(*[
         n.channel.call({"t": "stats", "uid": -1, "metrics": True}, timeout=timeout)
@@ -257,8 +262,8 @@ async def snapshot(master: "Master", timeout: float = SCRAPE_TIMEOUT) -> dict[st
     return {
         "stores": stores,
         "unanswered": unanswered,
-        "nodes": dict(Counter(n.state for n in master.nodes.values())),
-        "jobs": dict(Counter(job_state(j) for j in master.jobs.values())),
+        "nodes": nodes,
+        "jobs": jobs,
         "jobs_started": master._next_job - 1,  # namespaces are numbered from 1
         "sessions": len(master.sessions),
     }
