@@ -551,7 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reuse this DVM id, so a restarted DVM keeps its URI")
     s.add_argument("--metrics", type=_metrics_address, metavar="ADDR:PORT",
                    help="serve Prometheus metrics at http://ADDR:PORT/metrics "
-                        "(needs pydvm[metrics]; port 0: any free port)")
+                        "(needs pydvm[metrics])")
     s.set_defaults(func=cmd_start)
 
     s = sub.add_parser("run", help="run one job (see 'pydvm run --help')", add_help=False)

@@ -280,7 +280,7 @@ def test_a_stalled_daemon_does_not_hang_the_scrape(metrics_dvm):
         elapsed = time.monotonic() - t0
     finally:
         os.kill(pid, signal.SIGCONT)
-    assert elapsed < 6, elapsed
+    assert elapsed < 8, elapsed  # the scrape waits 2 s for daemons, 3 s at most
     assert s.by("pydvm_store_up", "store") == {"master": 1, "a": 1, "b": 1, "c": 0}
     assert s.value("pydvm_store_items", store="a") == 0
     assert s.value("pydvm_store_items", store="c") is None

@@ -114,8 +114,8 @@ def require_prometheus() -> None:
 def parse_address(text: str) -> tuple[str, int]:
     """``ADDR:PORT`` (``[V6ADDR]:PORT`` for IPv6) -> ``(addr, port)``.
 
-    Port 0 means any free port (the master logs the one it got, and
-    ``info`` reports it).  Raises ValueError naming the problem.
+    Port 0 means any free port (the master's ``info`` reply says which,
+    as ``metrics``).  Raises ValueError naming the problem.
     """
     host, sep, port = text.rpartition(":")
     if not sep or not host:
