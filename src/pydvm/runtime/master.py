@@ -41,10 +41,10 @@ from ..errors import Status
 from ..store import DataStore, MonotonicClock, StoreParams
 from ..wire import Channel, Message, peer_credentials, refuse, reply
 from . import dataops, registry
-from .metrics import MetricsServer, MetricsUnavailable, RequestStats, require_prometheus
 from .auth import HANDSHAKE_TIMEOUT, DvmUri, check_auth, tool_socket_path
 from .jobs import HostSpec, JobRecord, SessionRecord
 from .lifetimes import DEFAULT_SESSION, LifetimesMixin
+from .metrics import MetricsServer, MetricsUnavailable, RequestStats, require_prometheus
 from .nodes import LOST_STATUS, NodeRecord, NodesMixin, StartError  # noqa: F401
 from .peers import DaemonSession, PeerSession, ToolSession, route_answer
 from .relay import Relay
@@ -145,7 +145,9 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
         """Listen, launch one daemon per host, wait until all have registered.
 
         Raises :class:`StartError` -- before anything is started or written --
-        if a DVM with this id is already running.
+        if a DVM with this id is already running, or ``metrics`` was given
+        without prometheus_client; and, after tearing down what it started,
+        if the metrics address cannot be bound.
         """
         if self.metrics_address is not None:
             try:
