@@ -45,9 +45,12 @@ class LookupResult(Mapping[str, Any]):
 
     @property
     def partial(self) -> bool:
+        """True when only some of the keys were found (PARTIAL_SUCCESS)."""
         return self.status is Status.ERR_PARTIAL_SUCCESS
 
     def publisher(self, key: str) -> tuple[str, int]:
+        """``(nspace, rank)`` of the process that published ``key``;
+        KeyError if ``key`` was not found."""
         f = self.found[key]
         return (f.nspace, f.rank)
 

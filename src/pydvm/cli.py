@@ -185,7 +185,8 @@ async def _serve(a, hosts, launcher, resolved, ready_fd: int | None) -> int:
     except UriError as exc:
         return _fail(str(exc), 2)
     master = Master(hosts, launcher, resolved, bind=a.bind, log_dir=a.log_dir,
-                    data_server=ds, port=a.port, dvmid=a.dvm_id, multi_user=a.multi_user)
+                    data_server=ds, port=a.port, dvmid=a.dvm_id, multi_user=a.multi_user,
+                    metrics=a.metrics)
     try:
         uri = await master.start()
     except (StartError, OSError) as exc:
@@ -613,6 +614,15 @@ def _parser(sub, name: str, help_: str, description: str = "", epilog: str = "")
                           epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def _metrics_address(text: str) -> tuple[str, int]:
+    from .runtime.metrics import parse_address
+
+    try:
+        return parse_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .cli_dvms import cmd_dvms
@@ -656,6 +666,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dvm-id", type=_dvm_id, metavar="ID",
                    help="the DVM's id (1-32 letters, digits, '-', '_'); reusing one keeps the "
                         "URI across restarts; refused while a DVM of that id runs")
+    s.add_argument("--metrics", type=_metrics_address, metavar="ADDR:PORT",
+                   help="serve Prometheus metrics at http://ADDR:PORT/metrics "
+                        "(needs pydvm[metrics])")
     s.set_defaults(func=cmd_start)
 
     s = sub.add_parser("run", help="run one job (see 'pydvm run --help')", add_help=False)

@@ -38,10 +38,17 @@ __all__ = ["Client", "Found", "LookupResult"]
 class Client:
     """A connection to this node's daemon.  Thread-safe; one request at a time.
 
-    ``server``, ``nspace`` and ``rank`` default to the job environment.
-    Raises :class:`~pydvm.errors.UnreachableError` if the daemon cannot be
-    reached, and :class:`~pydvm.errors.NoPermissionsError` if it does not
-    know this process.
+    ``server`` (the daemon's socket), ``nspace`` and ``rank`` default to the
+    job environment (``PYDVM_SERVER``, ``PYDVM_NSPACE``, ``PYDVM_RANK``).
+    Raises :class:`~pydvm.errors.UnreachableError` if they are not set or
+    the daemon cannot be reached, and
+    :class:`~pydvm.errors.NoPermissionsError` if the daemon does not know
+    this process as a running process of its node.
+
+    Attributes: ``nspace`` and ``rank`` (who this process is), ``node``
+    (the node's name, from the daemon), ``server``.  Use it as a context
+    manager, or call :meth:`close`.  The identity the store records (uid,
+    gid) is read by the daemon from the socket, never sent by the client.
     """
 
     def __init__(self, server: str | None = None, nspace: str | None = None,
@@ -74,9 +81,20 @@ class Client:
     ) -> None:
         """Publish ``data`` (key -> str/bytes/int/float/bool) as one item.
 
-        ``persistence`` defaults to NSPACE (until this job ends).  Raises
-        DuplicateKeyError, OutOfResourceError or BadParamError on refusal;
-        a refused publish stored nothing.
+        ``range`` says who may look it up (:class:`~pydvm.Range`; LOCAL
+        items live in this node's store, all others in the master's).
+        ``persistence`` says how long it lives (:class:`~pydvm.Persistence`;
+        default NSPACE, until this job ends).  ``access_uids`` /
+        ``access_gids`` restrict readers to those users or groups (without
+        them, only this uid and gid may read).  ``replace=True`` lets this
+        publish take over keys this user already published.
+
+        Returns None once the store has accepted the item.  Raises
+        :class:`~pydvm.errors.DuplicateKeyError`,
+        :class:`~pydvm.errors.OutOfResourceError` (larger than the per-uid
+        cap) or :class:`~pydvm.errors.BadParamError`; a refused publish
+        stored nothing and evicted nothing.  An accepted one may evict this
+        uid's least recently used items to stay within the cap.
         """
         self._check(_proto.publish_msg(data, range, persistence, access_uids, access_gids,
                                        replace, self._envelope))
@@ -89,12 +107,20 @@ class Client:
         wait: bool | int = False,
         timeout: float | None = None,
     ) -> LookupResult:
-        """Look keys up.  ``wait=True`` waits for all of them, ``wait=N`` for N.
+        """Look keys up (one key may be passed as a plain string).
 
-        Returns a :class:`LookupResult` (SUCCESS or PARTIAL_SUCCESS).  Raises
-        NotFoundError, NoPermissionsError, LookupTimeoutError (after
-        ``timeout`` seconds of waiting; None waits without limit) or
-        BadParamError.
+        ``range`` restricts whose items may answer, as seen from this
+        process.  ``wait=True`` waits until all keys can be answered,
+        ``wait=N`` until N of them can; a waiting lookup consumes nothing
+        until it is answered.  ``timeout`` bounds the wait in seconds (None:
+        no limit).
+
+        Returns a :class:`LookupResult` (SUCCESS, or PARTIAL_SUCCESS with the
+        keys found).  A FIRST_READ key it returns is removed from the store.
+        Raises :class:`~pydvm.errors.NotFoundError` (none found),
+        :class:`~pydvm.errors.NoPermissionsError` (found, but not readable by
+        this user), :class:`~pydvm.errors.LookupTimeoutError` or
+        :class:`~pydvm.errors.BadParamError`.
         """
         return _proto.lookup_result(self._call(_proto.lookup_msg(keys, range, wait, timeout,
                                                                  self._envelope)))
@@ -106,6 +132,9 @@ class Client:
         self._check(_proto.unpublish_msg(keys, self._envelope))
 
     def close(self) -> None:
+        """Close the connection.  Items this process published stay, as their
+        persistence says; a call waiting in another thread fails with
+        :class:`~pydvm.errors.UnreachableError`."""
         self._ch.close()
 
     def __enter__(self) -> "Client":

@@ -16,16 +16,25 @@ class Range(enum.IntEnum):
     """Who may see a published item / whom a lookup searches (SPEC 4)."""
 
     UNDEF = 0
+    """No restriction (as SESSION)."""
     RM = 1
+    """Only the DVM itself (a tool of the host)."""
     LOCAL = 2
+    """Processes behind the same daemon (node); served by that node's store."""
     NAMESPACE = 3
+    """Processes of the same job."""
     SESSION = 4
+    """Every process (the default)."""
     GLOBAL = 5
+    """Every process (as SESSION)."""
     CUSTOM = 6
+    """Publish: only those the accessor lists admit.  Lookup: refused."""
     PROC_LOCAL = 7
+    """Only the publishing process itself."""
 
     @property
     def word(self) -> str:
+        """The command-line word (``proc-local`` for PROC_LOCAL)."""
         return self.name.lower().replace("_", "-")
 
     @classmethod
@@ -48,15 +57,23 @@ class Persistence(enum.IntEnum):
     """
 
     INDEF = 0
+    """No lifetime: until unpublished, evicted or idle too long."""
     FIRST_READ = 1
+    """Until the first lookup that returns it (key by key), or idle too long."""
     PROC = 2
+    """Until the publishing process ends."""
     APP = 3
+    """Until the publisher's application has ended on every node."""
     SESSION = 4
+    """Until the publisher's session is ended."""
     NSPACE = 5
+    """Until the publisher's job ends (the default)."""
     INVALID = 255
+    """Not given: NSPACE on a publish; a purge horizon meaning "everything"."""
 
     @property
     def word(self) -> str:
+        """The command-line word (``first-read`` for FIRST_READ)."""
         return self.name.lower().replace("_", "-")
 
     @classmethod

@@ -18,14 +18,26 @@ class Status(enum.IntEnum):
     """PMIx status codes used by pydvm (SPEC section 8)."""
 
     SUCCESS = 0
+    """The request did what it asked (for a lookup: every key was found)."""
     ERR_NO_PERMISSIONS = -23
+    """Refused: the keys exist but this caller may not read them, or a
+    connection or claim names a process or user it may not act as."""
     ERR_TIMEOUT = -24
+    """A waiting lookup was not satisfied within its timeout."""
     ERR_UNREACH = -25
+    """The daemon, the master or the data server could not be reached."""
     ERR_BAD_PARAM = -27
+    """The request was malformed; the message names the problem."""
     ERR_OUT_OF_RESOURCE = -29
+    """An item larger than the whole per-uid cap, or too many requests
+    outstanding on one connection."""
     ERR_NOT_FOUND = -46
+    """No requested key is there (never published, or already removed)."""
     ERR_PARTIAL_SUCCESS = -52
+    """A lookup found some of its keys, not all; not an error for the clients."""
     ERR_DUPLICATE_KEY = -53
+    """A published key collides with a stored one (another owner's, or the
+    caller's own without ``replace``)."""
 
     @property
     def pmix_name(self) -> str:
@@ -96,7 +108,9 @@ class BadParamError(PMIxError):
 
 class OutOfResourceError(PMIxError):
     """The publish is larger than the per-uid cap
-    (``prte_data_server_max_size``).  Nothing was stored or evicted."""
+    (``prte_data_server_max_size``): nothing was stored or evicted; or the
+    connection already has ``pydvm_max_outstanding`` requests waiting: wait
+    for some to finish."""
 
     status = Status.ERR_OUT_OF_RESOURCE
 

@@ -71,6 +71,8 @@ def snapshot(store: DataStore):
         "evictions": st.evictions,
         "expiries": st.expiries,
         "consumed": st.consumed,
+        "removed_keys": dict(st.removed_keys),
+        "removed_items": dict(st.removed_items),
         "lru": {u: store.keys_of_uid(u) for u in uids},
         "sweep_armed": store.sweep_armed,
     }

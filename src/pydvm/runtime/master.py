@@ -53,6 +53,7 @@ from .jobs import HostSpec, JobRecord, SessionRecord
 from .launch import Launcher, make_launcher
 from .lifetimes import DEFAULT_SESSION, LifetimesMixin
 from .guard import Guardian
+from .metrics import MetricsServer, MetricsUnavailable, RequestStats, require_prometheus
 from .nodes import LOST_STATUS, NodeRecord, NodesMixin, StartError, choose_head_node  # noqa: F401
 from .peers import DaemonSession, PeerSession, ToolSession, route_answer
 from .relay import Relay
@@ -102,6 +103,7 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
         port: int = 0,
         dvmid: str | None = None,
         multi_user: bool = False,
+        metrics: tuple[str, int] | None = None,
     ) -> None:
         self.resolved = resolved or P.resolve()
         self.values = P.values(self.resolved)
@@ -143,6 +145,11 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
         self._guardian: Guardian | None = None
         #: set when this DVM relays its data requests to another DVM (SPEC 7).
         self.relay: Relay | None = Relay(data_server, self.values) if data_server else None
+        #: (addr, port) to serve Prometheus metrics on; the server once started.
+        self.metrics_address = metrics
+        self.metrics: MetricsServer | None = None
+        #: counts and latencies of the data requests the master store served.
+        self.request_stats = RequestStats()
 
     # ------------------------------------------------------------------
     # start / stop
@@ -152,10 +159,17 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
         """Listen, launch one daemon per host, wait until all have registered.
 
         Raises :class:`StartError` -- before anything is started or written --
-        if a DVM with this id is already running.
+        if a DVM with this id is already running, or ``metrics`` was given
+        without prometheus_client; and, after tearing down what it started,
+        if the metrics address cannot be bound.
         """
         self.head_node = choose_head_node(self.values["pydvm_head_node"],
                                           [HostSpec(n.name, n.slots) for n in self.nodes.values()])
+        if self.metrics_address is not None:
+            try:
+                require_prometheus()
+            except MetricsUnavailable as exc:
+                raise StartError(str(exc)) from None
         try:
             self._lock = registry.DvmLock.acquire(self.dvmid)
         except registry.AlreadyRunning as exc:
@@ -185,6 +199,13 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
             self._lock.publish(self.secret, self.uri, [n for n in self.nodes])
             if self.multi_user:
                 await self._open_tool_socket()
+            if self.metrics_address is not None:
+                try:
+                    self.metrics = MetricsServer.start(self, *self.metrics_address)
+                except OSError as exc:
+                    raise StartError("cannot serve metrics on %s:%d: %s"
+                                     % (*self.metrics_address, exc)) from None
+                log.info("serving metrics at %s", self.metrics.url)
             log.info("DVM %s listening at %s", self.dvmid, self.uri)
             if self.relay is not None:
                 try:
@@ -232,6 +253,8 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
         await self._teardown()
 
     async def _teardown(self) -> None:
+        if self.metrics is not None:
+            await self.metrics.stop()
         if self._heartbeat is not None:
             self._heartbeat.cancel()
         if self.relay is not None:

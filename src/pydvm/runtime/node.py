@@ -70,6 +70,7 @@ from ..store import Caller, DataStore, MonotonicClock, StoreParams
 from ..wire import Channel, Message, peer_credentials, refuse, reply
 from . import dataops
 from .guard import Guardian, die_with_parent, group_alive
+from .metrics import RequestStats, store_sample
 from .peers import ClientSession, route_answer
 
 log = logging.getLogger("pydvm.node")
@@ -185,6 +186,8 @@ class NodeServer:
         self._clients: set[ClientSession] = set()
         self._tasks: set[asyncio.Task] = set()
         self._exiting = False
+        #: counts and latencies of the data requests the node store served.
+        self.request_stats = RequestStats()
 
     # ------------------------------------------------------------------
     # life cycle
@@ -300,7 +303,9 @@ class NodeServer:
         elif t == "stats":
             uid = msg.get("uid")
             uid = uid if isinstance(uid, int) else -1
-            ch.send(reply(rid, Status.SUCCESS, store=dataops.stats_row(self.store, uid)))
+            extra = {"metrics": store_sample(self.store, self.request_stats)} \
+                if msg.get("metrics") else {}
+            ch.send(reply(rid, Status.SUCCESS, store=dataops.stats_row(self.store, uid), **extra))
         elif t == "shutdown":
             async def run() -> None:
                 await self._kill_all(KILL_GRACE)
@@ -560,10 +565,10 @@ class NodeServer:
         rid = msg["id"]
         caller = session.caller
         if t == "unpublish":
-            dataops.apply(self.store, caller, msg, (session, rid))
+            self.request_stats.apply(self.store, caller, msg, (session, rid))
             self._forward(session, msg)
         elif dataops.request_range(msg) == Range.LOCAL:
-            out = dataops.apply(self.store, caller, msg, (session, rid))
+            out = self.request_stats.apply(self.store, caller, msg, (session, rid))
             if out is None:
                 session.parked.add(rid)
             else:

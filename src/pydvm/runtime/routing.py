@@ -125,7 +125,7 @@ class RoutingMixin:
             head = {"t": msg["t"], **Relay.claims(caller)}
             dataops.reissue(self.relay.request, session, fields, head, session.forwarded)
             return
-        out = dataops.apply(self.store, caller, msg, (session, rid))
+        out = self.request_stats.apply(self.store, caller, msg, (session, rid))
         if out is None:
             session.parked.add(rid)
         else:

@@ -225,6 +225,7 @@ class ToolRequestsMixin:
             launcher=self.launcher.name, hosts_from=self.launcher.source, log_dir=self.log_dir,
             records=self.record_counts(),
             head_node=self.head_node,
+            metrics=self.metrics.url if self.metrics is not None else None,
         ))
 
 

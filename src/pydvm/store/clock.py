@@ -56,6 +56,7 @@ class MonotonicClock:
         self.offset = offset
 
     def now(self) -> float:
+        """:func:`time.monotonic` plus the offset."""
         return time.monotonic() + self.offset
 
 
@@ -119,10 +120,14 @@ class FakeScheduler:
 
     # Clock
     def now(self) -> float:
+        """The fake time: where the last :meth:`advance` left it."""
         return self._now
 
     # Timer
     def call_later(self, delay: float, callback: Callable[[], object]) -> _FakeHandle:
+        """Schedule ``callback()`` ``delay`` seconds of fake time from now (a
+        negative delay counts as 0); it runs inside a later :meth:`advance`.
+        Returns a handle whose ``cancel()`` unschedules it."""
         if delay < 0:
             delay = 0.0
         handle = _FakeHandle(self._now + delay, callback, self)
@@ -135,6 +140,9 @@ class FakeScheduler:
         return self._pending
 
     def advance(self, seconds: float) -> None:
+        """Move time forward by ``seconds``, running every callback that falls
+        due on the way, in deadline order, with :meth:`now` at its deadline.
+        Raises ValueError for a negative step: this clock never goes back."""
         if seconds < 0:
             raise ValueError("FakeScheduler cannot go backwards")
         target = self._now + seconds

@@ -51,6 +51,7 @@ class Caller(NamedTuple):
 
     @property
     def proc(self) -> tuple[str, int]:
+        """``(nspace, rank)``: the process, as answers name a publisher."""
         return (self.nspace, self.rank)
 
 
@@ -106,14 +107,17 @@ class Item:
 
     @property
     def uid(self) -> int:
+        """The publisher's uid: whose cap the item counts against, who owns it."""
         return self.owner.uid
 
     @property
     def gid(self) -> int | None:
+        """The publisher's gid (None: unknown; ownership then compares uid alone)."""
         return self.owner.gid
 
     @property
     def proxy(self) -> str | None:
+        """The node whose daemon relayed the publish (what LOCAL range compares)."""
         return self.owner.node
 
     @property

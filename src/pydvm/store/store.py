@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterable, Mapping, NamedTuple
 
 from ..enums import Persistence, Range
@@ -144,7 +144,20 @@ class KeyInfo(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class StoreStats:
-    """Counters of one store, for ``pydvm store`` and tests."""
+    """A snapshot of one store's gauges and counters (``pydvm store``, the
+    metrics endpoint, tests).  Counters only grow over the store's life.
+
+    ``items``, ``bytes_by_uid`` (the usage the cap applies to; no entry for
+    a uid holding nothing) and ``parked`` (waiting lookups) are what the
+    store holds now.  ``removed_keys[reason]`` counts keys removed by each
+    rule and ``removed_items[reason]`` items that left the store, under the
+    reason that removed their last key; both have an entry for every
+    :data:`Reason.ALL`.  ``evictions`` and ``expiries`` are items
+    (``removed_items`` of EVICTED and EXPIRED), ``consumed`` keys
+    (``removed_keys`` of CONSUMED).  ``sweep_passes`` counts idle sweeps
+    run, ``sweep_budget_exhausted`` those that stopped at their budget with
+    stale items left (the next pass then runs at once).
+    """
 
     items: int
     bytes_by_uid: Mapping[int, int]
@@ -152,17 +165,40 @@ class StoreStats:
     evictions: int
     expiries: int
     consumed: int
+    removed_keys: Mapping[str, int] = field(default_factory=dict)
+    removed_items: Mapping[str, int] = field(default_factory=dict)
+    sweep_passes: int = 0
+    sweep_budget_exhausted: int = 0
 
 
 class Reason:
-    """Why something left the store (trace lines and counters)."""
+    """Why something left the store: the word in trace lines and the key of
+    the removal counters (:attr:`StoreStats.removed_keys`)."""
 
-    UNPUBLISHED = "unpublished"
-    REPLACED = "replaced"
+    UNPUBLISHED = "unpublished"  # unpublish(keys), or unpublish() of a process
+    REPLACED = "replaced"  # a publish with replace=True took the key over
     CONSUMED = "consumed"  # returned by a lookup of a FIRST_READ item
-    PURGED = "purged"
-    EXPIRED = "expired"
-    EVICTED = "evicted"
+    PURGED_PROC = "purged_proc"  # its process ended
+    PURGED_APP = "purged_app"  # its application ended
+    PURGED_NSPACE = "purged_nspace"  # its job ended
+    PURGED_SESSION = "purged_session"  # its session ended
+    EXPIRED = "expired"  # idle longer than prte_data_server_timeout
+    EVICTED = "evicted"  # its uid went over prte_data_server_max_size
+
+    #: every reason, in the order above.
+    ALL = (UNPUBLISHED, REPLACED, CONSUMED, PURGED_PROC, PURGED_APP, PURGED_NSPACE,
+           PURGED_SESSION, EXPIRED, EVICTED)
+
+
+#: The reason a purge at each horizon records.  ``INVALID`` is the explicit
+#: ``unpublish()`` of a process, which is an unpublish, not a lifetime.
+PURGE_REASON: dict[Persistence, str] = {
+    Persistence.PROC: Reason.PURGED_PROC,
+    Persistence.APP: Reason.PURGED_APP,
+    Persistence.NSPACE: Reason.PURGED_NSPACE,
+    Persistence.SESSION: Reason.PURGED_SESSION,
+    Persistence.INVALID: Reason.UNPUBLISHED,
+}
 
 
 AnswerSink = Callable[[Hashable, Reply], None]
@@ -233,9 +269,15 @@ class DataStore:
         self._sweep_handle: TimerHandle | None = None
         self._next_id = 0
         self._warned_uids: set[int] = set()
-        self.evictions = 0
-        self.expiries = 0
-        self.consumed = 0
+        #: reason -> keys / items removed for it (every Reason.ALL present).
+        #: Counted in _remove_keys alone.  Items and keys ever stored, so
+        #: that check_invariants can tie the counters to what is live.
+        self._removed_keys: dict[str, int] = dict.fromkeys(Reason.ALL, 0)
+        self._removed_items: dict[str, int] = dict.fromkeys(Reason.ALL, 0)
+        self._stored_items = 0
+        self._stored_keys = 0
+        self._sweep_passes = 0
+        self._sweep_budget_exhausted = 0
 
     # ------------------------------------------------------------------
     # publish
@@ -453,7 +495,6 @@ class DataStore:
             if item.persistence is Persistence.FIRST_READ:
                 consumed.setdefault(item.id, (item, []))[1].append(key)
         for item, ckeys in consumed.values():
-            self.consumed += len(ckeys)
             self._remove_keys(item, ckeys, Reason.CONSUMED, now)
         if len(found) == len(keys):
             return Reply(Status.SUCCESS, tuple(found))
@@ -563,8 +604,9 @@ class DataStore:
             and (session_id is None or item.owner.session_id == session_id)
             and (owner is None or owns(owner, item))
         ]
+        reason = PURGE_REASON[h]
         for item in doomed:
-            self._remove_item(item, Reason.PURGED, now)
+            self._remove_item(item, reason, now)
         if h in LIFETIME_HORIZONS:
             for p in self._parked.of_requestors(nspace, rank, app_idx, session_id):
                 if owner is None or p.requestor.uid == owner.uid:
@@ -590,6 +632,7 @@ class DataStore:
         if not timeout:
             return 0, True
         now = self._clock.now()
+        self._sweep_passes += 1
         removed = 0
         while True:
             oldest = self._idle.front()
@@ -598,6 +641,7 @@ class DataStore:
             if not now - oldest.last_access > timeout:
                 return removed, True
             if removed >= budget:
+                self._sweep_budget_exhausted += 1
                 return removed, False
             self._remove_item(oldest, Reason.EXPIRED, now)
             removed += 1
@@ -645,6 +689,8 @@ class DataStore:
         iid = item.id
         item.live = True
         self._count += 1
+        self._stored_items += 1
+        self._stored_keys += len(item.pairs)
         for key in item.pairs:
             held = self._by_key.get(key)
             if held is None:
@@ -686,10 +732,12 @@ class DataStore:
         Reached by unpublish, replace, first read, every purge, the sweep
         (and lazy expiry), and eviction.  Keeps ``_by_key`` in step, and
         either re-charges the shrunken item to its uid or, when it is left
-        empty, unlinks it from every index, releases its usage and counts
-        the reason.
+        empty, unlinks it from every index and releases its usage.  Counts
+        the keys under ``reason`` (a :class:`Reason`), and the item too when
+        it leaves.
         """
         iid = item.id
+        self._removed_keys[reason] += len(keys)
         for key in keys:
             del item.pairs[key]
             held = self._by_key[key]
@@ -737,10 +785,7 @@ class DataStore:
             if not self._idle.live and self._sweep_handle:
                 self._sweep_handle.cancel()
                 self._sweep_handle = None
-        if reason == Reason.EVICTED:
-            self.evictions += 1
-        elif reason == Reason.EXPIRED:
-            self.expiries += 1
+        self._removed_items[reason] += 1
         if self.params.verbose >= 1:
             log.info("[%s] %s item %s of %s:%d uid=%d (%d bytes)", self.name, reason, keys,
                      owner.nspace, owner.rank, uid, item.nbytes)
@@ -749,7 +794,24 @@ class DataStore:
     # inspection
     # ------------------------------------------------------------------
 
+    @property
+    def evictions(self) -> int:
+        """Items evicted under the cap so far."""
+        return self._removed_items[Reason.EVICTED]
+
+    @property
+    def expiries(self) -> int:
+        """Items removed by the idle timeout (sweep or lazy) so far."""
+        return self._removed_items[Reason.EXPIRED]
+
+    @property
+    def consumed(self) -> int:
+        """FIRST_READ keys removed by the lookup that returned them so far."""
+        return self._removed_keys[Reason.CONSUMED]
+
     def stats(self) -> StoreStats:
+        """A :class:`StoreStats` snapshot (copies; later operations do not
+        change it).  O(uids holding items); reads no clock."""
         return StoreStats(
             items=self._count,
             bytes_by_uid=dict(self._usage),
@@ -757,6 +819,10 @@ class DataStore:
             evictions=self.evictions,
             expiries=self.expiries,
             consumed=self.consumed,
+            removed_keys=dict(self._removed_keys),
+            removed_items=dict(self._removed_items),
+            sweep_passes=self._sweep_passes,
+            sweep_budget_exhausted=self._sweep_budget_exhausted,
         )
 
     def keys_of_uid(self, uid: int) -> list[str]:
@@ -817,6 +883,11 @@ class DataStore:
                 sc[item.owner.nspace] = sc.get(item.owner.nspace, 0) + 1
             assert item.seq <= self._seq
         assert usage == self._usage, f"usage {self._usage} != sum of nbytes {usage}"
+        assert self._stored_items - sum(self._removed_items.values()) == self._count, \
+            "removed-item counters disagree with the items stored and live"
+        live_keys = sum(len(item.pairs) for item in items.values())
+        assert self._stored_keys - sum(self._removed_keys.values()) == live_keys, \
+            "removed-key counters disagree with the keys stored and live"
         assert session_counts == self._by_session, "session index disagrees with the items"
         cap = self.params.max_size
         if cap:

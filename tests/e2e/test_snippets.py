@@ -1,0 +1,104 @@
+"""Every shell and Python snippet of the README and the guide runs as written.
+
+The blocks are found when the tests are collected, so a snippet added to
+either file is tested from then on, with no change here.  How a snippet is
+run, and how one that cannot run here is marked, is in ``snippets.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from snippets import REPO, Block, Scratch, blocks, no_test_markers
+
+pytestmark = pytest.mark.e2e
+
+DOCS = [REPO / "README.md", REPO / "docs" / "guide.md"]
+ALL_BLOCKS = {doc: blocks(doc) for doc in DOCS}
+RUNNABLE = [b for doc in DOCS for b in ALL_BLOCKS[doc] if b.runnable and not b.filename]
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+    """One scratch directory per document, holding that document's Python files."""
+    made: dict = {}
+
+    def get(doc) -> Scratch:
+        if doc not in made:
+            s = made[doc] = Scratch(tmp_path_factory.mktemp(doc.stem))
+            s.write_files(ALL_BLOCKS[doc])
+        return made[doc]
+
+    return get
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("block", RUNNABLE, ids=lambda b: b.id)
+def test_snippet_runs_as_written(scratch, block: Block):
+    """The snippet runs in a fresh shell (Python: as a one-process job) without an
+    unexpected failure, and leaves no DVM running."""
+    s = scratch(block.path)
+    out = s.run_python(block) if block.lang == "python" else s.run_shell(block.text)
+    assert not out.problems(), f"{block.id}: {out.report()}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: d.name)
+def test_every_python_file_of_a_document_is_run_by_one_of_its_shell_snippets(doc):
+    """A snippet that is a file (``# name.py`` first line) is only tested if a shell
+    snippet of the same document runs it."""
+    shell = "\n".join(b.text for b in ALL_BLOCKS[doc] if b.lang in ("sh", "bash", "shell")
+                      and b.runnable)
+    named = [b.filename for b in ALL_BLOCKS[doc] if b.filename and b.runnable]
+    assert [n for n in named if n not in shell] == []
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: d.name)
+def test_every_no_test_marker_gives_a_reason_and_marks_a_block(doc):
+    """``<!-- no-test: REASON -->`` needs its reason and must stand right before a fence."""
+    for line, reason, marks_block in no_test_markers(doc):
+        assert reason, f"{doc.name}:{line}: no-test marker without a reason"
+        assert marks_block, f"{doc.name}:{line}: no-test marker not followed by a code block"
+
+
+def test_the_documents_have_snippets_to_run():
+    """Guard against a parser change that silently finds nothing."""
+    for doc in DOCS:
+        assert any(b.runnable for b in ALL_BLOCKS[doc]), doc
+
+
+# ----------------------------------------------------------------------
+# the harness itself: a snippet test that cannot fail proves nothing
+# ----------------------------------------------------------------------
+
+
+def test_a_failing_command_fails_the_snippet_at_its_line(tmp_path):
+    """Any command that fails is reported with its line, even if later ones succeed."""
+    out = Scratch(tmp_path).run_shell("echo one\nfalse\necho three\n")
+    assert out.unexpected == [(2, 1)], out.report()
+
+
+def test_a_failure_inside_a_command_substitution_fails_the_snippet(tmp_path):
+    """``X=$(failing)`` succeeds as an assignment; the failure inside still counts."""
+    out = Scratch(tmp_path).run_shell('X=$(sh -c "exit 3")\necho "$X"\n')
+    assert out.unexpected == [(1, 3)], out.report()
+
+
+def test_a_failure_its_comment_announces_is_expected(tmp_path):
+    """A trailing comment showing a PMIx error or an exit status makes that command's
+    failure the expected outcome -- on any line of a continued command."""
+    text = ("sh -c 'exit 1'   # STATUS PMIX_ERR_NOT_FOUND (consumed)\n"
+            "sh -c 'exit 2' \\\n  --ignored   # exits 2\n"
+            "sh -c 'exit 4'   # a plain comment\n")
+    out = Scratch(tmp_path).run_shell(text)
+    assert out.unexpected == [(4, 4)], out.report()
+
+
+def test_a_dvm_left_running_fails_the_snippet_and_is_stopped(tmp_path):
+    """A snippet that starts a DVM and does not stop it is reported; the DVM is stopped."""
+    from dvmkit import pid_alive
+
+    s = Scratch(tmp_path)
+    out = s.run_shell("pydvm start --daemonize --hosts a > uri\n")
+    assert out.unexpected == [] and len(out.leftovers) == 1, out.report()
+    assert not pid_alive(out.leftovers[0])
+    assert s.kill_leftovers() == []
