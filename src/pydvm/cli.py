@@ -185,7 +185,7 @@ def cmd_daemon(a: argparse.Namespace) -> int:
 # run
 # ----------------------------------------------------------------------
 
-RUN_USAGE = ("usage: pydvm run [--dvm URI] [--session ID] [--mca N V]... [--tag-output] "
+RUN_USAGE = ("usage: pydvm run [--dvm URI] [--session ID] [--mca N V]... [--tag-output] [--pmix] "
              "[--host H[:SLOTS],...] -n N CMD ARGS... [: [--host ...] -n M CMD2 ...]")
 
 
@@ -194,7 +194,7 @@ def parse_run(argv: list[str]) -> dict[str, Any]:
     from .runtime.jobs import parse_hosts
 
     opts: dict[str, Any] = {"dvm": None, "session": None, "mca": [], "tag_output": False,
-                            "apps": []}
+                            "apps": [], "pmix": False}
     segments: list[list[str]] = [[]]
     for tok in argv:
         if tok == ":":
@@ -245,6 +245,8 @@ def parse_run(argv: list[str]) -> dict[str, Any]:
                 i += 2
             elif idx == 0 and name == "--tag-output":
                 opts["tag_output"] = True
+            elif idx == 0 and name == "--pmix":
+                opts["pmix"] = True  # refuse the job unless every node of it hosts PMIx
             elif name == "--":
                 i += 1
                 break
@@ -277,7 +279,8 @@ def cmd_run(argv: list[str]) -> int:
                          2)
         try:
             uri = resolve_uri(uri_text)
-            return run_async(run_job(uri, opts["apps"], opts["session"], opts["tag_output"]))
+            return run_async(run_job(uri, opts["apps"], opts["session"], opts["tag_output"],
+                                     pmix=opts["pmix"]))
         except (ToolError, ValueError) as exc:
             return _fail(str(exc))
     if opts["session"] is not None:
@@ -307,7 +310,7 @@ async def _one_shot(opts: dict, resolved) -> int:
     except (StartError, OSError) as exc:
         return _fail(f"cannot start the one-shot DVM: {exc}")
     try:
-        return await run_job(uri, opts["apps"], None, opts["tag_output"])
+        return await run_job(uri, opts["apps"], None, opts["tag_output"], pmix=opts["pmix"])
     except ToolError as exc:
         return _fail(str(exc))
     finally:
@@ -406,6 +409,7 @@ def cmd_info(a: argparse.Namespace) -> int:
             print(f"  node {name} slots={slots} {state}")
         if r.get("head_node"):
             print(f"  head node {r['head_node']}: served by the master process (one hop)")
+        _print_pmix(r.get("pmix"))
         rows = [(k, v[0], v[1], v[2]) for k, v in r["params"].items()]
     else:
         try:
@@ -413,11 +417,24 @@ def cmd_info(a: argparse.Namespace) -> int:
         except ValueError as exc:
             return _fail(str(exc))
         print("no DVM given; values this environment would start one with:")
+        from .runtime.pmixhost import pmix_status
+        _print_pmix({"here": list(pmix_status())})
         rows = [(k, v.value, v.source, P.REGISTRY[k].help) for k, v in res.items()]
     width = max(len(r[0]) for r in rows)
     for name, value, source, help_ in rows:
         print(f"{name:<{width}}  {value!r:<12} ({source})  {help_}")
     return 0
+
+
+def _print_pmix(info: dict | None) -> None:
+    """One line per place that reported whether it can host PMIx clients."""
+    if not info:
+        return
+    rows = [("this machine" if k == "here" else k, v) for k, v in info.items() if k != "nodes"]
+    rows += [(f"node {n}", v) for n, v in (info.get("nodes") or {}).items()]
+    for where, (ok, what, path) in rows:
+        print(f"  PMIx on {where}: " + (f"available, {what} ({path})" if ok else
+                                         f"unavailable: {what}"))
 
 
 # ----------------------------------------------------------------------

@@ -77,7 +77,8 @@ def _status_name(st: Any) -> str:
 
 
 async def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output: bool,
-                  env: dict[str, str] | None = None, cwd: str | None = None) -> int:
+                  env: dict[str, str] | None = None, cwd: str | None = None,
+                  pmix: bool = False) -> int:
     """Submit a job and forward its output; return its exit status.
 
     Ctrl-C (SIGINT) or SIGTERM asks the master to kill the job; the tool then
@@ -136,7 +137,7 @@ async def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output
         r = await ch.call({
             "t": "run", "apps": apps, "session": session,
             "env": dict(os.environ if env is None else env),
-            "cwd": cwd or os.getcwd(),
+            "cwd": cwd or os.getcwd(), "pmix": pmix,
         })
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -22,6 +22,7 @@ from ..wire import Message, refuse, reply
 from . import dataops
 from .jobs import HostSpec
 from .peers import ToolSession
+from .pmixhost import pmix_status
 
 if TYPE_CHECKING:
     from .master import Master
@@ -64,6 +65,10 @@ class ToolRequestsMixin:
             job, per_node = self._plan_job(msg)
         except ValueError as exc:
             session.send(reply(rid, Status.ERR_BAD_PARAM, str(exc)))
+            return
+        problem = self._pmix_check(job, bool(msg.get("pmix")))  # collectives.py
+        if problem:
+            session.send(reply(rid, Status.ERR_BAD_PARAM, problem))
             return
         self._spawn(self._run_job(session, rid, job, per_node), (session.channel, rid))
 
@@ -188,6 +193,7 @@ class ToolRequestsMixin:
             daemon_pids={n.name: n.process.pid for n in self.nodes.values() if n.process},
             records=self.record_counts(),
             head_node=self.head_node,
+            pmix={"master": list(pmix_status()), "nodes": self._pmix_nodes},
         ))
 
 
