@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..errors import Status
 from ..store import Caller, Typed
 from ..store.model import DEFAULT_TYPES
-from ..wire import Message, unpack_body
+from ..wire import MAX_FRAME, Message, unpack_body
 from .peers import PeerSession
 
 if TYPE_CHECKING:
@@ -247,8 +247,9 @@ class PmixHost:
             from ..pmix import PmixServer, cleanup_stale
             try:
                 cleanup_stale(tmpdir)
-                server = PmixServer(max_value_size=self.node.values["prte_data_server_max_size"]
-                                    or (1 << 30),
+                # The store judges sizes against its cap (OUT_OF_RESOURCE); the
+                # binding only refuses what no frame could carry (BAD_PARAM).
+                server = PmixServer(max_value_size=MAX_FRAME // 2,
                                     nspace=f"{self.node.dvm_nspace}-{self.node.node}")
                 server.start(tmpdir, asyncio.get_running_loop(), self)
             except Exception as exc:
@@ -258,6 +259,8 @@ class PmixHost:
         self.status = (ok, what, path)
         if not ok:
             if mode == "on":
+                log.error("node %s: pydvm_pmix=on but PMIx cannot be hosted: %s",
+                          self.node.node, what)
                 raise RuntimeError(f"pydvm_pmix=on but PMIx cannot be hosted: {what}")
             log.info("node %s: PMIx hosting unavailable: %s", self.node.node, what)
         else:
