@@ -192,6 +192,8 @@ class CollectivesMixin:
         elif coll.kind == "connect":
             extra["layouts"] = {ns: self._pmix_layout(self.jobs[ns])
                                 for ns in {p[0] for p in coll.procs} if ns in self.jobs}
+        log.debug("%s of %s complete on node(s) %s", coll.kind, coll.procs,
+                  ", ".join(sorted(coll.contributed)))
         for session, rid, _ in coll.contributed.values():
             session.send(reply(rid, Status.SUCCESS, **extra))
 
