@@ -177,9 +177,9 @@ def test_fence_across_nodes_with_and_without_data_collection(pdvm, pmix_ops, col
     rank then reads the other's committed value locally, without it through a direct
     modex (the master asks the node hosting that rank)."""
     p = pdvm.run("--tag-output", "--host", HEAD, "-n", "1", pmix_ops, "put:fk:v0", "commit",
-                 f"fence:{collect}", "get:1:fk", ":",
+                 f"fence:{collect}", "get:1:fk", "sleep:1500", ":",
                  "--host", FAR, "-n", "1", pmix_ops, "put:fk:v1", "commit",
-                 f"fence:{collect}", "get:0:fk")
+                 f"fence:{collect}", "get:0:fk", "sleep:1500")
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.count("FENCE status=0") == 2, p.stdout
     assert any(ln.endswith(",0] GET status=0 type=3 value=v1") for ln in p.stdout.splitlines())
@@ -197,3 +197,14 @@ def test_a_job_that_requires_pmix_where_it_is_missing_is_refused_clearly(tmp_pat
     assert p.returncode == 1
     assert "PMIx is required (--pmix) but not available on:" in p.stderr
     assert "pydvm_pmix=off" in p.stderr
+
+
+def test_a_fence_whose_participant_ended_fails_instead_of_hanging(pdvm, pmix_ops):
+    """Rank 1 (another node) exits without entering the fence: rank 0's PMIx_Fence
+    is answered with an error -- whether rank 1 ended before or after rank 0 arrived."""
+    for delay in ("sleep:1000", "sleep:0"):
+        p = pdvm.run("--tag-output", "--host", HEAD, "-n", "1", pmix_ops, delay, "fence:1", ":",
+                     "--host", FAR, "-n", "1", pmix_ops, "sleep:300", timeout=30)
+        assert p.returncode == 0, p.stdout + p.stderr
+        got = [ln for ln in p.stdout.splitlines() if ",0] FENCE status=" in ln]
+        assert got and not got[0].endswith("status=0"), p.stdout

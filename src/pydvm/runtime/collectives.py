@@ -156,6 +156,19 @@ class CollectivesMixin:
                 raise ValueError(f"{ns} has no rank {rank}")
         return nodes
 
+    def _ended_participant(self: "Master", procs) -> str:
+        """A participant (``ns:rank``) that has already ended, or ''."""
+        for ns, rank in procs:
+            job = self.jobs.get(ns)
+            if job is None:
+                return f"{ns}:*"
+            ranks = job.procs.values() if rank == RANK_WILDCARD else \
+                [job.procs[rank]] if rank in job.procs else []
+            for p in ranks:
+                if p.state is ProcState.ENDED:
+                    return f"{ns}:{p.rank}"
+        return ""
+
     def _contribute(self: "Master", session: DaemonSession, msg: Message) -> None:
         procs = tuple(sorted((str(p[0]), int(p[1])) for p in msg["procs"]))
         if not procs:
@@ -164,6 +177,12 @@ class CollectivesMixin:
         key = (kind, procs)
         coll = self._collectives.get(key)
         if coll is None:
+            gone = self._ended_participant(procs)
+            if gone:
+                # it can never contribute: answer now rather than wait forever
+                session.send(reply(msg.get("id"), Status.ERR_UNREACH,
+                                   f"{kind}: participant {gone} has ended"))
+                return
             coll = Collective(kind, procs, self._participant_nodes(procs))
             self._collectives[key] = coll
             timeout = msg.get("timeout")
