@@ -361,6 +361,9 @@ class PmixHost:
     # ------------------------------------------------------------------
 
     def __call__(self, req) -> Any:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("upcall %s from %s", req.kind, getattr(req, "proc", None) or
+                      [str(p) for p in getattr(req, "procs", ())])
         fn = getattr(self, "_up_" + req.kind, None)
         if fn is None:
             from ..pmix import constants as C
