@@ -406,7 +406,7 @@ class PmixServer:
         self._completed(lambda cb, tok: lib.deregister_nspace(check_nspace(nspace), cb, tok)
                         or C.SUCCESS)
 
-    def _completed(self, call, timeout: float = 30.0) -> int:
+    def _completed(self, call, timeout: float = 5.0) -> int:
         """Run a libpmix call that takes (cbfunc, cbdata) and wait for its
         completion callback; returns its status.
 

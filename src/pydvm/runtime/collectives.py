@@ -363,6 +363,8 @@ class CollectivesMixin:
 
         def ended(_f: asyncio.Future) -> None:
             self._job_tool.pop(ns, None)
+            self._job_launch.pop(ns, None)
+            self._children.pop(ns, None)  # jobs it spawned are not waited for by anyone
             if job.error and tool is not None:
                 tool.send({"t": "output", "nspace": ns, "rank": -1, "fd": 2,
                            "data": f"pydvm run: spawned job {ns}: {job.error}\n".encode()})

@@ -287,6 +287,7 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
             "caller_cache": sum(len(c) for c in self._callers.values()),
             "collectives": len(self._collectives),
             "job_launch_env": len(self._job_launch),
+            "spawn_parents": len(self._children),
             "connections": len(self._peers),
             "tasks": len(self._tasks),
         }
