@@ -208,3 +208,15 @@ def test_a_fence_whose_participant_ended_fails_instead_of_hanging(pdvm, pmix_ops
         assert p.returncode == 0, p.stdout + p.stderr
         got = [ln for ln in p.stdout.splitlines() if ",0] FENCE status=" in ln]
         assert got and not got[0].endswith("status=0"), p.stdout
+
+
+def test_a_pmix_server_serves_many_jobs_in_a_row(pmix_ops, tmp_path):
+    """The registration pattern of a node server (a namespace per job, its clients,
+    the namespace deregistered at the job's end; no per-client deregistration)
+    keeps serving new clients job after job.  Regression: with libpmix 4.2.2,
+    PMIx_server_deregister_client at each reap left the server deaf to every new
+    PMIx_Init after tens to hundreds of jobs (seen as MPI jobs hanging in init)."""
+    import subprocess
+    p = subprocess.run([sys.executable, str(JOBS / "server_churn.py"), str(tmp_path), pmix_ops,
+                        "150"], capture_output=True, text=True, timeout=120)
+    assert p.stdout.strip().splitlines()[-1] == "DONE 150 0", p.stdout + p.stderr

@@ -33,10 +33,12 @@ session's identity is the uid/gid the job was registered with (its owner),
 never the ``pmix.euid`` a client packs (the binding drops that claim).
 
 The session sits in its process's ``LocalProc.sessions``, so reaping the
-process closes it like a native connection: its parked lookups are dropped,
-what it had passed on is withdrawn, and the client is deregistered from
-libpmix (a client that dies without ``PMIx_Finalize`` produces no upcall).
-The namespace is deregistered at the job's cleanup (its NSPACE purge).
+process closes it like a native connection (a client that dies without
+``PMIx_Finalize`` produces no upcall: reaping is what tells us): its parked
+lookups are dropped, what it had passed on is withdrawn, pending upcalls are
+answered, and later requests naming it are refused.  libpmix's own record
+of the client goes with its namespace, deregistered at the job's cleanup
+(its NSPACE purge) -- not at the reap, see :meth:`PmixHost.session_closed`.
 
 Values
 ------
@@ -327,9 +329,12 @@ class PmixHost:
                 session.parked.discard(rid)
         node.router.withdraw_all(session)
         session.fail_all(Status.ERR_UNREACH)
-        if self.server is not None:
-            from ..pmix import Proc
-            self.server.deregister_client(Proc(*key))
+        # No PMIx_server_deregister_client here: with libpmix 4.2.2, calling it
+        # for every reaped process eventually leaves the server deaf to new
+        # clients (see PmixServer.deregister_client).  The process can act no
+        # more anyway -- its session is gone, so any request naming it is
+        # refused NO_PERMISSIONS -- and the namespace's deregistration at the
+        # job's end releases libpmix's record of it.
 
     def job_ended(self, nspace: str) -> None:
         """The job's cleanup: its namespace leaves libpmix (local or foreign)."""
