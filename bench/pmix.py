@@ -124,11 +124,11 @@ def main() -> int:
     print("|---|---|---|---|---|")
     for op, held, om, dm in rows:
         print(f"| {op} | {held:,} | {om:,.1f} | {dm:,.1f} | {dm / om:.2f} |")
-    low = max(r[3] / r[2] for r in rows if r[1] == min(x[1] for x in rows))
-    high = min(r[2] / r[3] for r in rows if r[1] == max(x[1] for x in rows))
-    print(f"\npydvm vs Open MPI: worst ratio {low:.2f}x at {min(r[1] for r in rows):,} names "
-          f"held (target <= 1.0); at least {high:.1f}x faster at {max(r[1] for r in rows):,} "
-          f"(target >= 5)")
+    lo, hi = min(r[1] for r in rows), max(r[1] for r in rows)
+    at_lo = ", ".join(f"{op} {dm / om:.2f}x" for op, held, om, dm in rows if held == lo)
+    at_hi = ", ".join(f"{op} {om / dm:.1f}x faster" for op, held, om, dm in rows if held == hi)
+    print(f"\nsummary: pydvm/Open MPI at {lo:,} held: {at_lo} (target <= 1.0); "
+          f"at {hi:,} held: {at_hi} (target >= 5)")
     return 0
 
 
