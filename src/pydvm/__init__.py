@@ -9,6 +9,7 @@ from ._proto import Found, LookupResult
 from .client import Client
 from .enums import Persistence, Range
 from .errors import PMIxError, Status
+from .store.model import Typed
 
 __version__ = "0.1.0"
 
@@ -20,5 +21,6 @@ __all__ = [
     "PMIxError",
     "Range",
     "Status",
+    "Typed",
     "__version__",
 ]

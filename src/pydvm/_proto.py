@@ -8,17 +8,27 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from .enums import Persistence, Range
 from .errors import BadParamError, Status, UnreachableError, error_for
+from .store.model import DEFAULT_TYPES, TYPE_NAMES, Typed
 from .wire import BODY, Message, pack_payload
 
 
 @dataclass(frozen=True, slots=True)
 class Found:
-    """One key returned by a lookup: its value and who published it."""
+    """One key returned by a lookup: its value and who published it.
+
+    ``value`` is always a plain Python value (str, bytes, int, float, bool);
+    ``pmix_type`` names the PMIx type it carries: what a PMIx client
+    published it as (``"PMIX_UINT8"``, ``"PMIX_SIZE"``...), else the default
+    for its Python type (str ``PMIX_STRING``, bytes ``PMIX_BYTE_OBJECT``,
+    int ``PMIX_INT64``, float ``PMIX_DOUBLE``, bool ``PMIX_BOOL``).  To
+    publish with a given PMIx type, pass ``pydvm.Typed(value, code)``.
+    """
 
     key: str
     value: Any
     nspace: str
     rank: int
+    pmix_type: str = ""
 
 
 class LookupResult(Mapping[str, Any]):
@@ -156,5 +166,10 @@ def lookup_result(r: Message) -> LookupResult:
         raise error_for(st, str(r.get("msg") or ""))
     found = {}
     for key, value, ns, rank in r.get("found") or ():
-        found[key] = Found(key, value, ns, rank)
+        if value.__class__ is Typed:
+            found[key] = Found(key, value.value, ns, rank, value.type_name)
+        else:
+            code = DEFAULT_TYPES.get(value.__class__)
+            found[key] = Found(key, value, ns, rank,
+                               "PMIX_" + TYPE_NAMES[code] if code is not None else "")
     return LookupResult(st, found)

@@ -292,7 +292,7 @@ def parse_run(argv: list[str]) -> dict[str, Any]:
     from .runtime.jobs import parse_hosts
 
     opts: dict[str, Any] = {"dvm": None, "session": None, "mca": [], "tag_output": False,
-                            "abort_on_failure": False, "apps": []}
+                            "abort_on_failure": False, "apps": [], "pmix": False}
     segments: list[list[str]] = [[]]
     for tok in argv:
         if tok == ":":
@@ -345,6 +345,8 @@ def parse_run(argv: list[str]) -> dict[str, Any]:
                 opts["tag_output"] = True
             elif idx == 0 and name == "--abort-on-failure":
                 opts["abort_on_failure"] = True
+            elif idx == 0 and name == "--pmix":
+                opts["pmix"] = True  # refuse the job unless every node of it hosts PMIx
             elif name == "--":
                 i += 1
                 break
@@ -381,7 +383,8 @@ def cmd_run(argv: list[str]) -> int:
         try:
             uri = resolve_uri(uri_text)
             return run_async(run_job(uri, opts["apps"], opts["session"], opts["tag_output"],
-                                     abort_on_failure=opts["abort_on_failure"]))
+                                     abort_on_failure=opts["abort_on_failure"],
+                                     pmix=opts["pmix"]))
         except (ToolError, ValueError) as exc:
             return _tool_failed(exc, opts["dvm"])
     if opts["session"] is not None:
@@ -436,7 +439,7 @@ async def _one_shot(opts: dict, resolved) -> int:
         return _fail(f"cannot start the one-shot DVM: {exc}")
     try:
         code = await run_job(uri, opts["apps"], None, opts["tag_output"],
-                             abort_on_failure=opts["abort_on_failure"])
+                             abort_on_failure=opts["abort_on_failure"], pmix=opts["pmix"])
         warning = await one_shot_warning(uri)
         if warning:
             sys.stderr.write(f"{warning}\n")
@@ -569,6 +572,7 @@ def cmd_info(a: argparse.Namespace) -> int:
             print(f"  node {name} slots={slots} {state}")
         if r.get("head_node"):
             print(f"  head node {r['head_node']}: served by the master process (one hop)")
+        _print_pmix(r.get("pmix"))
         rows = [(k, v[0], v[1], v[2]) for k, v in r["params"].items()]
     else:
         try:
@@ -576,11 +580,24 @@ def cmd_info(a: argparse.Namespace) -> int:
         except ValueError as exc:
             return _fail(str(exc))
         print("no DVM given; values this environment would start one with:")
+        from .runtime.pmixhost import pmix_status
+        _print_pmix({"here": list(pmix_status())})
         rows = [(k, v.value, v.source, P.REGISTRY[k].help) for k, v in res.items()]
     width = max(len(r[0]) for r in rows)
     for name, value, source, help_ in rows:
         print(f"{name:<{width}}  {value!r:<12} ({source})  {help_}")
     return 0
+
+
+def _print_pmix(info: dict | None) -> None:
+    """One line per place that reported whether it can host PMIx clients."""
+    if not info:
+        return
+    rows = [("this machine" if k == "here" else k, v) for k, v in info.items() if k != "nodes"]
+    rows += [(f"node {n}", v) for n, v in (info.get("nodes") or {}).items()]
+    for where, (ok, what, path) in rows:
+        print(f"  PMIx on {where}: " + (f"available, {what} ({path})" if ok else
+                                         f"unavailable: {what}"))
 
 
 # ----------------------------------------------------------------------

@@ -85,7 +85,7 @@ value as base64 text."""
 
 RUN_HELP = """\
 usage: pydvm run [--dvm URI] [--session ID] [--mca N V]... [--tag-output]
-                 [--abort-on-failure] [--host H[:SLOTS],...] -n N CMD ARGS...
+                 [--abort-on-failure] [--pmix] [--host H[:SLOTS],...] -n N CMD ARGS...
                  [: [--host H[:SLOTS],...] -n M CMD2 ARGS...]...
 
 Run one job and exit with its status: the first non-zero exit of its
@@ -106,6 +106,9 @@ options of the whole job (before the first command):
   --tag-output        prefix each output line with [NSPACE,RANK]
   --abort-on-failure  kill the rest of the job when one process fails
                       (default: a failing process does not abort its siblings)
+  --pmix              the job needs PMIx: refuse it unless every node it runs
+                      on hosts a PMIx server (see 'pydvm info'); without it,
+                      PMIx clients are served wherever libpmix is available
 
 options of each app context (before its command; ':' starts the next):
   -n N, --np N        number of processes (default 1)

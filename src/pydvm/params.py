@@ -75,6 +75,13 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def _pmix_mode(text: str) -> str:
+    v = str(text).strip().lower()
+    if v not in ("auto", "on", "off"):
+        raise ValueError("must be auto, on or off")
+    return v
+
+
 def _nonempty_str(text: str) -> str:
     if not str(text).strip():
         raise ValueError("must not be empty")
@@ -127,6 +134,9 @@ REGISTRY: dict[str, Param] = {
         Param("pydvm_output_window", _window, 1024 * 1024,
               "bytes of one job's output a node may have in flight to a slow 'pydvm run' "
               "before it stops reading the job's pipes (k/m suffixes; 64k..1g)", "size"),
+        Param("pydvm_pmix", _pmix_mode, "auto",
+              "host a PMIx server on every node for PMIx/MPI programs: 'auto' (where "
+              "libpmix is usable), 'on' (a node without it fails to start), 'off'", "auto|on|off"),
         Param("pydvm_max_outstanding", _cap, 1024,
               "requests (waiting lookups included) one client or tool connection may have "
               "outstanding; beyond it PMIX_ERR_OUT_OF_RESOURCE (1..1000000)", "int"),

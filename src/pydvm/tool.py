@@ -91,7 +91,7 @@ def _status_name(st: Any) -> str:
 
 async def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output: bool,
                   env: dict[str, str] | None = None, cwd: str | None = None,
-                  abort_on_failure: bool = False) -> int:
+                  abort_on_failure: bool = False, pmix: bool = False) -> int:
     """Submit a job and forward its output; return its exit status.
 
     Ctrl-C (SIGINT) or SIGTERM asks the master to kill the job; the tool then
@@ -155,7 +155,7 @@ async def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output
         r = await ch.call({
             "t": "run", "apps": apps, "session": session, "abort_on_failure": abort_on_failure,
             "env": dict(os.environ if env is None else env),
-            "cwd": cwd or os.getcwd(),
+            "cwd": cwd or os.getcwd(), "pmix": pmix,
         })
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -32,6 +32,7 @@ from typing import Any, Callable
 import msgpack
 
 from .errors import Status
+from .store.model import Typed
 
 log = logging.getLogger("pydvm.wire")
 
@@ -57,6 +58,44 @@ class FrameError(Exception):
         self.messages: list = messages or []
 
 
+#: msgpack extension code of a :class:`~pydvm.store.model.Typed` value: its
+#: data is the msgpack array ``[pmix_type, value]``.
+EXT_TYPED = 1
+
+
+def _default(obj: Any) -> Any:
+    """msgpack's hook for what it cannot pack itself (called only for those)."""
+    if obj.__class__ is Typed:
+        return msgpack.ExtType(EXT_TYPED, msgpack.packb([obj.pmix_type, obj.value],
+                                                        use_bin_type=True))
+    raise TypeError(f"cannot serialize {type(obj).__name__}")
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    """msgpack's hook for extension values (called only when one occurs).
+
+    A malformed one is returned as the raw ExtType: the store refuses it as
+    an unsupported value (BAD_PARAM) rather than the frame being dropped.
+    """
+    if code == EXT_TYPED:
+        try:
+            t, v = msgpack.unpackb(data, raw=False)
+            if isinstance(t, int) and not isinstance(t, bool):
+                return Typed(v, t)
+        except Exception:
+            pass
+    return msgpack.ExtType(code, data)
+
+
+def packb(obj: Any) -> bytes:
+    """msgpack encoding used on every connection (Typed values as extensions)."""
+    return msgpack.packb(obj, use_bin_type=True, default=_default)
+
+
+def unpackb(data) -> Any:
+    return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_ext_hook)
+
+
 #: First byte of an *enveloped* frame body: a byte msgpack never produces.
 ENVELOPE = 0xC1
 _ENV_HEAD = struct.Struct("!BI")
@@ -68,7 +107,7 @@ def pack(msg: Message) -> bytes:
     """Encode one message as a frame (enveloped if it carries a payload)."""
     if BODY in msg:
         return b"".join(pack_parts(msg))
-    body = msgpack.packb(msg, use_bin_type=True)
+    body = packb(msg)
     return HEADER.pack(len(body)) + body
 
 
@@ -83,7 +122,7 @@ def pack_parts(msg: Message) -> list:
     opaque bytes (normally a msgpack map) that a hop passes on untouched.
     """
     payload = msg[BODY]
-    header = msgpack.packb({k: v for k, v in msg.items() if k != BODY}, use_bin_type=True)
+    header = packb({k: v for k, v in msg.items() if k != BODY})
     return [HEADER.pack(_ENV_HEAD.size + len(header) + len(payload)),
             _ENV_HEAD.pack(ENVELOPE, len(header)), header, payload]
 
@@ -111,7 +150,7 @@ def unpack_body(body: bytes) -> Message:
         payload = view[end:]
         body = view[_ENV_HEAD.size:end]
     try:
-        msg = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        msg = unpackb(body)
     except Exception as exc:  # msgpack raises several unrelated types
         raise FrameError(f"undecodable frame body ({type(exc).__name__}: {exc})") from None
     if not isinstance(msg, dict):
@@ -128,7 +167,7 @@ def unpack_body(body: bytes) -> Message:
 def unpack_payload(payload) -> dict | None:
     """Decode an envelope's payload as a map; None if it is not one."""
     try:
-        out = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        out = unpackb(payload)
     except Exception:
         return None
     return out if isinstance(out, dict) else None
@@ -136,7 +175,7 @@ def unpack_payload(payload) -> dict | None:
 
 def pack_payload(obj: dict) -> bytes:
     """Encode a map as an envelope payload (or a frame body)."""
-    return msgpack.packb(obj, use_bin_type=True)
+    return packb(obj)
 
 
 def reply(req_id: Any, status: Status | int, msg: str = "", **fields: Any) -> Message:

@@ -284,6 +284,8 @@ class PmixServer:
         self._release_c = L.release_cbfunc_t(self._release)
         self._dmodex_c = L.dmodex_response_fn_t(self._dmodex_response)
         self._dmodex_waiters: dict[int, asyncio.Future] = {}
+        #: completion callbacks of registrations in flight (kept alive for libpmix).
+        self._sync_cbs: dict[int, Any] = {}
         self.stats = {"requests": 0, "refused": 0, "handler_errors": 0}
 
     # -- lifecycle -------------------------------------------------------
@@ -389,14 +391,53 @@ class PmixServer:
         info = list(info)
         n = len(info)
         arr = build_info(info, keep)
-        rc = lib.register_nspace(check_nspace(nspace), int(nlocalprocs),
-                                 ctypes.addressof(arr) if n else None, n, None, None)
+        rc = self._completed(lambda cb, tok: lib.register_nspace(
+            check_nspace(nspace), int(nlocalprocs), ctypes.addressof(arr) if n else None, n,
+            cb, tok))
         if rc not in _DONE:
             raise PmixError(rc, f"register_nspace({nspace})")
 
     def deregister_nspace(self, nspace: str) -> None:
-        """``PMIx_server_deregister_nspace``: drops the job's data and its clients."""
-        self._need().deregister_nspace(check_nspace(nspace), None, None)
+        """``PMIx_server_deregister_nspace``: drops the job's data and its clients.
+
+        Returns once libpmix has done it, so that a namespace registered next
+        never races the removal of the last one."""
+        lib = self._need()
+        self._completed(lambda cb, tok: lib.deregister_nspace(check_nspace(nspace), cb, tok)
+                        or C.SUCCESS)
+
+    def _completed(self, call, timeout: float = 5.0) -> int:
+        """Run a libpmix call that takes (cbfunc, cbdata) and wait for its
+        completion callback; returns its status.
+
+        libpmix finishes some of these calls on its progress thread after
+        returning; without a callback nothing says when, and a client
+        connecting meanwhile (a job launched right after the last one's
+        clean-up) was seen to hang in PMIx_Init.  The loop thread waits here
+        with the GIL released, so upcalls keep flowing.
+        """
+        done = threading.Event()
+        result = [C.SUCCESS]
+        token = next(self._tokens)
+
+        def cb(status, cbdata):
+            result[0] = int(status)
+            done.set()
+
+        cfunc = L.op_cbfunc_t(cb)
+        self._sync_cbs[token] = cfunc
+        rc = C.ERROR
+        try:
+            rc = call(cfunc, token)
+            if rc == C.SUCCESS:
+                if not done.wait(timeout):
+                    log.warning("libpmix did not complete a registration within %.0fs", timeout)
+                    return C.ERR_TIMEOUT
+                return result[0]
+            return rc
+        finally:
+            if done.is_set() or rc != C.SUCCESS:
+                self._sync_cbs.pop(token, None)
 
     def register_client(self, proc: Proc, uid: int, gid: int) -> None:
         """``PMIx_server_register_client``: libpmix refuses a connecting client whose
@@ -404,13 +445,21 @@ class PmixServer:
         lib = self._need()
         p = L.pmix_proc_t()
         proc_to_c(proc, p)
-        rc = lib.register_client(ctypes.addressof(p), int(uid), int(gid), None, None, None)
+        rc = self._completed(lambda cb, tok: lib.register_client(
+            ctypes.addressof(p), int(uid), int(gid), None, cb, tok))
         if rc not in _DONE:
             raise PmixError(rc, f"register_client({proc})")
 
     def deregister_client(self, proc: Proc) -> None:
-        """``PMIx_server_deregister_client``.  Call it when the host reaps the process:
-        a client that dies without PMIx_Finalize produces no upcall."""
+        """``PMIx_server_deregister_client``.
+
+        Measured hazard with libpmix 4.2.2: calling it for each reaped client
+        of a long-lived server (a new namespace per job, one client each)
+        sooner or later leaves the server unable to answer any new client's
+        ``PMIx_Init`` (tens to a few hundred jobs; sooner when the call is
+        made right after the exit).  Without it, 300 such jobs ran clean:
+        ``deregister_nspace`` at the job's end releases its clients.  The
+        pydvm host therefore does not call it (runtime/pmixhost.py)."""
         lib = self._need()
         p = L.pmix_proc_t()
         proc_to_c(proc, p)

@@ -167,11 +167,13 @@ class LifetimesMixin:
         self._job_tool[ns] = tool
         done = self._job_done[ns] = asyncio.get_running_loop().create_future()
         tool.send({"t": "started", "ref": rid, "nspace": ns, "size": job.size})
+        pmix = self._pmix_launch_fields(job, per_node)  # collectives.py
         names = list(per_node)
         results = await asyncio.gather(*[
             self._launch_on(n, {
                 "t": "launch", "nspace": ns, "session_id": job.session_id,
-                "job_size": job.size, "procs": per_node[n], "uid": job.uid, "gid": job.gid})
+                "job_size": job.size, "procs": per_node[n], "uid": job.uid, "gid": job.gid,
+                **pmix})
             for n in names
         ])
         for name, r in zip(names, results):
@@ -193,6 +195,7 @@ class LifetimesMixin:
             # nothing to kill yet, so tell every node again now they have.
             self._send_kill(job)
         await done
+        await self._children_done(ns)  # jobs it spawned (collectives.py)
         self._job_tool.pop(ns, None)
         tool.send(reply(rid, Status.SUCCESS, job.error or job.kill_reason, nspace=ns,
                         exit=job.exit_status, **failure_report(job)))

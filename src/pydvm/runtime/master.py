@@ -21,6 +21,8 @@ module                   concern
                          purges each lifetime causes, output flow control
 ``routing.py``           data requests: whose they are, which store answers
 ``toolreqs.py``          every other tool request
+``collectives.py``       PMIx across nodes: fence, connect, direct modex,
+                         abort, spawn (each node hosts its own PMIx server)
 =======================  ===================================================
 
 Peers are typed sessions (:mod:`pydvm.runtime.peers`): a channel's
@@ -49,6 +51,7 @@ from ..store import DataStore, MonotonicClock, StoreParams
 from ..wire import Channel, Message, peer_credentials, refuse, reply
 from . import dataops, registry
 from .auth import HANDSHAKE_TIMEOUT, DvmUri, check_auth, tool_socket_path
+from .collectives import PMIX_REQUESTS, CollectivesMixin
 from .jobs import HostSpec, JobRecord, SessionRecord
 from .launch import Launcher, make_launcher
 from .lifetimes import DEFAULT_SESSION, LifetimesMixin
@@ -89,7 +92,7 @@ class _PeerChannel(Channel):
         self.master._greet(self)
 
 
-class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
+class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, CollectivesMixin):
     """One DVM's master.  ``await start()``, then ``await wait_stopped()``."""
 
     def __init__(
@@ -138,6 +141,10 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
         self._tasks: set[asyncio.Task] = set()
         self._peers: set[Channel] = set()
         self._callers: dict[str, dict[tuple, Any]] = {}
+        self._collectives: dict[tuple, Any] = {}
+        self._pmix_nodes: dict[str, list] = {}
+        self._job_launch: dict[str, tuple[dict, str]] = {}
+        self._children: dict[str, list[asyncio.Future]] = {}
         self._heartbeat: asyncio.Task | None = None
         self._lock: registry.DvmLock | None = None
         #: the node this process serves itself (see nodes.choose_head_node).
@@ -298,6 +305,9 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
             "sessions": len(self.sessions),
             "session_history": sum(len(s.history) for s in self.sessions.values()),
             "caller_cache": sum(len(c) for c in self._callers.values()),
+            "collectives": len(self._collectives),
+            "job_launch_env": len(self._job_launch),
+            "spawn_parents": len(self._children),
             "connections": len(self._peers),
             "tasks": len(self._tasks),
         }
@@ -370,6 +380,7 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
             return
         self._withdraw(session)
         if isinstance(session, DaemonSession):
+            self._collectives_node_gone(session.node)
             self._node_lost(session.node, reason)
         elif isinstance(session, ToolSession):
             self._tool_gone(session)
@@ -389,7 +400,13 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin):
             self._cancel(session, msg.get("ref"))
         elif t == "exited":
             self._on_exited(session, msg)
+            self._collectives_member_ended(msg.get("nspace"), msg.get("rank"))
+        elif t in PMIX_REQUESTS:
+            self._on_pmix_request(session, msg)
         elif t == "ready":
+            pmix = msg.get("pmix")
+            self._pmix_nodes[session.node] = list(pmix) if isinstance(pmix, list) else \
+                [False, "not reported", None]
             self._daemon_ready(session.node)
         elif t == "ping":
             if "id" in msg:

@@ -72,6 +72,7 @@ from . import dataops
 from .guard import Guardian, die_with_parent, group_alive
 from .metrics import RequestStats, store_sample
 from .peers import ClientSession, route_answer
+from .pmixhost import PmixHost
 
 log = logging.getLogger("pydvm.node")
 
@@ -188,6 +189,8 @@ class NodeServer:
         self._exiting = False
         #: counts and latencies of the data requests the node store served.
         self.request_stats = RequestStats()
+        #: the node's PMIx server (runtime/pmixhost.py); off when libpmix is missing.
+        self.pmix = PmixHost(self)
 
     # ------------------------------------------------------------------
     # life cycle
@@ -213,8 +216,11 @@ class NodeServer:
             lambda: Channel(self._on_client_hello, self._on_client_closed, name="client"),
             self.socket_path)
         os.chmod(self.socket_path, 0o666 if self.multi_user else 0o700)
+        # PMIx rendezvous files live in the socket directory, so the guardian
+        # removes them (and libpmix's shared-memory stores) however we die.
+        self.pmix.start(str(self.socket_dir), self.values["pydvm_pmix"])
         self.uplink.on_message = self.on_master
-        self.uplink.send({"t": "ready"})
+        self.uplink.send({"t": "ready", "pmix": list(self.pmix.status)})
         log.info("node %s serving clients at %s", self.node, self.socket_path)
 
     def _make_socket_dir(self) -> None:
@@ -253,6 +259,7 @@ class NodeServer:
             return
         self._exiting = True
         await self._kill_all(grace)
+        self.pmix.stop()
         if self._server is not None:
             self._server.close()
         for s in list(self._clients):
@@ -300,6 +307,10 @@ class NodeServer:
                 self._spawn(self._kill_procs(list(job.procs.values()), KILL_GRACE))
         elif t == "purge":
             self._apply_purge(msg)
+        elif t == "dmodex":
+            async def dmodex() -> None:
+                ch.send(await self.pmix.dmodex(msg))
+            self._spawn(dmodex(), rid)
         elif t == "stats":
             uid = msg.get("uid")
             uid = uid if isinstance(uid, int) else -1
@@ -343,6 +354,7 @@ class NodeServer:
             job = self.jobs.pop(msg.get("nspace"), None)
             if job is not None:
                 self._clean_up_job(job)
+            self.pmix.job_ended(msg.get("nspace"))
         self.uplink.send(reply(rid, Status.SUCCESS, removed=n))
 
     def _clean_up_job(self, job: LocalJob) -> None:
@@ -385,6 +397,11 @@ class NodeServer:
                                        f"{self.node}: executable not found: {exe}", exit=127))
                 return
         preexec = _child_setup(os.getpid(), switch)
+        layout = msg.get("pmix")
+        uid = msg["uid"] if isinstance(msg.get("uid"), int) else os.getuid()
+        gid = msg["gid"] if isinstance(msg.get("gid"), int) else os.getgid()
+        if layout and self.pmix.running:
+            self.pmix.register_job(job, layout, uid, gid)
         started = 0
         for p in procs:
             env = dict(p["env"])
@@ -400,6 +417,9 @@ class NodeServer:
             })
             lp = LocalProc(ns, p["rank"], p["app_idx"])
             job.procs[p["rank"]] = lp
+            if layout and self.pmix.running:
+                env.update(self.pmix.register_proc(job, p["rank"], p["app_idx"], uid, gid))
+                env.update(p.get("pmix_env") or {})
             cwd = p.get("cwd") if p.get("cwd") and os.path.isdir(p["cwd"]) else None
             try:
                 lp.process = await asyncio.create_subprocess_exec(
@@ -558,12 +578,20 @@ class NodeServer:
         if t not in dataops.DATA_OPS:
             refuse(ch, msg, Status.ERR_BAD_PARAM, f"unknown message type {t!r}")
             return
+        self.serve_data(session, msg)
+
+    def serve_data(self, session, msg: Message) -> None:
+        """Serve one data request of a local process's session -- a native
+        client's, or a PMIx client's (:mod:`pydvm.runtime.pmixhost`): admit
+        it, then the node store for LOCAL, the router for every other range;
+        ``unpublish`` both.  Exactly one answer goes to the session."""
         refusal = session.admit(msg)
         if refusal is not None:
-            ch.send(refusal)
+            session.send(refusal)
             return
         rid = msg["id"]
         caller = session.caller
+        t = msg["t"]
         if t == "unpublish":
             self.request_stats.apply(self.store, caller, msg, (session, rid))
             self._forward(session, msg)
@@ -572,7 +600,7 @@ class NodeServer:
             if out is None:
                 session.parked.add(rid)
             else:
-                ch.send(out)
+                session.send(out)
         else:
             self._forward(session, msg)
 

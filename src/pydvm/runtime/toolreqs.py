@@ -24,6 +24,7 @@ from ..wire import Message, refuse, reply
 from . import dataops
 from .jobs import HostSpec, JobRecord
 from .peers import ToolSession
+from .pmixhost import pmix_status
 
 if TYPE_CHECKING:
     from .master import Master
@@ -66,6 +67,10 @@ class ToolRequestsMixin:
             job, per_node = self._plan_job(msg)
         except ValueError as exc:
             session.send(reply(rid, Status.ERR_BAD_PARAM, str(exc)))
+            return
+        problem = self._pmix_check(job, bool(msg.get("pmix")))  # collectives.py
+        if problem:
+            session.send(reply(rid, Status.ERR_BAD_PARAM, problem))
             return
         self._spawn(self._run_job(session, rid, job, per_node), (session.channel, rid))
 
@@ -226,6 +231,7 @@ class ToolRequestsMixin:
             records=self.record_counts(),
             head_node=self.head_node,
             metrics=self.metrics.url if self.metrics is not None else None,
+            pmix={"master": list(pmix_status()), "nodes": self._pmix_nodes},
         ))
 
 

@@ -15,7 +15,8 @@ See ``DESIGN.md`` in this directory for the contracts.
 """
 
 from .clock import Clock, FakeScheduler, MonotonicClock, Timer, TimerHandle
-from .model import ACCESSOR_OVERHEAD, ITEM_OVERHEAD, Caller, Item, item_nbytes, value_size
+from .model import (ACCESSOR_OVERHEAD, ITEM_OVERHEAD, Caller, Item, Typed, item_nbytes,
+                    pmix_type_of, value_size)
 from .store import (
     DEFAULT_MAX_SIZE,
     DEFAULT_TIMEOUT,
@@ -49,6 +50,8 @@ __all__ = [
     "StoreStats",
     "Timer",
     "TimerHandle",
+    "Typed",
     "item_nbytes",
+    "pmix_type_of",
     "value_size",
 ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 from ..enums import Persistence, Range
-from .model import INT_MAX, INT_MIN, Value
+from .model import INT_MAX, INT_MIN, Typed, Value, check_typed
 
 _RANGES = {int(r): r for r in Range}
 _PERSISTENCES = {int(p): p for p in Persistence}
@@ -79,6 +79,10 @@ def check_pairs(pairs) -> tuple[str, dict[str, Value]]:
         elif isinstance(value, int):
             if not INT_MIN <= value <= INT_MAX:
                 return f"int value of {key!r} does not fit in 64 bits", {}
+        elif value.__class__ is Typed:
+            problem = check_typed(value)
+            if problem:
+                return f"value of {key!r}: {problem}", {}
         else:
             return f"unsupported value type {type(value).__name__} for key {key!r}", {}
         norm[key] = value

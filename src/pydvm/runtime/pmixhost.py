@@ -1,0 +1,505 @@
+"""A node's PMIx server: real PMIx and MPI programs served by the node's store and router.
+
+:class:`PmixHost` belongs to a :class:`~pydvm.runtime.node.NodeServer`
+(the one component that serves a node's clients, in a daemon or in the
+master for the head node).  It hosts the process's one libpmix server
+(:mod:`pydvm.pmix`), registers every job the node launches and every local
+process of it, and turns each upcall into what pydvm already does:
+
+=========================  ==================================================
+upcall                     served by
+=========================  ==================================================
+publish, lookup,           :meth:`NodeServer.serve_data` -- the very path of a
+unpublish                  native client's request (node store for LOCAL, the
+                           router for every other range), as the process's
+                           :class:`PmixSession`
+fence, direct modex,       the master (:mod:`pydvm.runtime.collectives`) over
+connect, disconnect,       the node's uplink; the master asks the node hosting
+spawn, abort               a rank for its modex data (``dmodex`` below)
+client finalized,          answered here
+client connected
+=========================  ==================================================
+
+Sessions
+--------
+Each registered process gets one :class:`PmixSession`, a
+:class:`~pydvm.runtime.peers.PeerSession` like a native client's, so the
+routing code cannot tell them apart: it admits each request (id, cap),
+parks lookups under ``(session, id)`` tickets and sends the one answer with
+``send_answer`` or on the session's channel.  The session's channel
+(:class:`PmixChannel`) turns that answer -- a reply map, or a pre-encoded
+body a router passes on -- into the PMIx reply of the pending upcall.  The
+session's identity is the uid/gid the job was registered with (its owner),
+never the ``pmix.euid`` a client packs (the binding drops that claim).
+
+The session sits in its process's ``LocalProc.sessions``, so reaping the
+process closes it like a native connection (a client that dies without
+``PMIx_Finalize`` produces no upcall: reaping is what tells us): its parked
+lookups are dropped, what it had passed on is withdrawn, pending upcalls are
+answered, and later requests naming it are refused.  libpmix's own record
+of the client goes with its namespace, deregistered at the job's cleanup
+(its NSPACE purge) -- not at the reap, see :meth:`PmixHost.session_closed`.
+
+Values
+------
+A PMIx value becomes a store value: bare when its type is the default for
+its Python type (STRING str, BYTE_OBJECT bytes, INT64 int, DOUBLE float,
+BOOL bool), else :class:`~pydvm.store.Typed` keeping the type code; lookups
+turn them back, so a ``PMIX_UINT8`` comes back a ``PMIX_UINT8``.
+
+Partial lookups
+---------------
+libpmix 4.2 hands lookup data to its client only with ``PMIX_SUCCESS``.  A
+lookup the store answers ``PMIX_ERR_PARTIAL_SUCCESS`` (some keys found, or a
+``PMIX_WAIT`` count below the number of keys) is therefore answered
+``PMIX_SUCCESS`` with the keys found; the others stay ``PMIX_UNDEF`` in the
+caller's ``pmix_pdata_t`` array, which is how a C caller tells them apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..errors import Status
+from ..store import Caller, Typed
+from ..store.model import DEFAULT_TYPES
+from ..wire import MAX_FRAME, Message, unpack_body
+from .peers import PeerSession
+
+if TYPE_CHECKING:
+    from .node import LocalJob, NodeServer
+
+log = logging.getLogger("pydvm.pmix")
+
+#: What Open MPI 4.1 needs to accept a direct launch: without its ``orte``
+#: schizo component no launcher claims the process, so ``ess/pmi`` is chosen
+#: and MPI_Init talks to our server (docs/pmix.md).  No resource manager's
+#: variable is set, so no real RM tool can take these processes for its own.
+OMPI_DIRECT_LAUNCH = {"OMPI_MCA_schizo": "^orte"}
+#: How long a node waits for libpmix to hand over a local rank's modex data.
+DMODEX_TIMEOUT = 60.0
+
+
+def pmix_status():
+    """``(available, version or reason, library path)`` without starting anything."""
+    try:
+        from ..pmix import available
+    except Exception as exc:  # pragma: no cover - a broken install
+        return False, f"pydvm.pmix cannot be imported: {exc}", None
+    return available()
+
+
+class PmixChannel:
+    """The channel-like end of a :class:`PmixSession`.
+
+    The routing code answers a session by sending a reply map (or a
+    pre-encoded body) on ``session.channel``; here that answer is matched to
+    the pending upcall by its id and handed to libpmix.
+    """
+
+    write_paused = False
+
+    def __init__(self, host: "PmixHost", name: str) -> None:
+        self.host = host
+        self.name = name
+        self.session: PmixSession | None = None
+        self.closed = False
+
+    def send(self, msg: Message) -> None:
+        if self.session is not None:
+            self.session.deliver(msg)
+
+    def send_raw(self, body) -> None:
+        self.send(unpack_body(bytes(body)))
+
+    def on_drain(self, fn: Callable[[], None]) -> None:
+        fn()
+
+    def close(self, reason: str = "closed", *, error: bool = False) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if error:
+            log.warning("%s: closed: %s", self.name, reason)
+        self.host.session_closed(self.session, reason)
+
+
+class PmixSession(PeerSession):
+    """One registered PMIx process, as the routing code sees a client.
+
+    ``pending`` maps the ids this session gave its requests to the upcalls
+    still owed an answer; an id is in it exactly until :meth:`deliver`
+    answered it (or the session closed, answering them UNREACH).
+    """
+
+    kind = "pmix"
+
+    def __init__(self, host: "PmixHost", caller: Caller, max_outstanding: int | None) -> None:
+        super().__init__(PmixChannel(host, f"pmix {caller.nspace}:{caller.rank}"),
+                         max_outstanding)
+        self.caller = caller
+        self.pending: dict[int, Any] = {}
+        self._next = 0
+
+    @property
+    def proc_key(self) -> tuple[str, int]:
+        return (self.caller.nspace, self.caller.rank)
+
+    def new_id(self, req) -> int:
+        self._next += 1
+        self.pending[self._next] = req
+        return self._next
+
+    def send_answer(self, rid: int, out: Message) -> None:
+        self.deliver(out)
+
+    def deliver(self, msg: Message) -> None:
+        """Answer the upcall whose id ``msg`` replies to (a reply map)."""
+        rid = msg.get("id")
+        req = self.pending.pop(rid, None) if isinstance(rid, int) else None
+        if req is None:
+            return  # a refusal of something never admitted, or a late answer
+        status = msg.get("status", Status.ERR_BAD_PARAM)
+        try:
+            if req.kind == "lookup":
+                found = msg.get("found") or ()
+                if status == Status.ERR_PARTIAL_SUCCESS and found:
+                    status = Status.SUCCESS  # libpmix passes data only with SUCCESS
+                if status == Status.SUCCESS:
+                    req.reply(int(status), [(k, to_pmix(v), _proc(ns, r))
+                                            for k, v, ns, r in found])
+                else:
+                    req.reply(int(status))
+            else:
+                req.reply(int(status))
+        except Exception:
+            log.exception("%s: answering a %s failed", self.name, req.kind)
+            if not req.reply.done:
+                req.reply.fail(Status.ERR_BAD_PARAM)
+
+    def fail_all(self, status: int) -> None:
+        pending, self.pending = self.pending, {}
+        for req in pending.values():
+            if not req.reply.done:
+                req.reply.fail(status)
+
+
+def _proc(ns: str, rank: int):
+    from ..pmix import Proc
+    return Proc(ns, rank)
+
+
+def to_store(v) -> Any:
+    """A PMIx :class:`~pydvm.pmix.Value` as a store value (bare when default-typed)."""
+    x = v.value
+    if isinstance(x, str):
+        try:
+            x.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("a PMIX_STRING value that is not valid UTF-8") from None
+    if DEFAULT_TYPES.get(x.__class__) == v.type:
+        return x
+    return Typed(x, v.type)
+
+
+def to_pmix(x):
+    """A store value as a :class:`~pydvm.pmix.Value` with its PMIx type."""
+    from ..pmix import Value
+    if x.__class__ is Typed:
+        return Value(x.value, x.pmix_type)
+    return Value.of(x)
+
+
+class PmixHost:
+    """The node's PMIx server and the upcalls it serves (see the module docstring).
+
+    :meth:`start` returns False (and PMIx stays off on this node) when
+    libpmix is missing or refused; :attr:`status` says why, for ``pydvm info``
+    and for jobs that require PMIx.
+    """
+
+    def __init__(self, node: "NodeServer") -> None:
+        self.node = node
+        self.server = None
+        #: (available, version or reason, library path) -- what `pydvm info` shows.
+        self.status: tuple[bool, str, str | None] = (False, "not started", None)
+        #: (nspace, rank) -> the session of a registered local process.
+        self.sessions: dict[tuple[str, int], PmixSession] = {}
+        #: namespaces registered for this node's own processes.
+        self.local_nspaces: set[str] = set()
+        #: other nodes' namespaces registered here so that local processes
+        #: connected to them (MPI_Comm_connect, spawn) know their layout.
+        self.foreign: set[str] = set()
+
+    @property
+    def running(self) -> bool:
+        return self.server is not None
+
+    def start(self, tmpdir: str, mode: str) -> bool:
+        """Start the server (``mode``: the ``pydvm_pmix`` parameter).  Raises
+        RuntimeError when ``mode`` is ``on`` and PMIx cannot be hosted."""
+        if mode == "off":
+            self.status = (False, "disabled (pydvm_pmix=off)", None)
+            return False
+        ok, what, path = pmix_status()
+        if ok:
+            from ..pmix import PmixServer, cleanup_stale
+            try:
+                cleanup_stale(tmpdir)
+                # The store judges sizes against its cap (OUT_OF_RESOURCE); the
+                # binding only refuses what no frame could carry (BAD_PARAM).
+                server = PmixServer(max_value_size=MAX_FRAME // 2,
+                                    nspace=f"{self.node.dvm_nspace}-{self.node.node}")
+                server.start(tmpdir, asyncio.get_running_loop(), self)
+            except Exception as exc:
+                ok, what = False, f"cannot start the PMIx server: {exc}"
+            else:
+                self.server = server
+        self.status = (ok, what, path)
+        if not ok:
+            if mode == "on":
+                log.error("node %s: pydvm_pmix=on but PMIx cannot be hosted: %s",
+                          self.node.node, what)
+                raise RuntimeError(f"pydvm_pmix=on but PMIx cannot be hosted: {what}")
+            log.info("node %s: PMIx hosting unavailable: %s", self.node.node, what)
+        else:
+            log.info("node %s: PMIx server (%s) in %s", self.node.node, what, self.server.tmpdir)
+        return ok
+
+    def stop(self) -> None:
+        for s in list(self.sessions.values()):
+            s.channel.close("node server stopping")
+        if self.server is not None:
+            self.server.finalize()
+            self.server = None
+
+    # ------------------------------------------------------------------
+    # jobs and processes
+    # ------------------------------------------------------------------
+
+    def register_job(self, job: "LocalJob", layout: dict, uid: int, gid: int) -> None:
+        """Register a job's namespace with its job-level information (once per node)."""
+        ns = job.nspace
+        if ns in self.foreign:  # known as a peer's namespace; now it runs here too
+            self.server.deregister_nspace(ns)
+            self.foreign.discard(ns)
+        if ns in self.local_nspaces:
+            return
+        jl = job_layout(ns, layout, job.session_id)
+        from ..pmix.jobinfo import job_info
+        self.server.register_nspace(ns, jl.local_count(self.node.node),
+                                    job_info(jl, self.node.node))
+        self.local_nspaces.add(ns)
+
+    def register_proc(self, job: "LocalJob", rank: int, app_idx: int, uid: int,
+                      gid: int) -> dict[str, str]:
+        """Register one local process; returns the environment it needs."""
+        from ..pmix import Proc
+        proc = Proc(job.nspace, rank)
+        self.server.register_client(proc, uid, gid)
+        caller = Caller(job.nspace, rank, uid, gid, self.node.node, app_idx,
+                        job.session_id or None)
+        session = PmixSession(self, caller, self.node.values["pydvm_max_outstanding"])
+        self.sessions[(job.nspace, rank)] = session
+        lp = job.procs.get(rank)
+        if lp is not None:
+            lp.sessions.add(session)
+        env = self.server.setup_fork(proc)
+        env.update(OMPI_DIRECT_LAUNCH)
+        return env
+
+    def session_closed(self, session: PmixSession | None, reason: str) -> None:
+        """A process's session ended (it was reaped, its job ended, the node stops):
+        withdraw what it had outstanding and deregister it from libpmix."""
+        if session is None:
+            return
+        key = session.proc_key
+        if self.sessions.get(key) is session:
+            del self.sessions[key]
+        node = self.node
+        job = node.jobs.get(key[0])
+        lp = job.procs.get(key[1]) if job is not None else None
+        if lp is not None:
+            lp.sessions.discard(session)
+        for rid in list(session.parked):
+            if node.store.cancel((session, rid)):
+                session.parked.discard(rid)
+        node.router.withdraw_all(session)
+        session.fail_all(Status.ERR_UNREACH)
+        # No PMIx_server_deregister_client here: with libpmix 4.2.2, calling it
+        # for every reaped process eventually leaves the server deaf to new
+        # clients (see PmixServer.deregister_client).  The process can act no
+        # more anyway -- its session is gone, so any request naming it is
+        # refused NO_PERMISSIONS -- and the namespace's deregistration at the
+        # job's end releases libpmix's record of it.
+
+    def job_ended(self, nspace: str) -> None:
+        """The job's cleanup: its namespace leaves libpmix (local or foreign)."""
+        if self.server is None:
+            return
+        for key in [k for k in self.sessions if k[0] == nspace]:
+            self.sessions[key].channel.close(f"job {nspace} ended")
+        if nspace in self.local_nspaces or nspace in self.foreign:
+            self.local_nspaces.discard(nspace)
+            self.foreign.discard(nspace)
+            self.server.deregister_nspace(nspace)
+
+    def learn_nspaces(self, layouts: dict) -> None:
+        """Register other nodes' namespaces (from a connect's answer) not known here."""
+        from ..pmix.jobinfo import job_info
+        for ns, lay in (layouts or {}).items():
+            if ns in self.local_nspaces or ns in self.foreign:
+                continue
+            jl = job_layout(ns, lay, lay.get("session_id"))
+            try:
+                self.server.register_nspace(ns, 0, job_info(jl, self.node.node))
+            except Exception as exc:
+                log.warning("cannot register peer namespace %s: %s", ns, exc)
+                continue
+            self.foreign.add(ns)
+
+    # ------------------------------------------------------------------
+    # upcalls (on the loop thread)
+    # ------------------------------------------------------------------
+
+    def __call__(self, req) -> Any:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("upcall %s from %s", req.kind, getattr(req, "proc", None) or
+                      [str(p) for p in getattr(req, "procs", ())])
+        fn = getattr(self, "_up_" + req.kind, None)
+        if fn is None:
+            from ..pmix import constants as C
+            req.reply.fail(C.ERR_NOT_SUPPORTED)
+            return None
+        return fn(req)
+
+    def _up_client_connected(self, req) -> None:
+        req.reply()
+
+    def _up_client_finalized(self, req) -> None:
+        req.reply(Status.SUCCESS)
+
+    def _session_of(self, req) -> PmixSession | None:
+        s = self.sessions.get((req.proc.nspace, req.proc.rank))
+        if s is None or s.closed:
+            req.reply.fail(Status.ERR_NO_PERMISSIONS)
+            return None
+        return s
+
+    def _up_publish(self, req) -> None:
+        s = self._session_of(req)
+        if s is None:
+            return
+        try:
+            pairs = {k: to_store(v) for k, v in req.pairs.items()}
+        except ValueError:
+            req.reply.fail(Status.ERR_BAD_PARAM)
+            return
+        msg = {"t": "publish", "id": s.new_id(req), "pairs": pairs,
+               "persist": req.persistence, "uids": list(req.access_uids or ()),
+               "gids": list(req.access_gids or ()), "replace": False}
+        if req.range is not None:
+            msg["range"] = req.range
+        self.node.serve_data(s, msg)
+
+    def _up_lookup(self, req) -> None:
+        s = self._session_of(req)
+        if s is None:
+            return
+        msg = {"t": "lookup", "id": s.new_id(req), "keys": list(req.keys), "wait": req.wait,
+               "timeout": req.timeout or None}
+        if req.range is not None:
+            msg["range"] = req.range
+        self.node.serve_data(s, msg)
+
+    def _up_unpublish(self, req) -> None:
+        s = self._session_of(req)
+        if s is None:
+            return
+        self.node.serve_data(s, {"t": "unpublish", "id": s.new_id(req),
+                                 "keys": None if req.keys is None else list(req.keys)})
+
+    # -- what the master coordinates --------------------------------------
+
+    def _ask_master(self, msg: Message, answered: Callable[[Message], None]) -> None:
+        self.node.uplink.request(msg, answered)
+
+    def _up_fence(self, req) -> None:
+        def answered(r: Message) -> None:
+            req.reply(r.get("status", Status.ERR_UNREACH), r.get("data") or b"")
+        self._ask_master({"t": "fence", "procs": _procs(req.procs), "data": req.data,
+                          "collect": req.collect, "timeout": req.timeout}, answered)
+
+    def _up_direct_modex(self, req) -> None:
+        def answered(r: Message) -> None:
+            req.reply(r.get("status", Status.ERR_UNREACH), r.get("data") or b"")
+        self._ask_master({"t": "dmodex", "nspace": req.proc.nspace, "rank": req.proc.rank},
+                         answered)
+
+    def _up_abort(self, req) -> None:
+        def answered(r: Message) -> None:
+            req.reply(r.get("status", Status.ERR_UNREACH))
+        self._ask_master({"t": "abort", "nspace": req.proc.nspace, "rank": req.proc.rank,
+                          "status": req.status, "msg": req.message or "",
+                          "procs": _procs(req.procs)}, answered)
+
+    def _up_connect(self, req) -> None:
+        def answered(r: Message) -> None:
+            if r.get("status") == Status.SUCCESS:
+                self.learn_nspaces(r.get("layouts"))
+            req.reply(r.get("status", Status.ERR_UNREACH))
+        self._ask_master({"t": "connect", "procs": _procs(req.procs)}, answered)
+
+    def _up_disconnect(self, req) -> None:
+        def answered(r: Message) -> None:
+            req.reply(r.get("status", Status.ERR_UNREACH))
+        self._ask_master({"t": "disconnect", "procs": _procs(req.procs)}, answered)
+
+    def _up_spawn(self, req) -> None:
+        apps = [{"cmd": a.cmd, "argv": list(a.argv), "env": list(a.env), "cwd": a.cwd,
+                 "maxprocs": a.maxprocs} for a in req.apps]
+
+        def answered(r: Message) -> None:
+            ok = r.get("status") == Status.SUCCESS
+            req.reply(r.get("status", Status.ERR_UNREACH), r.get("nspace") if ok else None)
+        self._ask_master({"t": "spawn", "parent": [req.proc.nspace, req.proc.rank],
+                          "apps": apps}, answered)
+
+    # -- the master asks us ------------------------------------------------
+
+    async def dmodex(self, msg: Message) -> Message:
+        """Another node wants the modex data a local rank posted."""
+        from ..pmix import Proc
+        from ..wire import reply
+        ns, rank = msg.get("nspace"), msg.get("rank")
+        if self.server is None or (ns, rank) not in self.sessions:
+            return reply(msg.get("id"), Status.ERR_NOT_FOUND, f"{ns}:{rank} is not served here")
+        try:
+            status, blob = await asyncio.wait_for(self.server.dmodex_request(Proc(ns, rank)),
+                                                  DMODEX_TIMEOUT)
+        except asyncio.TimeoutError:
+            return reply(msg.get("id"), Status.ERR_TIMEOUT,
+                         f"{ns}:{rank} posted no modex data within {DMODEX_TIMEOUT:.0f}s")
+        return reply(msg.get("id"), status, data=blob)
+
+
+def _procs(procs) -> list[list]:
+    return [[p.nspace, p.rank] for p in procs]
+
+
+def job_layout(nspace: str, layout: dict, session_id: int | None):
+    """The master's layout message (``nodes``, ``apps``, ``parent``) as a JobLayout."""
+    from ..pmix import Proc
+    from ..pmix import constants as C
+    from ..pmix.jobinfo import JobLayout
+    extra = []
+    parent = layout.get("parent")
+    if parent:
+        extra = [(C.SPAWNED, True), (C.PARENT_ID, Proc(parent[0], parent[1]))]
+    return JobLayout(nspace, {n: list(r) for n, r in layout["nodes"].items()},
+                     apps=list(layout.get("apps") or []) or None,
+                     session_id=session_id, extra=extra)
+

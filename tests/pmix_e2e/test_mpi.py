@@ -1,0 +1,95 @@
+"""Open MPI 4.1 and mpi4py programs started by ``pydvm run`` (no mpirun).
+
+MPI_Init/Finalize, the name service, collectives (modex fences through the
+master when ranks are on two nodes), MPMD app numbers, accept/connect
+between two jobs, MPI_Comm_spawn and mpi4py.futures.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import CLIENTS, FAR, HEAD, PMIX_CLIENTS
+from dvmkit import LineReader, finish, lines
+
+PLACEMENTS = {"head": [f"{HEAD}:2"], "daemon": [f"{FAR}:2"], "both": [f"{HEAD}:1,{FAR}:1"]}
+
+
+@pytest.mark.parametrize("where", list(PLACEMENTS))
+def test_mpi_init_and_the_name_service(pdvm, mpicc, where):
+    """Two ranks (on the head node, a daemon node, or one on each): MPI_Publish_name /
+    MPI_Lookup_name / MPI_Unpublish_name served by pydvm's store; a missing name is
+    MPI_ERR_NAME; MPI_Info range/persistence arrive."""
+    exe = mpicc("mpi_names")
+    p = pdvm.run("--tag-output", "--host", *PLACEMENTS[where], "-n", "2", exe)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout
+    for r in (0, 1):
+        assert f",{r}] INIT rank={r} size=2 appnum=0" in out
+        assert f",{r}] LOOKUP rc=0 port=port-of-rank-0" in out
+        assert f",{r}] LOOKUP2 rc=38 class=38" in out
+        assert f",{r}] LOOKUP3 rc=0 port=port-of-rank-0" in out
+        assert f",{r}] FINALIZE rank={r}" in out
+    assert pdvm.store()["master"]["items"] == 0  # pydvm-svc2 (APP) went with the job
+
+
+def test_mpi4py_names_and_allgather_across_two_nodes(pdvm, mpi4py_python):
+    p = pdvm.run("--host", f"{HEAD}:1,{FAR}:1", "-n", "2", mpi4py_python,
+                 str(PMIX_CLIENTS / "mpi4py_names.py"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("LOOKUP port=py-port-0") == 2
+    assert p.stdout.count("LOOKUP2 error_class=38") == 2
+    assert p.stdout.count("ALLGATHER [0, 10]") == 2
+
+
+def test_mpmd_ranks_get_their_app_numbers_across_nodes(pdvm, mpicc):
+    exe = mpicc("mpi_names")
+    p = pdvm.run("--host", HEAD, "-n", "1", exe, ":", "--host", FAR, "-n", "1", exe)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "INIT rank=0 size=2 appnum=0" in p.stdout
+    assert "INIT rank=1 size=2 appnum=1" in p.stdout
+
+
+@pytest.mark.parametrize("server_node,client_node", [(FAR, HEAD), (HEAD, HEAD)],
+                         ids=["two-nodes", "one-node"])
+def test_accept_connect_between_two_jobs(pdvm, mpicc, server_node, client_node):
+    """A server job publishes its port and accepts; a separate client job looks it up
+    and connects; they exchange messages over the intercommunicator and disconnect."""
+    server, client = mpicc("mpi_server"), mpicc("mpi_client")
+    svc = f"svc-{server_node}-{client_node}"
+    bg = pdvm.run_bg("--host", server_node, "-n", "1", server, svc)
+    out = LineReader(bg.stdout)
+    try:
+        assert out.wait_line("PUBLISHED") == "PUBLISHED rc=0"
+        p = pdvm.run("--host", client_node, "-n", "1", client, svc)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert lines(p, "CONNECT") == ["CONNECT rc=0"]
+        assert lines(p, "RECV") == ["RECV val=42"]
+        assert finish(bg) == 0
+    finally:
+        if bg.poll() is None:
+            bg.kill()
+    got = out.join()
+    assert "ACCEPT rc=0" in got and "GOT back=43" in got and "DONE" in got
+    assert pdvm.store()["master"]["items"] == 0
+
+
+def test_mpi_comm_spawn_starts_a_child_job_whose_output_reaches_the_parents_run(pdvm, mpicc):
+    exe = mpicc("mpi_spawn")
+    p = pdvm.run("--tag-output", "--host", HEAD, "-n", "1", exe, "2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    parent = lines(p, "[")
+    spawn = [ln for ln in parent if "SPAWN rc=0" in ln]
+    assert len(spawn) == 1
+    pns = spawn[0][1:].split(",")[0]
+    kids = [ln for ln in parent if "CHILD rank=" in ln]
+    assert len(kids) == 2, p.stdout
+    assert all(not ln.startswith(f"[{pns},") for ln in kids)  # a job of its own
+    assert any("PARENT sum=3" in ln for ln in parent)
+    assert pdvm.store()["master"]["items"] == 0
+
+
+def test_mpi4py_futures_pool_spawns_its_workers(pdvm, mpi4py_python):
+    p = pdvm.run("--host", FAR, "-n", "1", mpi4py_python, str(CLIENTS / "mpi4py_futures.py"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "RESULTS [32, 9, 64]" in p.stdout and "POOL DONE" in p.stdout
