@@ -14,7 +14,7 @@ import pytest
 
 from pydvm.store import DataStore, Reply, StoreParams
 from pydvm.store.clock import FakeScheduler
-from pydvm.store.store import DEFAULT_MAX_SIZE, DEFAULT_TIMEOUT
+from pydvm.store import DEFAULT_MAX_SIZE, DEFAULT_TIMEOUT
 
 
 class StoreEnv:

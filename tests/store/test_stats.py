@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 
 from pydvm.store import Reason
-from pydvm.store.store import PURGE_REASON, SWEEP_BUDGET
+from pydvm.store.results import PURGE_REASON
+from pydvm.store.store import SWEEP_BUDGET
 from storekit import Persistence as P, Status, alice, alice2, bob
 
 

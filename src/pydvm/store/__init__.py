@@ -17,10 +17,9 @@ See ``DESIGN.md`` in this directory for the contracts.
 from .clock import Clock, FakeScheduler, MonotonicClock, Timer, TimerHandle
 from .model import (ACCESSOR_OVERHEAD, ITEM_OVERHEAD, Caller, Item, Typed, item_nbytes,
                     pmix_type_of, value_size)
-from .store import (
+from .results import (
     DEFAULT_MAX_SIZE,
     DEFAULT_TIMEOUT,
-    DataStore,
     Found,
     KeyInfo,
     Pending,
@@ -29,6 +28,7 @@ from .store import (
     StoreParams,
     StoreStats,
 )
+from .store import DataStore
 
 __all__ = [
     "ACCESSOR_OVERHEAD",
