@@ -22,3 +22,33 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = f"skipped where nothing may skip (PYDVM_NO_SKIP=1): {reason}"
+
+
+# ----------------------------------------------------------------------
+# Parallel runs (pytest-xdist, ``--dist loadgroup``): what must not overlap
+# ----------------------------------------------------------------------
+
+#: Parts that use machine-wide resources run as one group each, on one worker,
+#: in order: test hosts named a/b/c (network namespaces), the users the suite
+#: creates, the Slurm cluster.  Different groups use different namespace
+#: names and subnets (see their hostnet/cluster modules), so they may overlap.
+SERIAL_DIRS = ("multinode", "multiuser", "slurm")
+#: Modules whose module- or session-scoped fixtures are costly (a DVM, a
+#: cluster, compiled clients, test hosts): kept on one worker so they are set
+#: up once.
+WHOLE_MODULES = ("pmix", "pmix_e2e", "e2e/test_snippets.py", "e2e/test_hardening.py",
+                 "e2e/test_fuzz.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    here = os.path.dirname(__file__)
+    for item in items:
+        rel = os.path.relpath(str(item.path), here)
+        top = rel.split(os.sep, 1)[0]
+        if top in SERIAL_DIRS:
+            group = top
+        elif top in WHOLE_MODULES or rel in WHOLE_MODULES:
+            group = rel
+        else:
+            continue
+        item.add_marker(pytest.mark.xdist_group(group))

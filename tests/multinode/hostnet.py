@@ -8,12 +8,18 @@ Each host ``pdvm<tag>-hN`` is a network namespace with its own loopback and an
 of these hosts.  Daemons reach the master over their own network stack, so
 losing a host's link is a real network failure, not a process signal.
 
+Hosts with given names (``want``) are machine-wide: two test runs on one
+machine (say, two checkouts) would tear down each other's.  A lock file per
+set of names (``/run/lock/pydvm-hostnet-<names>.lock``) makes the second
+wait for the first.
+
 Creating namespaces needs root and iproute2; :func:`unavailable_reason`
 says why not when they cannot be made.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -50,6 +56,7 @@ class HostNet:
     #: host (namespace) names; default ``pdvm<tag>-h1`` ... ``-hN``.
     want: list[str] | None = None
     names: list[str] = field(default_factory=list)
+    _lock: int | None = None
 
     @property
     def prefix(self) -> str:
@@ -70,15 +77,28 @@ class HostNet:
         return f"{self.prefix}-v{i}"
 
     def __enter__(self) -> "HostNet":
+        key = "-".join(sorted(self.want)) if self.want else self.prefix
+        lock_dir = "/run/lock" if os.path.isdir("/run/lock") else "/tmp"
+        self._lock = os.open(f"{lock_dir}/pydvm-hostnet-{key}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)  # released by close, even if we crash
         try:
             self.up()
         except BaseException:
             self.down()
+            self._unlock()
             raise
         return self
 
     def __exit__(self, *exc) -> None:
-        self.down()
+        try:
+            self.down()
+        finally:
+            self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
     def up(self) -> None:
         self.down()  # leftovers of a crashed earlier run with the same tag

@@ -12,6 +12,7 @@ when no such interpreter can be made.
 from __future__ import annotations
 
 import json
+import fcntl
 import os
 import pwd
 import shutil
@@ -73,7 +74,14 @@ def mu_python(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def users(mu_python) -> dict[str, int]:
-    """Three throw-away users; name -> uid.  Removed at the end of the run."""
+    """Three throw-away users; name -> uid.  Removed at the end of the run.
+
+    The users are machine-wide, so a second run on this machine (another
+    checkout) waits on a lock file until this one has removed them.
+    """
+    lock = os.open("/run/lock/pydvm-test-users.lock" if os.path.isdir("/run/lock")
+                   else "/tmp/pydvm-test-users.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)
     made = {}
     try:
         for name in USERS:
@@ -87,6 +95,7 @@ def users(mu_python) -> dict[str, int]:
         for name in made:
             subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True, timeout=30)
             subprocess.run(["userdel", name], capture_output=True, timeout=30)
+        os.close(lock)
 
 
 @dataclass
