@@ -11,8 +11,8 @@ when no such interpreter can be made.
 
 from __future__ import annotations
 
-import json
 import fcntl
+import json
 import os
 import pwd
 import shutil
