@@ -42,7 +42,8 @@ def test_value_size_per_type(value, size):
     assert value_size(value) == size
 
 
-@pytest.mark.parametrize("bad", [None, [1], {"a": 1}, (1,), object()], ids=repr)
+@pytest.mark.parametrize("bad", [None, [1], {"a": 1}, (1,), object()],
+                         ids=lambda v: "object()" if type(v) is object else repr(v))
 def test_value_size_rejects_unsupported_types(bad):
     """Values other than str/bytes/int/float/bool are not accountable."""
     with pytest.raises(TypeError):
