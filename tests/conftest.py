@@ -25,12 +25,12 @@ def pytest_runtest_makereport(item, call):
 
 
 # ----------------------------------------------------------------------
-# Parallel runs (pytest-xdist, ``--dist loadgroup``): what must not overlap
+# Parallel runs (pytest-xdist): what must not overlap
 # ----------------------------------------------------------------------
 
-#: Parts that use machine-wide resources run as one group each, on one worker,
+#: Parts that use machine-wide resources run as one unit each, on one worker,
 #: in order: test hosts named a/b/c (network namespaces), the users the suite
-#: creates, the Slurm cluster.  Different groups use different namespace
+#: creates, the Slurm cluster.  Different units use different namespace
 #: names and subnets (see their hostnet/cluster modules), so they may overlap.
 SERIAL_DIRS = ("multinode", "multiuser", "slurm")
 #: Modules whose module- or session-scoped fixtures are costly (a DVM, a
@@ -40,15 +40,25 @@ WHOLE_MODULES = ("pmix", "pmix_e2e", "e2e/test_snippets.py", "e2e/test_hardening
                  "e2e/test_fuzz.py")
 
 
-def pytest_collection_modifyitems(config, items):
-    here = os.path.dirname(__file__)
-    for item in items:
-        rel = os.path.relpath(str(item.path), here)
-        top = rel.split(os.sep, 1)[0]
-        if top in SERIAL_DIRS:
-            group = top
-        elif top in WHOLE_MODULES or rel in WHOLE_MODULES:
-            group = rel
-        else:
-            continue
-        item.add_marker(pytest.mark.xdist_group(group))
+def unit_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: its directory or module, else itself."""
+    path = nodeid.split("::", 1)[0]
+    rel = path[len("tests/"):] if path.startswith("tests/") else path
+    top = rel.split("/", 1)[0]
+    if top in SERIAL_DIRS:
+        return top
+    if top in WHOLE_MODULES or rel in WHOLE_MODULES:
+        return rel
+    return nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Hand out whole units (:func:`unit_of`) to workers, the rest test by test."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return UnitScheduling(config, log)
