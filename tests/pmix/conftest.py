@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +17,13 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+
+from cbuild import (build_pmix_ops, find_mpi4py_python, mpicc_builder,  # noqa: E402
+                    require_libpmix)
+
 CLIENTS = HERE / "clients"
 HARNESS = HERE / "harness.py"
-PMIX_INCLUDE = "/usr/lib/x86_64-linux-gnu/pmix2/include"
 
 
 def pytest_collection_modifyitems(items):
@@ -31,24 +34,7 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def libpmix():
-    from pydvm import pmix
-    ok, why, path = pmix.available()
-    if not ok:
-        pytest.skip(f"libpmix unusable: {why}")
-    return why
-
-
-def _pmix_cflags() -> list[str]:
-    try:
-        out = subprocess.run(["pkg-config", "--cflags", "--libs", "pmix"], capture_output=True,
-                             text=True, check=True).stdout.split()
-        if out:
-            return out
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    if os.path.exists(os.path.join(PMIX_INCLUDE, "pmix.h")):
-        return [f"-I{PMIX_INCLUDE}", "-lpmix"]
-    return []
+    return require_libpmix()
 
 
 @pytest.fixture(scope="session")
@@ -59,46 +45,19 @@ def build_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def pmix_ops(libpmix, build_dir):
     """The scriptable C client (tests/pmix/clients/pmix_ops.c), built with gcc -lpmix."""
-    if not shutil.which("gcc"):
-        pytest.skip("gcc not installed (apt-get install gcc)")
-    flags = _pmix_cflags()
-    if not flags:
-        pytest.skip("PMIx headers not found (apt-get install libpmix-dev)")
-    exe = build_dir / "pmix_ops"
-    r = subprocess.run(["gcc", "-O1", "-Wall", "-o", str(exe), str(CLIENTS / "pmix_ops.c"),
-                        *flags], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return str(exe)
+    return build_pmix_ops(build_dir)
 
 
 @pytest.fixture(scope="session")
 def mpicc_build(libpmix, build_dir):
     """Build an Open MPI C client by name (clients/<name>.c) with mpicc."""
-    if not shutil.which("mpicc"):
-        pytest.skip("mpicc not installed (apt-get install libopenmpi-dev openmpi-bin)")
-    built: dict[str, str] = {}
-
-    def build(name: str) -> str:
-        if name not in built:
-            exe = build_dir / name
-            r = subprocess.run(["mpicc", "-o", str(exe), str(CLIENTS / f"{name}.c")],
-                               capture_output=True, text=True)
-            assert r.returncode == 0, r.stderr
-            built[name] = str(exe)
-        return built[name]
-
-    return build
+    return mpicc_builder(build_dir, CLIENTS)
 
 
 @pytest.fixture(scope="session")
 def mpi4py_python(libpmix):
     """A Python interpreter that has mpi4py (this one, else Debian's /usr/bin/python3)."""
-    for py in (sys.executable, "/usr/bin/python3"):
-        if py and os.path.exists(py):
-            r = subprocess.run([py, "-c", "import mpi4py"], capture_output=True)
-            if r.returncode == 0:
-                return py
-    pytest.skip("mpi4py not installed (apt-get install python3-mpi4py)")
+    return find_mpi4py_python()
 
 
 #: What Open MPI 4.1 needs to accept a direct launch (see docs/pmix.md).

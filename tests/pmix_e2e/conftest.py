@@ -10,11 +10,8 @@ only where libpmix, gcc and the PMIx headers, mpicc or mpi4py are missing
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,10 +21,12 @@ HERE = Path(__file__).parent
 CLIENTS = HERE / "clients"
 PMIX_CLIENTS = HERE.parent / "pmix" / "clients"
 sys.path.insert(0, str(HERE.parent / "e2e"))
+sys.path.insert(0, str(HERE.parent / "pmix"))
 
 import dvmkit  # noqa: E402
+from cbuild import (build_pmix_ops, find_mpi4py_python, mpicc_builder,  # noqa: E402
+                    require_libpmix)
 
-PMIX_INCLUDE = "/usr/lib/x86_64-linux-gnu/pmix2/include"
 HEAD = socket.gethostname()
 FAR = "far"
 #: the two ways a node is served: by the master process, or by a daemon.
@@ -43,24 +42,7 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def libpmix():
-    from pydvm import pmix
-    ok, why, _ = pmix.available()
-    if not ok:
-        pytest.skip(f"libpmix unusable (apt-get install libpmix2): {why}")
-    return why
-
-
-def _pmix_cflags() -> list[str]:
-    try:
-        out = subprocess.run(["pkg-config", "--cflags", "--libs", "pmix"], capture_output=True,
-                             text=True, check=True).stdout.split()
-        if out:
-            return out
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    if os.path.exists(os.path.join(PMIX_INCLUDE, "pmix.h")):
-        return [f"-I{PMIX_INCLUDE}", "-lpmix"]
-    return []
+    return require_libpmix()
 
 
 @pytest.fixture(scope="session")
@@ -71,49 +53,19 @@ def build_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def pmix_ops(libpmix, build_dir):
     """tests/pmix/clients/pmix_ops.c: one PMIx operation per argument."""
-    if not shutil.which("gcc"):
-        pytest.skip("gcc not installed (apt-get install gcc)")
-    flags = _pmix_cflags()
-    if not flags:
-        pytest.skip("PMIx headers not found (apt-get install libpmix-dev)")
-    exe = build_dir / "pmix_ops"
-    r = subprocess.run(["gcc", "-O1", "-Wall", "-o", str(exe), str(PMIX_CLIENTS / "pmix_ops.c"),
-                        *flags], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return str(exe)
+    return build_pmix_ops(build_dir)
 
 
 @pytest.fixture(scope="session")
 def mpicc(libpmix, build_dir):
     """Build an Open MPI C program by name (clients/<name>.c here, else tests/pmix/clients)."""
-    if not shutil.which("mpicc"):
-        pytest.skip("mpicc not installed (apt-get install libopenmpi-dev openmpi-bin)")
-    built: dict[str, str] = {}
-
-    def build(name: str) -> str:
-        if name not in built:
-            src = CLIENTS / f"{name}.c"
-            if not src.exists():
-                src = PMIX_CLIENTS / f"{name}.c"
-            exe = build_dir / name
-            r = subprocess.run(["mpicc", "-o", str(exe), str(src)], capture_output=True,
-                               text=True)
-            assert r.returncode == 0, r.stderr
-            built[name] = str(exe)
-        return built[name]
-
-    return build
+    return mpicc_builder(build_dir, CLIENTS, PMIX_CLIENTS)
 
 
 @pytest.fixture(scope="session")
 def mpi4py_python(libpmix):
     """A Python that has mpi4py (Debian's /usr/bin/python3 with python3-mpi4py)."""
-    for py in (sys.executable, "/usr/bin/python3"):
-        if py and os.path.exists(py):
-            r = subprocess.run([py, "-c", "import mpi4py"], capture_output=True)
-            if r.returncode == 0:
-                return py
-    pytest.skip("mpi4py not installed (apt-get install python3-mpi4py)")
+    return find_mpi4py_python()
 
 
 @pytest.fixture(scope="module")
