@@ -473,3 +473,49 @@ def test_reissue_passes_an_envelope_payload_on_as_the_same_object():
     dataops.reissue(send, To(), {"t": "lookup", "id": 6, "keys": ["k"]}, {"t": "lookup"}, out)
     sent[-1][1]({"t": "reply", "id": 78, "status": -46})
     assert answered == [(6, {"t": "reply", "id": 6, "status": -46})]
+
+
+# ---------------------------------------------------------------------------
+# in-process links: the same request bookkeeping as a socket's Channel
+# ---------------------------------------------------------------------------
+
+import asyncio  # noqa: E402
+
+from pydvm.wire import local_pair  # noqa: E402
+
+
+def test_a_cancelled_call_on_an_in_process_link_withdraws_its_request_at_the_peer():
+    """A caller that gives up (its task cancelled) leaves nothing parked at the other end:
+    the peer gets a ``cancel`` naming the request, as over a socket."""
+
+    async def scenario():
+        ours, theirs = local_pair("here", "there")
+        seen: list[dict] = []
+        theirs.on_message = lambda ch, m: seen.append(m)  # never answers: a parked lookup
+        task = asyncio.ensure_future(ours.call({"t": "lookup", "keys": ["k"]}))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.01)
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert [m["t"] for m in seen] == ["lookup", "cancel"]
+    assert seen[1]["ref"] == seen[0]["id"]
+
+
+def test_closing_an_in_process_link_answers_outstanding_requests_unreach():
+    async def scenario():
+        ours, theirs = local_pair("here", "there")
+        got: list[dict] = []
+        ours.request({"t": "lookup"}, got.append)
+        theirs.close("gone")
+        await asyncio.sleep(0.01)
+        late: list[dict] = []
+        ours.request({"t": "lookup"}, late.append)
+        return got, late
+
+    got, late = asyncio.run(scenario())
+    assert [(r["status"], r["msg"]) for r in got] == [(-25, "link here closed: gone")]
+    assert late[0]["status"] == -25 and late[0]["msg"] == "link here is closed"

@@ -243,7 +243,96 @@ class FrameDecoder:
         return len(self._buf)
 
 
-class Channel(asyncio.Protocol):
+class Requests:
+    """Request/reply bookkeeping shared by :class:`Channel` and :class:`LocalEnd`.
+
+    A subclass provides ``name``, ``closed``, ``send(msg)`` and the two
+    texts of the locally made UNREACH replies (``_closed_text`` when a
+    request is made on a closed link, ``_lost_text`` when the link ends with
+    requests outstanding; both formatted with ``name`` and ``reason``).
+    """
+
+    name: str
+    closed: bool
+    _closed_text = "connection to {name} is closed"
+    _lost_text = "connection to {name} lost: {reason}"
+
+    def _init_requests(self) -> None:
+        self._pending: dict[int, ReplyCallback] = {}
+        self._next_id = 0
+
+    def send(self, msg: Message) -> None:  # pragma: no cover - provided by subclasses
+        raise NotImplementedError
+
+    def request(self, msg: Message, callback: ReplyCallback) -> int | None:
+        """Send ``msg`` with a fresh ``id``; ``callback`` gets the reply.
+
+        Returns the id, or None if the link is closed -- then ``callback``
+        has already run with an UNREACH reply.
+        """
+        self._next_id += 1
+        rid = self._next_id
+        msg["id"] = rid
+        if self.closed:
+            callback(reply(rid, Status.ERR_UNREACH, self._closed_text.format(name=self.name)))
+            return None
+        self._pending[rid] = callback
+        self.send(msg)
+        return rid
+
+    def forget(self, rid: int) -> None:
+        """Stop waiting for the reply to ``rid`` (it will be ignored)."""
+        self._pending.pop(rid, None)
+
+    def withdraw(self, rid: int | None) -> None:
+        """Give up on request ``rid``: forget it here and tell the peer to
+        drop it (``cancel``), so a parked lookup leaves the store."""
+        if rid is None or rid not in self._pending:
+            return
+        self.forget(rid)
+        self.send({"t": "cancel", "ref": rid})
+
+    async def call(self, msg: Message, timeout: float | None = None) -> Message:
+        """Awaitable :meth:`request`; a timeout yields a TIMEOUT reply."""
+        fut = asyncio.get_running_loop().create_future()
+
+        def done(r: Message) -> None:
+            if not fut.done():
+                fut.set_result(r)
+
+        rid = self.request(msg, done)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            self.withdraw(rid)
+            return reply(rid, Status.ERR_TIMEOUT, f"no reply from {self.name} in {timeout}s")
+        except asyncio.CancelledError:
+            # The caller gave up (task cancelled): nothing may stay behind,
+            # here or at the peer -- a waiting lookup would stay parked.
+            self.withdraw(rid)
+            raise
+
+    def _take_reply(self, msg: Message) -> bool:
+        """Run the callback waiting for reply ``msg``; False if none waits."""
+        rid = msg.get("id")
+        cb = self._pending.pop(rid, None) if _hashable(rid) else None
+        if cb is None:
+            return False
+        cb(msg)
+        return True
+
+    def _fail_pending(self, reason: str) -> None:
+        """Answer every outstanding request UNREACH (the link has ended)."""
+        pending, self._pending = self._pending, {}
+        for rid, cb in pending.items():
+            try:
+                cb(reply(rid, Status.ERR_UNREACH,
+                         self._lost_text.format(name=self.name, reason=reason)))
+            except Exception:
+                log.exception("%s: reply callback failed", self.name)
+
+
+class Channel(Requests, asyncio.Protocol):
     """One framed connection, with request/reply bookkeeping.
 
     ``on_message(channel, msg)`` receives every frame that is not a reply to
@@ -276,8 +365,7 @@ class Channel(asyncio.Protocol):
         self.write_paused = False
         self._drain_waiters: list[Callable[[], None]] = []
         self._decoder = FrameDecoder(max_frame)
-        self._pending: dict[int, ReplyCallback] = {}
-        self._next_id = 0
+        self._init_requests()
         self._closed_waiter: asyncio.Future | None = None
         #: time.monotonic() of the last bytes received (for heartbeats).
         self.last_rx = time.monotonic()
@@ -311,11 +399,8 @@ class Channel(asyncio.Protocol):
         for msg in messages:
             if self.closed:
                 return
-            if msg["t"] == "reply":
-                cb = self._pending.pop(msg.get("id"), None) if _hashable(msg.get("id")) else None
-                if cb is not None:
-                    cb(msg)
-                    continue
+            if msg["t"] == "reply" and self._take_reply(msg):
+                continue
             # Anything else -- including a reply to no request of ours (a
             # forgotten or forged id) -- goes to the handler, which must
             # answer through refuse() so that answers are never answered.
@@ -378,54 +463,6 @@ class Channel(asyncio.Protocol):
     def send_error(self, status: Status, text: str) -> None:
         self.send({"t": "error", "status": int(status), "msg": text})
 
-    def request(self, msg: Message, callback: ReplyCallback) -> int | None:
-        """Send ``msg`` with a fresh ``id``; ``callback`` gets the reply.
-
-        Returns the id, or None if the connection is closed -- then
-        ``callback`` has already run with an UNREACH reply.
-        """
-        self._next_id += 1
-        rid = self._next_id
-        msg["id"] = rid
-        if self.closed:
-            callback(reply(rid, Status.ERR_UNREACH, f"connection to {self.name} is closed"))
-            return None
-        self._pending[rid] = callback
-        self.send(msg)
-        return rid
-
-    def forget(self, rid: int) -> None:
-        """Stop waiting for the reply to ``rid`` (it will be ignored)."""
-        self._pending.pop(rid, None)
-
-    async def call(self, msg: Message, timeout: float | None = None) -> Message:
-        """Awaitable :meth:`request`; a timeout yields a TIMEOUT reply."""
-        fut = asyncio.get_running_loop().create_future()
-
-        def done(r: Message) -> None:
-            if not fut.done():
-                fut.set_result(r)
-
-        rid = self.request(msg, done)
-        try:
-            return await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
-            self.withdraw(rid)
-            return reply(rid, Status.ERR_TIMEOUT, f"no reply from {self.name} in {timeout}s")
-        except asyncio.CancelledError:
-            # The caller gave up (task cancelled): nothing may stay behind,
-            # here or at the peer -- a waiting lookup would stay parked.
-            self.withdraw(rid)
-            raise
-
-    def withdraw(self, rid: int | None) -> None:
-        """Give up on request ``rid``: forget it here and tell the peer to
-        drop it (``cancel``), so a parked lookup leaves the store."""
-        if rid is None or rid not in self._pending:
-            return
-        self.forget(rid)
-        self.send({"t": "cancel", "ref": rid})
-
     # -- closing ----------------------------------------------------------------
 
     def close(self, reason: str = "closed", *, error: bool = False) -> None:
@@ -449,12 +486,7 @@ class Channel(asyncio.Protocol):
             self.close_reason = reason
         self.write_paused = False
         self.resume_writing()  # nothing will be read any more: release every waiter
-        pending, self._pending = self._pending, {}
-        for rid, cb in pending.items():
-            try:
-                cb(reply(rid, Status.ERR_UNREACH, f"connection to {self.name} lost: {reason}"))
-            except Exception:
-                log.exception("%s: reply callback failed", self.name)
+        self._fail_pending(reason)
         if self.on_close is not None:
             on_close, self.on_close = self.on_close, None
             on_close(self, reason)
@@ -469,7 +501,7 @@ class Channel(asyncio.Protocol):
         return await self._closed_waiter
 
 
-class LocalEnd:
+class LocalEnd(Requests):
     """One end of an in-process link: the :class:`Channel` interface without a socket.
 
     The master serves its own node with the same node-serving component a
@@ -482,6 +514,8 @@ class LocalEnd:
 
     local = True
     write_paused = False
+    _closed_text = "link {name} is closed"
+    _lost_text = "link {name} closed: {reason}"
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -492,8 +526,7 @@ class LocalEnd:
         self.closed = False
         self.close_reason = ""
         self.last_rx = time.monotonic()
-        self._pending: dict[int, ReplyCallback] = {}
-        self._next_id = 0
+        self._init_requests()
         self._loop = asyncio.get_running_loop()
 
     def send(self, msg: Message) -> None:
@@ -509,51 +542,13 @@ class LocalEnd:
         if self.closed:
             return
         self.last_rx = time.monotonic()
-        if msg.get("t") == "reply":
-            rid = msg.get("id")
-            cb = self._pending.pop(rid, None) if _hashable(rid) else None
-            if cb is not None:
-                cb(msg)
-                return
+        if msg.get("t") == "reply" and self._take_reply(msg):
+            return
         try:
             self.on_message(self, msg)
         except Exception:
             log.exception("%s: handler failed on %r message", self.name, msg.get("t"))
             refuse(self, msg, Status.ERR_BAD_PARAM, "internal error")  # type: ignore[arg-type]
-
-    def request(self, msg: Message, callback: ReplyCallback) -> int | None:
-        self._next_id += 1
-        rid = self._next_id
-        msg["id"] = rid
-        if self.closed:
-            callback(reply(rid, Status.ERR_UNREACH, f"link {self.name} is closed"))
-            return None
-        self._pending[rid] = callback
-        self.send(msg)
-        return rid
-
-    def forget(self, rid: int) -> None:
-        self._pending.pop(rid, None)
-
-    def withdraw(self, rid: int | None) -> None:
-        if rid is None or rid not in self._pending:
-            return
-        self.forget(rid)
-        self.send({"t": "cancel", "ref": rid})
-
-    async def call(self, msg: Message, timeout: float | None = None) -> Message:
-        fut = self._loop.create_future()
-
-        def done(r: Message) -> None:
-            if not fut.done():
-                fut.set_result(r)
-
-        rid = self.request(msg, done)
-        try:
-            return await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
-            self.withdraw(rid)
-            return reply(rid, Status.ERR_TIMEOUT, f"no reply from {self.name} in {timeout}s")
 
     def on_drain(self, fn: Callable[[], None]) -> None:
         fn()
@@ -574,12 +569,7 @@ class LocalEnd:
             return
         self.closed = True
         self.close_reason = reason
-        pending, self._pending = self._pending, {}
-        for rid, cb in pending.items():
-            try:
-                cb(reply(rid, Status.ERR_UNREACH, f"link {self.name} closed: {reason}"))
-            except Exception:
-                log.exception("%s: reply callback failed", self.name)
+        self._fail_pending(reason)
         if self.on_close is not None:
             on_close, self.on_close = self.on_close, None
             on_close(self, reason)
