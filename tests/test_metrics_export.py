@@ -10,7 +10,7 @@ import pytest
 
 from pydvm.runtime.jobs import HostSpec, ProcState, build_job
 from pydvm.runtime.metrics import (
-    FAMILIES, LATENCY_BUCKETS, OPS, PARKED, RequestStats, families, job_state, parse_address,
+    FAMILIES, LATENCY_BUCKETS, OPS, PARKED, RequestStats, families, parse_address,
     store_sample)
 from pydvm.store import Caller, DataStore, FakeScheduler, Reason, StoreParams
 
@@ -155,15 +155,15 @@ def test_every_family_is_declared_once_with_help_and_a_conventional_name():
 
 
 def test_job_state_follows_its_processes():
-    """launching while a process is pending, running, killing once killed, ending
+    """starting while a process is pending, running, killing once killed, ending
     once every process has ended."""
     job = build_job("ns@1", 0, [(["true"], 2, [HostSpec("a", 2)])])
-    assert job_state(job) == "launching"
+    assert job.state == "starting"
     for p in job.procs.values():
         p.state = ProcState.RUNNING
-    assert job_state(job) == "running"
+    assert job.state == "running"
     job.killed = True
-    assert job_state(job) == "killing"
+    assert job.state == "killing"
     job.proc_ended(0, 0)
     job.proc_ended(1, 0)
-    assert job_state(job) == "ending"
+    assert job.state == "ending"

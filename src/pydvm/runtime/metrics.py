@@ -66,7 +66,6 @@ from ..errors import Status
 from ..store import Caller, DataStore, Reason
 from ..wire import Message
 from . import dataops
-from .jobs import JobRecord, ProcState
 
 if TYPE_CHECKING:
     from .master import Master
@@ -88,9 +87,10 @@ LATENCY_BUCKETS: tuple[float, ...] = (
 OPS = ("publish", "lookup", "unpublish")
 #: The ``status`` label of a lookup that had to wait (its answer comes later).
 PARKED = "parked"
-#: Node states (see :mod:`pydvm.runtime.nodes`) and job states (:func:`job_state`).
+#: Node states (see :mod:`pydvm.runtime.nodes`) and job states (``JobRecord.state``, as
+#: ``pydvm ps`` shows them).
 NODE_STATES = ("launching", "joining", "up", "lost", "stopped")
-JOB_STATES = ("launching", "running", "killing", "ending")
+JOB_STATES = ("starting", "running", "killing", "ending")
 
 
 class MetricsUnavailable(RuntimeError):
@@ -217,22 +217,6 @@ def store_sample(store: DataStore, requests: RequestStats | None) -> dict[str, A
     return out
 
 
-def job_state(job: JobRecord) -> str:
-    """Where a job the master still tracks stands.
-
-    ``launching`` (some process not started yet), ``running``, ``killing``
-    (a kill was sent; processes are still ending), ``ending`` (every process
-    has ended; its purges are being applied before ``pydvm run`` returns).
-    """
-    if job.done:
-        return "ending"
-    if job.killed:
-        return "killing"
-    if any(p.state is ProcState.PENDING for p in job.procs.values()):
-        return "launching"
-    return "running"
-
-
 async def snapshot(master: "Master", timeout: float = SCRAPE_TIMEOUT) -> dict[str, Any]:
     """Gather one scrape's figures; runs on the master's event loop.
 
@@ -247,7 +231,7 @@ async def snapshot(master: "Master", timeout: float = SCRAPE_TIMEOUT) -> dict[st
     # node lost while we wait shows as a store that did not answer now, and
     # as lost in the next scrape.
     nodes = dict(Counter(n.state for n in master.nodes.values()))
-    jobs = dict(Counter(job_state(j) for j in master.jobs.values()))
+    jobs = dict(Counter(j.state for j in master.jobs.values()))
     asked = [n for n in master.nodes.values() if n.up]
     replies = await asyncio.gather(*[
         n.channel.call({"t": "stats", "uid": -1, "metrics": True}, timeout=timeout)
@@ -306,7 +290,7 @@ FAMILIES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("pydvm_nodes", "gauge",
      "Nodes of the DVM by state (launching, joining, up, lost, stopped).", ("state",)),
     ("pydvm_jobs", "gauge",
-     "Jobs of the DVM that have not ended yet, by state (launching, running, killing, "
+     "Jobs of the DVM that have not ended yet, by state (starting, running, killing, "
      "ending).", ("state",)),
     ("pydvm_jobs_started", "counter", "Jobs the DVM has started.", ()),
     ("pydvm_sessions", "gauge", "Open sessions of the DVM, the default session included.", ()),
