@@ -9,7 +9,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from dvmkit import Dvm, start_dvm  # noqa: E402
+from dvmkit import Dvm, job_script, start_dvm  # noqa: E402
+from rawpeers import HeldJob  # noqa: E402
 
 
 @pytest.fixture
@@ -39,3 +40,17 @@ def make_dvm(tmp_path):
     finally:
         for d in made:
             d.stop()
+
+
+@pytest.fixture
+def held(dvm, tmp_path):
+    """A running job holding a client connection open on its daemon."""
+    go = tmp_path / "go"
+    proc = dvm.run_bg("-n", "1", *job_script("hold_client"), str(go))
+    job = HeldJob(proc, go)
+    try:
+        _, job.server, job.nspace, rank, job.node = job.line("READY").split()
+        job.rank = int(rank)
+        yield job
+    finally:
+        job.kill()

@@ -58,7 +58,7 @@ from hypothesis import HealthCheck, Phase, example, given, reject, seed, setting
 from hypothesis import strategies as st
 
 from dvmkit import pid_alive, start_dvm, wait_for
-from test_bad_input import CRASH_PATTERNS, HeldJob, Peer, master_uri
+from rawpeers import CRASH_PATTERNS, HeldJob, Peer, master_uri
 from pydvm.enums import Range
 from pydvm.runtime import dataops
 from pydvm.runtime.auth import mac

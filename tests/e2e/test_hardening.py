@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from dvmkit import LineReader, pid_alive, start_dvm
-from test_bad_input import Peer, daemon_sockets, master_uri
+from rawpeers import Peer, daemon_sockets, master_uri
 from pydvm.runtime.auth import mac
 
 pytestmark = pytest.mark.e2e
