@@ -10,9 +10,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 from conftest import start_net_dvm
-from dvmkit import LineReader, finish, lines, status, wait_for
+from dvmkit import Dvm, LineReader, finish, lines, status, wait_for
+from hostnet import HostNet
 
 HB = {"pydvm_heartbeat_interval": "0.5"}
 
@@ -55,17 +58,36 @@ def _in_c(hostnet, env, *args, **kw) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, **kw)
 
 
-def test_a_silent_partition_from_the_data_server_answers_relayed_requests_unreach(
-        tmp_path, hostnet):
-    """Issue 8.7: a relaying DVM on host c loses its link to the data server without
-    a FIN: its waiting lookup is answered UNREACH within a few heartbeats, new
-    requests fail at once, and once the link is back the relay reconnects."""
+@dataclass
+class RelayOnC:
+    """A data server whose daemon is on host a, and a relaying DVM living
+    entirely on host c (its own loopback), so only the relay's link to the
+    data server crosses the network."""
+
+    server: Dvm
+    env: dict
+    uri: str
+    hostnet: HostNet
+
+    def popen(self, *args: str) -> subprocess.Popen:
+        """``pydvm run --dvm RELAY ARGS...`` on host c, running on."""
+        return _in_c(self.hostnet, self.env, "run", "--dvm", self.uri, *args)
+
+    def run(self, *args: str) -> subprocess.CompletedProcess:
+        """``pydvm run --dvm RELAY ARGS...`` on host c, to its end."""
+        p = self.popen(*args)
+        o, e = p.communicate(timeout=60)
+        return subprocess.CompletedProcess(p.args, p.returncode, o, e)
+
+
+@contextmanager
+def relay_on_c(tmp_path, hostnet):
+    """A :class:`RelayOnC` (heartbeats every 0.5 s); everything stopped and the
+    link restored afterwards."""
     server = start_net_dvm(tmp_path, hostnet, hosts=["a"], mca=HB)
     env = dict(server.env)
     relay_uri = None
     try:
-        # The relaying DVM lives entirely on host c (its own loopback), so only
-        # its link to the data server crosses the network.
         start = _in_c(hostnet, env, "start", "--daemonize", "--hosts", "r1", "--bind",
                       "127.0.0.1", "--mca", "pydvm_heartbeat_interval", "0.5",
                       "--log-dir", str(tmp_path / "relay-logs"),
@@ -73,32 +95,33 @@ def test_a_silent_partition_from_the_data_server_answers_relayed_requests_unreac
         out, err = start.communicate(timeout=60)
         assert start.returncode == 0, err
         relay_uri = out.strip()
+        yield RelayOnC(server, env, relay_uri, hostnet)
+    finally:
+        hostnet.link("c", up=True)
+        if relay_uri:
+            _in_c(hostnet, env, "stop", "--dvm", relay_uri).communicate(timeout=60)
+        server.stop()
 
-        def relay_run(*args: str) -> subprocess.CompletedProcess:
-            p = _in_c(hostnet, env, "run", "--dvm", relay_uri, *args)
-            o, e = p.communicate(timeout=60)
-            return subprocess.CompletedProcess(p.args, p.returncode, o, e)
 
-        waiting = _in_c(hostnet, env, "run", "--dvm", relay_uri, "-n", "1", "pydvm", "lookup",
-                        "never", "--wait")
+def test_a_silent_partition_from_the_data_server_answers_relayed_requests_unreach(
+        tmp_path, hostnet):
+    """Issue 8.7: a relaying DVM on host c loses its link to the data server without
+    a FIN: its waiting lookup is answered UNREACH within a few heartbeats, new
+    requests fail at once, and once the link is back the relay reconnects."""
+    with relay_on_c(tmp_path, hostnet) as relay:
+        waiting = relay.popen("-n", "1", "pydvm", "lookup", "never", "--wait")
         reader = LineReader(waiting.stdout)
-        wait_for(lambda: server.store()["master"]["parked"] == 1, timeout=30,
+        wait_for(lambda: relay.server.store()["master"]["parked"] == 1, timeout=30,
                  what="the relayed lookup to park on the data server")
         hostnet.link("c", up=False)
         t0 = time.monotonic()
         assert reader.wait_line("STATUS", timeout=20) == "STATUS PMIX_ERR_UNREACH"
         assert time.monotonic() - t0 < 10
         finish(waiting)
-        p = relay_run("-n", "1", "pydvm", "publish", "during=1")
+        p = relay.run("-n", "1", "pydvm", "publish", "during=1")
         assert status(p) == "PMIX_ERR_UNREACH", p.stdout + p.stderr
         hostnet.link("c", up=True)
-        wait_for(lambda: status(relay_run("-n", "1", "pydvm", "publish", "after=1",
+        wait_for(lambda: status(relay.run("-n", "1", "pydvm", "publish", "after=1",
                                           "--persistence", "session", "--replace"))
                  == "PMIX_SUCCESS", timeout=30, what="the relay to reconnect")
-        assert "after" in server.store()["master"]["keys"]
-    finally:
-        hostnet.link("c", up=True)
-        if relay_uri:
-            stop = _in_c(hostnet, env, "stop", "--dvm", relay_uri)
-            stop.communicate(timeout=60)
-        server.stop()
+        assert "after" in relay.server.store()["master"]["keys"]
