@@ -24,19 +24,9 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "e2e"))
 
 import dvmkit  # noqa: E402
-from hostnet import HostNet, unavailable_reason  # noqa: E402
+from hostnet import HostNet, start_net_dvm, unavailable_reason  # noqa: E402
 
 _REASON = unavailable_reason()
-
-
-def start_net_dvm(tmp: Path, net: HostNet, hosts: list[str] | None = None,
-                  mca: dict[str, str] | None = None) -> dvmkit.Dvm:
-    """A DVM whose daemons run in ``net``'s namespaces, launched over 'ssh'."""
-    mca = dict(mca or {})
-    mca.setdefault("plm_ssh_agent", "ip netns exec")
-    return dvmkit.start_dvm(
-        tmp, ",".join(hosts or net.names), mca,
-        extra=["--launcher", "ssh", "--bind", net.master_addr])
 
 
 @pytest.fixture

@@ -25,6 +25,11 @@ import shutil
 import signal
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import dvmkit
 
 IP = shutil.which("ip") or "/usr/sbin/ip"
 
@@ -156,3 +161,15 @@ class HostNet:
                 if dev.startswith(f"{self.prefix}-"):
                     _ip("link", "del", dev, check=False)
         self.names = []
+
+
+def start_net_dvm(tmp: Path, net: HostNet, hosts: list[str] | None = None,
+                  mca: dict[str, str] | None = None) -> dvmkit.Dvm:
+    """A DVM whose daemons run in ``net``'s namespaces, launched over 'ssh'."""
+    import dvmkit  # tests/e2e, on the path of every suite that makes test hosts
+
+    mca = dict(mca or {})
+    mca.setdefault("plm_ssh_agent", "ip netns exec")
+    return dvmkit.start_dvm(
+        tmp, ",".join(hosts or net.names), mca,
+        extra=["--launcher", "ssh", "--bind", net.master_addr])

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import start_net_dvm
+from hostnet import start_net_dvm
 from dvmkit import pid_alive, wait_for
 
 JOBS = Path(__file__).parent / "jobs"

@@ -13,7 +13,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from conftest import start_net_dvm
+from hostnet import start_net_dvm
 from dvmkit import Dvm, LineReader, finish, lines, status, wait_for
 from hostnet import HostNet
 

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RUNUSER  # noqa: E402
-
+RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"
 A, B = "pdvmtesta", "pdvmtestb"
 
 PROBE = '''

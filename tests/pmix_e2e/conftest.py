@@ -10,27 +10,20 @@ only where libpmix, gcc and the PMIx headers, mpicc or mpi4py are missing
 
 from __future__ import annotations
 
-import re
-import socket
 import sys
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).parent
-CLIENTS = HERE / "clients"
-PMIX_CLIENTS = HERE.parent / "pmix" / "clients"
 sys.path.insert(0, str(HERE.parent / "e2e"))
 sys.path.insert(0, str(HERE.parent / "pmix"))
 
 import dvmkit  # noqa: E402
+from pmixkit import CLIENTS, FAR, HEAD, PMIX_CLIENTS  # noqa: E402
 from cbuild import (build_pmix_ops, find_mpi4py_python, mpicc_builder,  # noqa: E402
                     require_libpmix)
 
-HEAD = socket.gethostname()
-FAR = "far"
-#: the two ways a node is served: by the master process, or by a daemon.
-NODES = {"head": HEAD, "daemon": FAR}
 
 
 def pytest_collection_modifyitems(items):
@@ -96,19 +89,3 @@ def make_pdvm(tmp_path, libpmix):
     finally:
         for d in made:
             d.stop()
-
-
-def statuses(out: str, prefix: str) -> list[int]:
-    """The ``status=N`` of every line starting with ``prefix``."""
-    return [int(re.search(r"status=(-?\d+)", ln).group(1))
-            for ln in out.splitlines() if ln.startswith(prefix)]
-
-
-def found(out: str) -> dict[str, tuple[int, str, str]]:
-    """FOUND lines of pmix_ops -> {key: (type code, value, publisher)}."""
-    got = {}
-    for ln in out.splitlines():
-        m = re.match(r"FOUND key=(\S+) proc=(\S+) type=(\d+) value=(.*)$", ln)
-        if m:
-            got[m.group(1)] = (int(m.group(3)), m.group(4), m.group(2))
-    return got

@@ -18,7 +18,7 @@ import pytest
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "multinode"))
 
-from conftest import HEAD, found, statuses  # noqa: E402
+from pmixkit import HEAD, found, statuses  # noqa: E402
 from dvmkit import LineReader, finish, lines, start_dvm  # noqa: E402
 from hostnet import HostNet, unavailable_reason  # noqa: E402
 

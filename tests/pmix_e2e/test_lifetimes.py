@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import CLIENTS, FAR, HEAD, statuses
+from pmixkit import CLIENTS, FAR, HEAD, statuses
 from dvmkit import lines, status
 
 PUBLISHERS = ["pmix", "native"]

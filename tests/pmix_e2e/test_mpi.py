@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import CLIENTS, FAR, HEAD, PMIX_CLIENTS
+from pmixkit import CLIENTS, FAR, HEAD, PMIX_CLIENTS
 from dvmkit import LineReader, finish, lines
 
 PLACEMENTS = {"head": [f"{HEAD}:2"], "daemon": [f"{FAR}:2"], "both": [f"{HEAD}:1,{FAR}:1"]}

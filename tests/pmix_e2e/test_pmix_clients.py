@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAR, HEAD, NODES, found, statuses
+from pmixkit import FAR, HEAD, NODES, found, statuses
 from dvmkit import LineReader, finish, lines, wait_for
 
 JOBS = Path(__file__).parent / "jobs"

@@ -622,8 +622,14 @@ class NodeServer:
         if not isinstance(session, ClientSession):
             return
         self._clients.discard(session)
-        job = self.jobs.get(session.caller.nspace)
-        lp = job.procs.get(session.caller.rank) if job is not None else None
+        self.drop_session(session, session.caller.nspace, session.caller.rank)
+
+    def drop_session(self, session, nspace: str, rank: int) -> None:
+        """A client's connection (native or PMIx) has ended: unlink it from
+        its process, drop its lookups parked here and withdraw those it has
+        waiting at the master."""
+        job = self.jobs.get(nspace)
+        lp = job.procs.get(rank) if job is not None else None
         if lp is not None:
             lp.sessions.discard(session)
         for rid in list(session.parked):

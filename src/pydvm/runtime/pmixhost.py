@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import Status
@@ -319,15 +318,7 @@ class PmixHost:
         key = session.proc_key
         if self.sessions.get(key) is session:
             del self.sessions[key]
-        node = self.node
-        job = node.jobs.get(key[0])
-        lp = job.procs.get(key[1]) if job is not None else None
-        if lp is not None:
-            lp.sessions.discard(session)
-        for rid in list(session.parked):
-            if node.store.cancel((session, rid)):
-                session.parked.discard(rid)
-        node.router.withdraw_all(session)
+        self.node.drop_session(session, *key)
         session.fail_all(Status.ERR_UNREACH)
         # No PMIx_server_deregister_client here: with libpmix 4.2.2, calling it
         # for every reaped process eventually leaves the server deaf to new
