@@ -53,29 +53,35 @@ def master_part(t: str, rng: Any) -> tuple[bool, bool]:
 
 
 class DirectInfo:
-    """Where and as what this client may connect directly, or why not."""
+    """Where and as what this client may connect directly (``uri`` None:
+    it may not), or why its credential is unusable (``problem``)."""
 
-    def __init__(self, hello: Message, nspace: str, rank: int) -> None:
-        self.uri: DvmUri | None = None
-        self.cred: Credential | None = None
+    def __init__(self, uri: DvmUri | None, cred: Credential | None, nspace: str, rank: int,
+                 problem: str = "") -> None:
+        self.uri, self.cred = uri, cred
         self.nspace, self.rank = nspace, rank
-        self.problem = ""
+        self.problem = problem
+
+    @classmethod
+    def from_hello(cls, hello: Message, nspace: str, rank: int) -> "DirectInfo":
+        """From the daemon's hello reply (``direct``: the master's URI, when
+        the node vouches for its processes) and this process's environment."""
         where = hello.get("direct")
         token = token_from_env()
         if not isinstance(where, str) or token is None:
-            return  # the node vouches for nobody (head node, or direct data off)
+            return cls(None, None, nspace, rank)  # head node, or direct data off
         if os.environ.get("PYDVM_NSPACE") != nspace or os.environ.get("PYDVM_RANK") != str(rank):
-            return  # the credential is this process's own, not the identity asked for
+            return cls(None, None, nspace, rank)  # the credential is not for this identity
         try:
-            self.uri = DvmUri.parse(where)
-            self.cred = Credential.parse(token)
+            info = cls(DvmUri.parse(where), Credential.parse(token), nspace, rank)
         except (UriError, ValueError) as exc:
-            self.problem = f"unusable direct-data credential in the environment: {exc}"
-            return
-        if (self.cred.uid, self.cred.gid) != (os.getuid(), os.getgid()):
+            return cls(None, None, nspace, rank,
+                       f"unusable direct-data credential in the environment: {exc}")
+        if (info.cred.uid, info.cred.gid) != (os.getuid(), os.getgid()):
             log.debug("running as uid %d gid %d, not as launched: direct data not used",
                       os.getuid(), os.getgid())
-            self.uri = None
+            info.uri = None
+        return info
 
     @property
     def usable(self) -> bool:

@@ -78,7 +78,7 @@ class Client:
             ch.close("hello refused")
             raise
         return cls(ch, nspace, rank, r.get("node"), bool(r.get("envelope", True)),
-                   _direct.DirectInfo(r, nspace, rank))
+                   _direct.DirectInfo.from_hello(r, nspace, rank))
 
     async def publish(self, data: Mapping[str, Any], *, range: Range = Range.SESSION,
                       persistence: Persistence | None = None, access_uids: Iterable[int] = (),

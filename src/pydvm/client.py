@@ -77,7 +77,7 @@ class Client:
         self.node = r.get("node")
         #: whether data requests go as envelopes (a daemon passes them on).
         self._envelope = bool(r.get("envelope", True))
-        self._direct_info = _direct.DirectInfo(r, self.nspace, self.rank)
+        self._direct_info = _direct.DirectInfo.from_hello(r, self.nspace, self.rank)
         self._direct_state = _direct.UNUSED if self._direct_info.usable else _direct.OFF
 
     @property
