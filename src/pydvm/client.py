@@ -79,6 +79,9 @@ class Client:
         self._envelope = bool(r.get("envelope", True))
         self._direct_info = _direct.DirectInfo.from_hello(r, self.nspace, self.rank)
         self._direct_state = _direct.UNUSED if self._direct_info.usable else _direct.OFF
+        #: what the daemon last said: its node store holds items of our uid
+        #: (so an unpublish must ask it too).  Unknown: assume so.
+        self._node_items = r.get("node_items") is not False
 
     @property
     def direct(self) -> bool:
@@ -176,11 +179,30 @@ class Client:
             dch = self._direct_channel() if to_master else None
             if dch is None:
                 return self._exchange([(self._ch, build(self._envelope))])[0]
-            if not to_node:
+            if to_node:
+                self._read_notices()
+            if not to_node or not self._node_items:
                 return self._exchange([(dch, build(False))])[0]
             node, master = self._exchange([(self._ch, build(self._envelope, True)),
                                            (dch, build(False))])
             return _proto.combined(master, node)
+
+    def _read_notices(self) -> None:
+        """Take in what the daemon has sent unasked (``node_items``
+        notices), without waiting: a notice of a publish that happened
+        before this call is already on the socket (the daemon sends it
+        before answering that publish)."""
+        try:
+            for r in self._ch.received():
+                self._note(r)
+        except (OSError, ConnectionError, ValueError) as exc:
+            raise self._lost(self._ch, f"connection lost: {exc}") from None
+
+    def _note(self, r: Message) -> None:
+        if r.get("t") == "node_items":
+            self._node_items = r.get("has") is not False
+        elif "node_items" in r:
+            self._node_items = r["node_items"] is not False
 
     def _direct_channel(self) -> BlockingChannel | None:
         """The direct connection, opened on first use; None: use the daemon."""
@@ -191,8 +213,7 @@ class Client:
             return None
         if state == _direct.LOST:
             raise UnreachableError("direct connection to the master lost")
-        if not _direct.socket_open(self._ch.sock):
-            raise _direct.daemon_gone()  # our process was reaped: act for nobody
+        self._read_notices()  # raises if our process was reaped: act for nobody
         self._dch = _direct.open_blocking(self._direct_info)
         self._direct_state = _direct.OFF if self._dch is None else _direct.OPEN
         return self._dch
@@ -233,7 +254,12 @@ class Client:
             except (OSError, ConnectionError, ValueError) as exc:
                 raise self._lost(ch, f"connection lost: {exc}") from None
             if r.get("t") == "reply" and r.get("id") == rid:
+                if ch is self._ch:
+                    self._note(r)
                 return r
+            if r.get("t") == "node_items":
+                self._note(r)
+                continue
             if r.get("t") == "error":
                 raise self._lost(ch, f"dropped the connection: {r.get('msg')}")
             # Anything else is the late reply of an abandoned call: skipped.

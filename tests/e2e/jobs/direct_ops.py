@@ -19,6 +19,9 @@ argv[1] is the mode:
   direct connection), the parent exits; after GO the child publishes on
   the held client and on a new one, writing ``HELD <status> <text>`` and
   ``NEW <status>`` to REPORT.
+* ``notice``: rank 1 connects first (its daemon tells it the node store
+  holds nothing of its uid); rank 0 then publishes ``lk`` LOCAL and says
+  so; rank 1 unpublishes ``lk`` and prints ``LK <status of a LOCAL lookup>``.
 """
 
 import asyncio
@@ -124,6 +127,23 @@ elif mode == "linger":
     os.close(w)
     os.read(r, 1)
     out("PARENT EXITING", os.getpid())
+
+elif mode == "notice":
+    with Client() as c:
+        if RANK == 1:
+            c.publish({"r1-ready": "1"}, persistence=Persistence.PROC)  # told: nothing local
+            c.lookup(["lk-done"], wait=True, timeout=30)
+            c.unpublish(["lk"])
+            try:
+                c.lookup("lk", range=Range.LOCAL)
+                out("LK STILL")
+            except PMIxError as exc:
+                out("LK", exc.status.pmix_name)
+        else:
+            c.lookup(["r1-ready"], wait=True, timeout=30)
+            c.publish({"lk": "x"}, range=Range.LOCAL, persistence=Persistence.SESSION)
+            c.publish({"lk-done": "1"}, persistence=Persistence.PROC)
+            time.sleep(1)  # lk-done (PROC) must outlive rank 1's lookup
 
 else:
     sys.exit(f"unknown mode {mode}")
