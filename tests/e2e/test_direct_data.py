@@ -208,6 +208,43 @@ def test_a_parked_lookup_on_a_direct_connection_is_answered_by_another_jobs_publ
     assert direct_counts(dvm)["open"] == 0
 
 
+def test_a_cancelled_lookup_leaves_the_master_store_and_the_direct_connection(dvm, tmp_path):
+    """An asyncio waiting lookup parked at the master over the direct
+    connection, then cancelled: nothing stays parked, nothing is pending on
+    the connection, which stays open."""
+    go = tmp_path / "go"
+    job = dvm.run_bg("--host", "b", "-n", "1", *job_script("direct_ops"), "cancel", str(go))
+    reader = LineReader(job.stdout)
+    try:
+        assert reader.wait_line("CANCELLED") == "CANCELLED direct=True pending=0"
+        assert dvm.store()["master"]["parked"] == 0
+        assert direct_counts(dvm)["open"] == 1
+    finally:
+        go.touch()
+        finish(job)
+
+
+def test_a_local_range_request_on_a_direct_connection_is_refused_and_stored_nowhere(dvm, tmp_path):
+    """The master serves only what the routing table gives it: a LOCAL
+    publish sent over a direct connection is refused PMIX_ERR_BAD_PARAM."""
+    go = tmp_path / "go"
+    job = dvm.run_bg("--host", "b:2", "-n", "2", *job_script("direct_ops"), "creds", str(go))
+    reader = LineReader(job.stdout)
+    try:
+        ns, token = cred_lines(reader, 2)[1]  # rank 1 runs until GO
+        info = _direct.DirectInfo(DvmUri.parse(dvm.uri), Credential.parse(token), ns, 1)
+        ch = _direct.open_blocking(info)
+        ch.send({"t": "publish", "id": 1, "pairs": {"loc": "1"}, "range": 2, "persist": 4})
+        r = ch.recv(10)
+        ch.close()
+        assert r["status"] == -27 and "LOCAL" in r["msg"], r
+    finally:
+        go.touch()
+        finish(job)
+    st = dvm.store()
+    assert st["master"]["items"] == 0 and st["b"]["items"] == 0, st
+
+
 def test_a_proc_item_published_directly_goes_when_its_process_exits(dvm):
     """Rank 0 on b publishes a PROC item over its direct connection and exits;
     its sibling sees it go; nothing is left."""

@@ -13,6 +13,9 @@ argv[1] is the mode:
   exit at once; other ranks wait for the file GO.
 * ``park``: an asyncio waiting lookup of ``parked-key``; prints
   ``PARKED direct=<bool>`` once sent, then ``ANSWER <value>``.
+* ``cancel GO``: an asyncio waiting lookup over the direct connection,
+  cancelled; prints ``CANCELLED direct=<bool> pending=<n>`` and holds the
+  connection until the file GO exists.
 * ``proc``: rank 0 publishes ``p0`` (PROC) directly and exits; rank 1
   waits until it is gone and prints ``P0 GONE`` (or ``P0 STILL``).
 * ``linger GO REPORT``: a child connects and publishes once (opening its
@@ -79,6 +82,23 @@ elif mode == "park":
             out(f"PARKED direct={c.direct}")
             r = await task
             out("ANSWER", r["parked-key"])
+
+    asyncio.run(main())
+
+elif mode == "cancel":
+    import pydvm.aio
+
+    async def main() -> None:
+        async with await pydvm.aio.Client.connect() as c:
+            task = asyncio.ensure_future(c.lookup(["never"], wait=True))
+            await asyncio.sleep(0.5)
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            out(f"CANCELLED direct={c.direct} pending={len(c._dch._pending)}")
+            wait_file(sys.argv[2], 40)
 
     asyncio.run(main())
 
