@@ -72,7 +72,7 @@ class Client:
             sock.close()
             raise UnreachableError(f"cannot connect to the daemon at {self.server}: {exc}") from None
         self._ch = BlockingChannel(sock)
-        r = self._call(_proto.hello_msg(self.nspace, self.rank))
+        r = self._call(_proto.hello_msg(self.nspace, self.rank, notices=True))
         _proto.check(r)
         self.node = r.get("node")
         #: whether data requests go as envelopes (a daemon passes them on).
@@ -179,12 +179,18 @@ class Client:
             dch = self._direct_channel() if to_master else None
             if dch is None:
                 return self._exchange([(self._ch, build(self._envelope))])[0]
-            if to_node:
-                self._read_notices()
-            if not to_node or not self._node_items:
+            if not to_node:
                 return self._exchange([(dch, build(False))])[0]
-            node, master = self._exchange([(self._ch, build(self._envelope, True)),
-                                           (dch, build(False))])
+            self._read_notices()
+            node_part = build(self._envelope, True)
+            if not self._node_items:
+                # The node store holds nothing of our uid (as of every notice
+                # already sent to us): its part cannot change anything, so it
+                # is sent -- served and counted there as always -- but not
+                # waited for; its reply is read (and skipped) later.
+                self._send(self._ch, node_part)
+                return self._exchange([(dch, build(False))])[0]
+            node, master = self._exchange([(self._ch, node_part), (dch, build(False))])
             return _proto.combined(master, node)
 
     def _read_notices(self) -> None:
@@ -222,16 +228,19 @@ class Client:
         with self._lock:
             return self._exchange([(self._ch, msg)])[0]
 
+    def _send(self, ch: BlockingChannel, msg: Message) -> None:
+        msg["id"] = next(self._ids)
+        try:
+            ch.send(msg)
+        except TypeError as exc:  # a value msgpack cannot encode
+            raise BadParamError(f"cannot encode request: {exc}") from None
+        except OSError as exc:
+            raise self._lost(ch, f"connection failed: {exc}") from None
+
     def _exchange(self, pairs: list[tuple[BlockingChannel, Message]]) -> list[Message]:
         """Send each request on its connection, then wait for every answer."""
         for ch, msg in pairs:
-            msg["id"] = next(self._ids)
-            try:
-                ch.send(msg)
-            except TypeError as exc:  # a value msgpack cannot encode
-                raise BadParamError(f"cannot encode request: {exc}") from None
-            except OSError as exc:
-                raise self._lost(ch, f"connection failed: {exc}") from None
+            self._send(ch, msg)
         answers: list[Message] = []
         try:
             for ch, msg in pairs:

@@ -592,7 +592,10 @@ class NodeServer:
         self._clients.add(session)
         extra = {}
         if self.voucher is not None:
-            extra = {"direct": self.voucher.master_uri, "node_items": self._node_items(uid)}
+            extra = {"direct": self.voucher.master_uri}
+            if msg.get("notices") is True:
+                session.notices = True
+                extra["node_items"] = self._node_items(uid)
         ch.send(reply(rid, Status.SUCCESS, node=self.node,
                       envelope=getattr(self.router, "wants_envelopes", True), **extra))
 
@@ -629,7 +632,7 @@ class NodeServer:
                 uid = session.caller.uid
                 if t == "publish" and uid not in self._announced and self.store.holds_uid(uid):
                     self._announce(uid)
-                elif not to_master and out is not None and isinstance(session, ClientSession):
+                elif not to_master and out is not None and getattr(session, "notices", False):
                     out["node_items"] = self._node_items(uid)
             if not to_master:
                 if out is None:
@@ -643,12 +646,13 @@ class NodeServer:
         """Whether this node store holds items of ``uid``, as told to one of
         its clients (a hello, a ``node_only`` unpublish reply).
 
-        A direct client skips the node part of an ``unpublish`` while told
-        its uid holds nothing here.  Once any client has been told "no", the
-        next publish that gives the uid items here is announced to all of its
-        clients (:meth:`_announce`) -- before that publish is answered, so a
-        client that learns of the publish afterwards finds the notice already
-        on its socket.
+        A direct client told its uid holds nothing here does not wait for the
+        node part of an ``unpublish`` (it cannot remove anything; it is still
+        served and counted).  Once any client has been told "no", the next
+        publish that gives the uid items here is announced to all of its
+        clients that asked for notices at their hello (:meth:`_announce`) --
+        before that publish is answered, so a client that learns of the
+        publish afterwards finds the notice already on its socket.
         """
         has = self.store.holds_uid(uid)
         if not has:
@@ -660,7 +664,7 @@ class NodeServer:
         items of theirs (a ``node_items`` notice)."""
         self._announced.add(uid)
         for s in self._clients:
-            if s.caller.uid == uid:
+            if s.notices and s.caller.uid == uid:
                 s.send({"t": "node_items", "has": True})
 
     def _forward(self, session: ClientSession, msg: Message) -> None:

@@ -23,8 +23,10 @@ argv[1] is the mode:
   the held client and on a new one, writing ``HELD <status> <text>`` and
   ``NEW <status>`` to REPORT.
 * ``notice``: rank 1 connects first (its daemon tells it the node store
-  holds nothing of its uid); rank 0 then publishes ``lk`` LOCAL and says
-  so; rank 1 unpublishes ``lk`` and prints ``LK <status of a LOCAL lookup>``.
+  holds nothing of its uid: ``NODE_ITEMS before False``); rank 0 then
+  publishes ``lk`` LOCAL and says so; rank 1 finds the daemon's notice
+  already on its socket (``NODE_ITEMS after True``), unpublishes ``lk`` and
+  prints ``LK <status of a LOCAL lookup>``.
 """
 
 import asyncio
@@ -151,8 +153,11 @@ elif mode == "linger":
 elif mode == "notice":
     with Client() as c:
         if RANK == 1:
-            c.publish({"r1-ready": "1"}, persistence=Persistence.PROC)  # told: nothing local
+            out("NODE_ITEMS before", c._node_items)  # the hello's answer: nothing local
+            c.publish({"r1-ready": "1"}, persistence=Persistence.PROC)
             c.lookup(["lk-done"], wait=True, timeout=30)
+            c._read_notices()  # what unpublish does first
+            out("NODE_ITEMS after", c._node_items)
             c.unpublish(["lk"])
             try:
                 c.lookup("lk", range=Range.LOCAL)
