@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import select
 import socket
 from typing import Any
 
@@ -172,6 +173,20 @@ async def open_async(info: DirectInfo) -> Channel | None:
         ch.close("refused")
         raise info.refused(r)
     return ch
+
+
+def socket_open(sock: socket.socket) -> bool:
+    """False once the peer has closed ``sock`` (the daemon dropped this
+    client: its process was reaped).  Never blocks, never consumes data."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return True
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+    except BlockingIOError:
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def daemon_gone() -> UnreachableError:

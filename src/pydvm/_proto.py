@@ -79,13 +79,8 @@ def identity_from_env(nspace: str | None, rank: int | None, server: str | None):
     return server, nspace, rank
 
 
-def hello_msg(nspace: str, rank: int, notices: bool = False) -> Message:
-    """The first message to the daemon; ``notices`` asks for ``node_items``
-    notices (a client that may take the direct data path reads them)."""
-    msg: Message = {"t": "hello", "nspace": nspace, "rank": rank}
-    if notices:
-        msg["notices"] = True
-    return msg
+def hello_msg(nspace: str, rank: int) -> Message:
+    return {"t": "hello", "nspace": nspace, "rank": rank}
 
 
 def _envelope(t: str, rng: int | None, fields: dict, envelope: bool = True) -> Message:

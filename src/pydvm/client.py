@@ -72,16 +72,13 @@ class Client:
             sock.close()
             raise UnreachableError(f"cannot connect to the daemon at {self.server}: {exc}") from None
         self._ch = BlockingChannel(sock)
-        r = self._call(_proto.hello_msg(self.nspace, self.rank, notices=True))
+        r = self._call(_proto.hello_msg(self.nspace, self.rank))
         _proto.check(r)
         self.node = r.get("node")
         #: whether data requests go as envelopes (a daemon passes them on).
         self._envelope = bool(r.get("envelope", True))
         self._direct_info = _direct.DirectInfo.from_hello(r, self.nspace, self.rank)
         self._direct_state = _direct.UNUSED if self._direct_info.usable else _direct.OFF
-        #: what the daemon last said: its node store holds items of our uid
-        #: (so an unpublish must ask it too).  Unknown: assume so.
-        self._node_items = r.get("node_items") is not False
 
     @property
     def direct(self) -> bool:
@@ -181,34 +178,9 @@ class Client:
                 return self._exchange([(self._ch, build(self._envelope))])[0]
             if not to_node:
                 return self._exchange([(dch, build(False))])[0]
-            self._read_notices()
-            node_part = build(self._envelope, True)
-            if not self._node_items:
-                # The node store holds nothing of our uid (as of every notice
-                # already sent to us): its part cannot change anything, so it
-                # is sent -- served and counted there as always -- but not
-                # waited for; its reply is read (and skipped) later.
-                self._send(self._ch, node_part)
-                return self._exchange([(dch, build(False))])[0]
-            node, master = self._exchange([(self._ch, node_part), (dch, build(False))])
+            node, master = self._exchange([(self._ch, build(self._envelope, True)),
+                                           (dch, build(False))])
             return _proto.combined(master, node)
-
-    def _read_notices(self) -> None:
-        """Take in what the daemon has sent unasked (``node_items``
-        notices), without waiting: a notice of a publish that happened
-        before this call is already on the socket (the daemon sends it
-        before answering that publish)."""
-        try:
-            for r in self._ch.received():
-                self._note(r)
-        except (OSError, ConnectionError, ValueError) as exc:
-            raise self._lost(self._ch, f"connection lost: {exc}") from None
-
-    def _note(self, r: Message) -> None:
-        if r.get("t") == "node_items":
-            self._node_items = r.get("has") is not False
-        elif "node_items" in r:
-            self._node_items = r["node_items"] is not False
 
     def _direct_channel(self) -> BlockingChannel | None:
         """The direct connection, opened on first use; None: use the daemon."""
@@ -219,7 +191,8 @@ class Client:
             return None
         if state == _direct.LOST:
             raise UnreachableError("direct connection to the master lost")
-        self._read_notices()  # raises if our process was reaped: act for nobody
+        if not _direct.socket_open(self._ch.sock):
+            raise _direct.daemon_gone()  # our process was reaped: act for nobody
         self._dch = _direct.open_blocking(self._direct_info)
         self._direct_state = _direct.OFF if self._dch is None else _direct.OPEN
         return self._dch
@@ -228,19 +201,16 @@ class Client:
         with self._lock:
             return self._exchange([(self._ch, msg)])[0]
 
-    def _send(self, ch: BlockingChannel, msg: Message) -> None:
-        msg["id"] = next(self._ids)
-        try:
-            ch.send(msg)
-        except TypeError as exc:  # a value msgpack cannot encode
-            raise BadParamError(f"cannot encode request: {exc}") from None
-        except OSError as exc:
-            raise self._lost(ch, f"connection failed: {exc}") from None
-
     def _exchange(self, pairs: list[tuple[BlockingChannel, Message]]) -> list[Message]:
         """Send each request on its connection, then wait for every answer."""
         for ch, msg in pairs:
-            self._send(ch, msg)
+            msg["id"] = next(self._ids)
+            try:
+                ch.send(msg)
+            except TypeError as exc:  # a value msgpack cannot encode
+                raise BadParamError(f"cannot encode request: {exc}") from None
+            except OSError as exc:
+                raise self._lost(ch, f"connection failed: {exc}") from None
         answers: list[Message] = []
         try:
             for ch, msg in pairs:
@@ -263,12 +233,7 @@ class Client:
             except (OSError, ConnectionError, ValueError) as exc:
                 raise self._lost(ch, f"connection lost: {exc}") from None
             if r.get("t") == "reply" and r.get("id") == rid:
-                if ch is self._ch:
-                    self._note(r)
                 return r
-            if r.get("t") == "node_items":
-                self._note(r)
-                continue
             if r.get("t") == "error":
                 raise self._lost(ch, f"dropped the connection: {r.get('msg')}")
             # Anything else is the late reply of an abandoned call: skipped.

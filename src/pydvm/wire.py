@@ -658,19 +658,6 @@ class BlockingChannel:
             self._queue.extend(self._decoder.feed(data))
         return self._queue.pop(0)
 
-    def received(self) -> list[Message]:
-        """Every message already arrived, without blocking (an empty list if
-        none); raises ConnectionError if the peer has closed the connection."""
-        import select
-
-        while select.select([self.sock], [], [], 0)[0]:
-            data = self.sock.recv(1 << 16)
-            if not data:
-                raise ConnectionError("server closed the connection")
-            self._queue.extend(self._decoder.feed(data))
-        out, self._queue = self._queue, []
-        return out
-
     def close(self) -> None:
         try:
             self.sock.close()

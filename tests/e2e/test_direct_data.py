@@ -159,16 +159,12 @@ def test_a_lingering_child_of_an_ended_process_loses_its_direct_connection(dvm, 
         finish(job)
 
 
-def test_an_unpublish_reaches_a_local_item_another_process_published_meanwhile(dvm):
-    """Rank 1 on b is told at its hello that b's store holds nothing of its
-    uid (so its unpublishes need not wait for b's daemon); rank 0 then
-    publishes a LOCAL item: the daemon's notice is on rank 1's socket before
-    rank 0's publish returns, so rank 1's later unpublish waits for b's
-    store, and removes the item there."""
-    p = dvm.run("--host", "b:2", "-n", "2", *job_script("direct_ops"), "notice")
+def test_a_direct_unpublish_also_removes_the_uids_local_item_from_the_node_store(dvm):
+    """An unpublish has a node part: rank 1 on b, with its direct connection
+    open, unpublishes a key rank 0 published LOCAL; it is gone from b's store."""
+    p = dvm.run("--host", "b:2", "-n", "2", *job_script("direct_ops"), "unpub_local")
     assert p.returncode == 0, p.stdout + p.stderr
-    assert lines(p, "NODE_ITEMS") == ["NODE_ITEMS before False", "NODE_ITEMS after True"], \
-        p.stdout
+    assert lines(p, "UNPUB DIRECT") == ["UNPUB DIRECT True"], p.stdout
     assert lines(p, "LK") == ["LK PMIX_ERR_NOT_FOUND"], p.stdout
     assert "lk" not in dvm.store()["b"]["keys"]
 

@@ -204,9 +204,6 @@ class NodeServer:
         self._exiting = False
         #: counts and latencies of the data requests the node store served.
         self.request_stats = RequestStats()
-        #: uids whose clients have all been told the node store holds items
-        #: of theirs (see :meth:`_node_items`).
-        self._announced: set[int] = set()
         #: the node's PMIx server (runtime/pmixhost.py); off when libpmix is missing.
         self.pmix = PmixHost(self)
 
@@ -590,12 +587,7 @@ class NodeServer:
         lp.sessions.add(session)
         ch.on_message = self._on_client
         self._clients.add(session)
-        extra = {}
-        if self.voucher is not None:
-            extra = {"direct": self.voucher.master_uri}
-            if msg.get("notices") is True:
-                session.notices = True
-                extra["node_items"] = self._node_items(uid)
+        extra = {"direct": self.voucher.master_uri} if self.voucher is not None else {}
         ch.send(reply(rid, Status.SUCCESS, node=self.node,
                       envelope=getattr(self.router, "wants_envelopes", True), **extra))
 
@@ -628,12 +620,6 @@ class NodeServer:
         to_master = dataops.MASTER in stores and not (t == "unpublish" and msg.get("node_only"))
         if dataops.NODE in stores:
             out = self.request_stats.apply(self.store, session.caller, msg, (session, rid))
-            if self.voucher is not None:
-                uid = session.caller.uid
-                if t == "publish" and uid not in self._announced and self.store.holds_uid(uid):
-                    self._announce(uid)
-                elif not to_master and out is not None and getattr(session, "notices", False):
-                    out["node_items"] = self._node_items(uid)
             if not to_master:
                 if out is None:
                     session.parked.add(rid)
@@ -641,31 +627,6 @@ class NodeServer:
                     session.send(out)
                 return
         self._forward(session, msg)
-
-    def _node_items(self, uid: int) -> bool:
-        """Whether this node store holds items of ``uid``, as told to one of
-        its clients (a hello, a ``node_only`` unpublish reply).
-
-        A direct client told its uid holds nothing here does not wait for the
-        node part of an ``unpublish`` (it cannot remove anything; it is still
-        served and counted).  Once any client has been told "no", the next
-        publish that gives the uid items here is announced to all of its
-        clients that asked for notices at their hello (:meth:`_announce`) --
-        before that publish is answered, so a client that learns of the
-        publish afterwards finds the notice already on its socket.
-        """
-        has = self.store.holds_uid(uid)
-        if not has:
-            self._announced.discard(uid)
-        return has
-
-    def _announce(self, uid: int) -> None:
-        """Tell every native client of ``uid`` that the node store now holds
-        items of theirs (a ``node_items`` notice)."""
-        self._announced.add(uid)
-        for s in self._clients:
-            if s.notices and s.caller.uid == uid:
-                s.send({"t": "node_items", "has": True})
 
     def _forward(self, session: ClientSession, msg: Message) -> None:
         self.router.forward(session, msg)

@@ -159,8 +159,6 @@ class ClientSession(PeerSession):
         super().__init__(channel, max_outstanding)
         self.caller = caller
         self.pid = pid
-        #: it asked for ``node_items`` notices at its hello (see node.py).
-        self.notices = False
 
     @property
     def proc_key(self) -> tuple[str, int]:

@@ -700,11 +700,6 @@ class DataStore:
             sweep_budget_exhausted=self._sweep_budget_exhausted,
         )
 
-    def holds_uid(self, uid: int) -> bool:
-        """Whether any item of ``uid`` is held: if not, nothing an unpublish
-        by that uid names can be here (removal is by ownership, i.e. uid)."""
-        return uid in self._lru
-
     def keys_of_uid(self, uid: int) -> list[str]:
         """Key names held by ``uid``'s items, least recently used first."""
         return [k for item in self._lru.get(uid, ()) for k in item.pairs]

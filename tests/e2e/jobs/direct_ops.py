@@ -22,11 +22,9 @@ argv[1] is the mode:
   direct connection), the parent exits; after GO the child publishes on
   the held client and on a new one, writing ``HELD <status> <text>`` and
   ``NEW <status>`` to REPORT.
-* ``notice``: rank 1 connects first (its daemon tells it the node store
-  holds nothing of its uid: ``NODE_ITEMS before False``); rank 0 then
-  publishes ``lk`` LOCAL and says so; rank 1 finds the daemon's notice
-  already on its socket (``NODE_ITEMS after True``), unpublishes ``lk`` and
-  prints ``LK <status of a LOCAL lookup>``.
+* ``unpub_local``: rank 0 publishes ``lk`` LOCAL; rank 1 (same node, same
+  uid) then unpublishes ``lk`` over its direct connection and prints
+  ``LK <status of a LOCAL lookup>``.
 """
 
 import asyncio
@@ -150,15 +148,13 @@ elif mode == "linger":
     os.read(r, 1)
     out("PARENT EXITING", os.getpid())
 
-elif mode == "notice":
+elif mode == "unpub_local":
     with Client() as c:
         if RANK == 1:
-            out("NODE_ITEMS before", c._node_items)  # the hello's answer: nothing local
             c.publish({"r1-ready": "1"}, persistence=Persistence.PROC)
             c.lookup(["lk-done"], wait=True, timeout=30)
-            c._read_notices()  # what unpublish does first
-            out("NODE_ITEMS after", c._node_items)
             c.unpublish(["lk"])
+            out("UNPUB DIRECT", c.direct)
             try:
                 c.lookup("lk", range=Range.LOCAL)
                 out("LK STILL")
