@@ -178,8 +178,9 @@ class Client:
                 return self._exchange([(self._ch, build(self._envelope))])[0]
             if not to_node:
                 return self._exchange([(dch, build(False))])[0]
-            node, master = self._exchange([(self._ch, build(self._envelope, True)),
-                                           (dch, build(False))])
+            # The master's part first: its hop is the longer one.
+            master, node = self._exchange([(dch, build(False)),
+                                           (self._ch, build(self._envelope, True))])
             return _proto.combined(master, node)
 
     def _direct_channel(self) -> BlockingChannel | None:
