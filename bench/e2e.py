@@ -236,7 +236,10 @@ def main() -> int:
     env = dict(os.environ)
     env["PYDVM_STATE_DIR"] = tempfile.mkdtemp(prefix="pydvm-bench-state-")
     env.pop("PYDVM_URI", None)
-    uri = subprocess.run(PYDVM + ["start", "--daemonize", "--hosts", "a,b,c"], env=env,
+    # The floor is two hops (Unix socket, then TCP), so the client takes the
+    # two-hop path too: the direct path (one TCP hop) is bench/vs_openmpi.py's.
+    uri = subprocess.run(PYDVM + ["start", "--daemonize", "--hosts", "a,b,c",
+                                  "--mca", "pydvm_direct_data", "off"], env=env,
                          capture_output=True, text=True, timeout=120, check=True).stdout.strip()
     env["PYDVM_URI"] = uri
     try:

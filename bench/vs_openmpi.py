@@ -11,8 +11,11 @@ Rank 0 holds N names (10, 1,000, 5,000, 20,000) and then times each
 operation on a fresh name, PROBES times; medians are reported.  The two
 sides run interleaved, level by level, so they share the machine's noise.
 
-Two pydvm paths are timed: the **head node** (served by the master process:
-one hop) and a **daemon node** (a daemon in front of the master: two hops).
+Three pydvm paths are timed: the **head node** (served by the master
+process: one hop), a **daemon node** with the direct data path (its client
+sends master-store requests straight to the master: one hop), and a daemon
+node of a second DVM started with ``pydvm_direct_data off`` (every request
+through the daemon: two hops).
 Then the aggregate throughput of 8 concurrent clients (publish + lookup +
 unpublish loops) on each side.
 
@@ -91,6 +94,18 @@ def main() -> int:
         print(p.stderr, file=sys.stderr)
         return 1
     uri = p.stdout.strip()
+    # A second DVM, daemons only, without the direct path: the two-hop route.
+    env_off = dict(env)
+    env_off["PYDVM_STATE_DIR"] = str(tmp / "state-off")
+    p = subprocess.run(PYDVM + ["start", "--daemonize", "--hosts", "relayed:8",
+                                "--mca", "pydvm_direct_data", "off",
+                                "--log-dir", str(tmp / "logs-off")],
+                       env=env_off, capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        subprocess.run(PYDVM + ["stop", "--dvm", uri], env=env, capture_output=True, timeout=120)
+        print(p.stderr, file=sys.stderr)
+        return 1
+    uri_off = p.stdout.strip()
     rows = []
     try:
         for held in levels:
@@ -98,29 +113,38 @@ def main() -> int:
             o = ompi("latency", [str(held), str(n)], 2, tmp / "o.json")
             h = pydvm(uri, env, head, "latency", [str(held), str(probes)], 2, tmp / "h.json")
             f = pydvm(uri, env, "far", "latency", [str(held), str(probes)], 2, tmp / "f.json")
+            r = pydvm(uri_off, env_off, "relayed", "latency", [str(held), str(probes)], 2,
+                      tmp / "r.json")
             for op in ("publish", "lookup", "unpublish"):
-                rows.append((op, held, o[op], h[op], f[op]))
+                rows.append((op, held, o[op], h[op], f[op], r[op]))
                 print(f"{op:<10} {held:>6} held: Open MPI {o[op]:8.0f} us  pydvm {h[op]:6.0f} us"
                       f"  ratio {h[op] / o[op]:5.2f}   daemon node {f[op]:6.0f} us "
-                      f"({f[op] / h[op]:4.2f}x head)", flush=True)
+                      f"({f[op] / h[op]:4.2f}x head)  direct off {r[op]:6.0f} us "
+                      f"({r[op] / h[op]:4.2f}x head)", flush=True)
         ot = ompi("throughput", [str(tp_seconds)], 8, tmp / "ot.json")["ops_per_s"]
         pt = pydvm(uri, env, head, "throughput", [str(tp_seconds)], 8,
                    tmp / "pt.json")["ops_per_s"]
     finally:
         subprocess.run(PYDVM + ["stop", "--dvm", uri], env=env, capture_output=True, timeout=120)
+        subprocess.run(PYDVM + ["stop", "--dvm", uri_off], env=env_off, capture_output=True,
+                       timeout=120)
         shutil.rmtree(tmp, ignore_errors=True)
 
     print()
     print("| operation | names held | Open MPI µs | pydvm µs | pydvm / Open MPI "
-          "| pydvm daemon node µs | daemon / head |")
-    print("|---|---|---|---|---|---|---|")
-    for op, held, o, h, f in rows:
-        print(f"| {op} | {held:,} | {o:,.0f} | {h:,.0f} | {h / o:.2f} | {f:,.0f} | {f / h:.2f} |")
+          "| daemon node (direct) µs | daemon / head | daemon node, direct off µs "
+          "| off / head |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for op, held, o, h, f, r in rows:
+        print(f"| {op} | {held:,} | {o:,.0f} | {h:,.0f} | {h / o:.2f} | {f:,.0f} | {f / h:.2f} "
+              f"| {r:,.0f} | {r / h:.2f} |")
     print(f"| 8 clients, ops/s | -- | {ot:,.0f} | {pt:,.0f} | {ot / pt:.2f} (Open MPI / pydvm)"
-          " | -- | -- |")
-    worst = max([h / o for _, _, o, h, _ in rows] + [ot / pt])
-    far = max(f / h for _, _, _, h, f in rows)
-    print(f"\nworst ratio R {worst:.2f}; daemon node at most {far:.2f}x the head node")
+          " | -- | -- | -- | -- |")
+    worst = max([h / o for _, _, o, h, _, _ in rows] + [ot / pt])
+    far = max(f / h for _, _, _, h, f, _ in rows)
+    off = max(r / h for _, _, _, h, _, r in rows)
+    print(f"\nworst ratio R {worst:.2f}; daemon node (direct) at most {far:.2f}x the head "
+          f"node; with pydvm_direct_data off at most {off:.2f}x")
     return 0
 
 

@@ -139,11 +139,25 @@ def lookup_msg(keys: Iterable[str] | str, range: Range | int, wait: bool | int,
                      envelope)
 
 
-def unpublish_msg(keys: Iterable[str] | str | None, envelope: bool = True) -> Message:
+def unpublish_msg(keys: Iterable[str] | str | None, envelope: bool = True,
+                  node_only: bool = False) -> Message:
+    """An unpublish; ``node_only`` asks the daemon for its node store's part
+    only (a client with a direct connection sends the master's part itself)."""
     if isinstance(keys, str):
         keys = [keys]
-    return _envelope("unpublish", None, {"keys": None if keys is None else list(keys)},
-                     envelope)
+    msg = _envelope("unpublish", None, {"keys": None if keys is None else list(keys)},
+                    envelope)
+    if node_only:
+        msg["node_only"] = True
+    return msg
+
+
+def combined(master: Message, node: Message) -> Message:
+    """One answer for a request served by both stores (``unpublish``): the
+    master's, unless only the node store's part failed."""
+    if status_of(master) is Status.SUCCESS and status_of(node) is not Status.SUCCESS:
+        return node
+    return master
 
 
 def status_of(r: Message) -> Status:

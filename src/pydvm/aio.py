@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Iterable, Mapping
 
-from . import _proto
+from . import _direct, _proto
 from ._proto import Found, LookupResult
 from .enums import Persistence, Range
 from .errors import BadParamError, UnreachableError
@@ -28,16 +28,30 @@ class Client:
     The same operations as :class:`pydvm.Client`, as coroutines; several may
     be in flight at once.  Cancelling one (``task.cancel()``,
     ``asyncio.wait_for``) withdraws it: a cancelled waiting lookup leaves
-    the store.  Attributes: ``nspace``, ``rank``, ``node``.
+    the store.  Attributes: ``nspace``, ``rank``, ``node``, ``direct``.
+
+    On a daemon's node, master-store requests take the direct path to the
+    master, as for :class:`pydvm.Client` (the connection opens on the first
+    such request).
     """
 
     def __init__(self, channel: Channel, nspace: str, rank: int, node: str | None,
-                 envelope: bool = True) -> None:
+                 envelope: bool = True, direct: "_direct.DirectInfo | None" = None) -> None:
         self._ch = channel
         self.nspace = nspace
         self.rank = rank
         self.node = node
         self._envelope = envelope
+        self._direct_info = direct
+        self._direct_state = (_direct.UNUSED if direct is not None and direct.usable
+                              else _direct.OFF)
+        self._dch: Channel | None = None
+        self._opening: asyncio.Lock | None = None
+
+    @property
+    def direct(self) -> bool:
+        """True while master-store requests take the direct path."""
+        return self._direct_state == _direct.OPEN and not self._dch.closed
 
     @classmethod
     async def connect(cls, server: str | None = None, nspace: str | None = None,
@@ -63,7 +77,8 @@ class Client:
         except BaseException:
             ch.close("hello refused")
             raise
-        return cls(ch, nspace, rank, r.get("node"), bool(r.get("envelope", True)))
+        return cls(ch, nspace, rank, r.get("node"), bool(r.get("envelope", True)),
+                   _direct.DirectInfo.from_hello(r, nspace, rank))
 
     async def publish(self, data: Mapping[str, Any], *, range: Range = Range.SESSION,
                       persistence: Persistence | None = None, access_uids: Iterable[int] = (),
@@ -73,8 +88,8 @@ class Client:
         Arguments, refusals (raised as :mod:`pydvm.errors` exceptions) and
         eviction as :meth:`pydvm.Client.publish`.
         """
-        _proto.check(await self._call(_proto.publish_msg(
-            data, range, persistence, access_uids, access_gids, replace, self._envelope)))
+        _proto.check(await self._route("publish", range, lambda env: _proto.publish_msg(
+            data, range, persistence, access_uids, access_gids, replace, env)))
 
     async def lookup(self, keys: Iterable[str] | str, *, range: Range = Range.SESSION,
                      wait: bool | int = False, timeout: float | None = None) -> LookupResult:
@@ -84,19 +99,23 @@ class Client:
         :meth:`pydvm.Client.lookup`; other requests on this client proceed
         while a lookup waits.
         """
-        return _proto.lookup_result(await self._call(_proto.lookup_msg(keys, range, wait,
-                                                                       timeout, self._envelope)))
+        return _proto.lookup_result(await self._route(
+            "lookup", range, lambda env: _proto.lookup_msg(keys, range, wait, timeout, env)))
 
     async def unpublish(self, keys: Iterable[str] | str | None = None) -> None:
         """Remove the named keys from every item this user owns; with no keys,
         everything this process published.  Succeeds whether or not anything
         matched."""
-        _proto.check(await self._call(_proto.unpublish_msg(keys, self._envelope)))
+        _proto.check(await self._route("unpublish", None,
+                                       lambda env, node_only=False: _proto.unpublish_msg(
+                                           keys, env, node_only)))
 
     async def close(self) -> None:
         """Close the connection; requests still in flight get
         :class:`~pydvm.errors.UnreachableError`."""
         self._ch.close("client closed")
+        if self._dch is not None:
+            self._dch.close("client closed")
 
     async def __aenter__(self) -> "Client":
         return self
@@ -104,11 +123,39 @@ class Client:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    async def _call(self, msg: Message) -> Message:
-        if self._ch.closed:
-            raise UnreachableError(f"connection closed: {self._ch.close_reason}")
+    async def _route(self, t: str, rng, build) -> Message:
+        """Send a request where the routing table says (see
+        :meth:`pydvm.Client._route`) and return its answer."""
+        to_master, to_node = _direct.master_part(t, rng)
+        dch = await self._direct_channel() if to_master else None
+        if dch is None:
+            return await self._call(self._ch, build(self._envelope))
+        if not to_node:
+            return await self._call(dch, build(False))
+        node, master = await asyncio.gather(self._call(self._ch, build(self._envelope, True)),
+                                            self._call(dch, build(False)))
+        return _proto.combined(master, node)
+
+    async def _direct_channel(self) -> Channel | None:
+        if self._direct_state == _direct.OFF:
+            return None
+        if self._direct_state == _direct.UNUSED:
+            if self._opening is None:
+                self._opening = asyncio.Lock()
+            async with self._opening:
+                if self._direct_state == _direct.UNUSED:
+                    if self._ch.closed:  # our process was reaped: act for nobody
+                        raise _direct.daemon_gone()
+                    self._dch = await _direct.open_async(self._direct_info)
+                    self._direct_state = _direct.OFF if self._dch is None else _direct.OPEN
+        return self._dch
+
+    async def _call(self, ch: Channel, msg: Message) -> Message:
+        if ch.closed:
+            who = "master (direct)" if ch is self._dch else "daemon"
+            raise UnreachableError(f"{who} connection closed: {ch.close_reason}")
         try:
-            return await self._ch.call(msg)
+            return await ch.call(msg)
         except TypeError as exc:
             raise BadParamError(f"cannot encode request: {exc}") from None
 

@@ -572,6 +572,10 @@ def cmd_info(a: argparse.Namespace) -> int:
             print(f"  node {name} slots={slots} {state}")
         if r.get("head_node"):
             print(f"  head node {r['head_node']}: served by the master process (one hop)")
+        d = r.get("direct")
+        if d is not None and r["params"].get("pydvm_direct_data", ["off"])[0] == "on":
+            print(f"  direct data: {d['open']} client connections open; {d['accepted']} "
+                  f"accepted, {d['refused']} refused, {d['requests']} requests served")
         _print_pmix(r.get("pmix"))
         rows = [(k, v[0], v[1], v[2]) for k, v in r["params"].items()]
     else:

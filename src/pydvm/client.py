@@ -14,6 +14,12 @@ rendezvous::
 
     pydvm run -n 1 python server.py : -n 4 python worker.py
 
+On a node served by a daemon the client sends the requests the master
+store serves (every range but LOCAL) straight to the master, on one TCP
+connection opened on the first such request, with the credential its
+daemon gave the process at launch (``pydvm_direct_data``; see
+:mod:`pydvm._direct`): one hop instead of two.
+
 Errors come back as exceptions, one class per PMIx status (see
 :mod:`pydvm.errors`); a lookup that found only some keys returns a
 :class:`LookupResult` whose ``status`` is ``Status.ERR_PARTIAL_SUCCESS``.
@@ -26,7 +32,7 @@ import socket
 import threading
 from typing import Any, Iterable, Mapping
 
-from . import _proto
+from . import _direct, _proto
 from ._proto import Found, LookupResult
 from .enums import Persistence, Range
 from .errors import BadParamError, UnreachableError
@@ -46,9 +52,11 @@ class Client:
     this process as a running process of its node.
 
     Attributes: ``nspace`` and ``rank`` (who this process is), ``node``
-    (the node's name, from the daemon), ``server``.  Use it as a context
+    (the node's name, from the daemon), ``server``, ``direct`` (whether a
+    direct connection to the master is open).  Use it as a context
     manager, or call :meth:`close`.  The identity the store records (uid,
-    gid) is read by the daemon from the socket, never sent by the client.
+    gid) is read by the daemon from the socket -- or, on the direct path,
+    vouched for by the daemon at launch -- never claimed by the client.
     """
 
     def __init__(self, server: str | None = None, nspace: str | None = None,
@@ -56,6 +64,7 @@ class Client:
         self.server, self.nspace, self.rank = _proto.identity_from_env(nspace, rank, server)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._dch: BlockingChannel | None = None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(self.server)
@@ -68,6 +77,13 @@ class Client:
         self.node = r.get("node")
         #: whether data requests go as envelopes (a daemon passes them on).
         self._envelope = bool(r.get("envelope", True))
+        self._direct_info = _direct.DirectInfo.from_hello(r, self.nspace, self.rank)
+        self._direct_state = _direct.UNUSED if self._direct_info.usable else _direct.OFF
+
+    @property
+    def direct(self) -> bool:
+        """True while this client's master-store requests take the direct path."""
+        return self._direct_state == _direct.OPEN
 
     def publish(
         self,
@@ -96,8 +112,8 @@ class Client:
         stored nothing and evicted nothing.  An accepted one may evict this
         uid's least recently used items to stay within the cap.
         """
-        self._check(_proto.publish_msg(data, range, persistence, access_uids, access_gids,
-                                       replace, self._envelope))
+        _proto.check(self._route("publish", range, lambda env: _proto.publish_msg(
+            data, range, persistence, access_uids, access_gids, replace, env)))
 
     def lookup(
         self,
@@ -122,20 +138,24 @@ class Client:
         this user), :class:`~pydvm.errors.LookupTimeoutError` or
         :class:`~pydvm.errors.BadParamError`.
         """
-        return _proto.lookup_result(self._call(_proto.lookup_msg(keys, range, wait, timeout,
-                                                                 self._envelope)))
+        return _proto.lookup_result(self._route(
+            "lookup", range, lambda env: _proto.lookup_msg(keys, range, wait, timeout, env)))
 
     def unpublish(self, keys: Iterable[str] | str | None = None) -> None:
         """Remove the named keys from every item this user owns; with no
         keys, remove everything this process published.  Succeeds whether or
         not anything matched."""
-        self._check(_proto.unpublish_msg(keys, self._envelope))
+        _proto.check(self._route("unpublish", None,
+                                 lambda env, node_only=False: _proto.unpublish_msg(
+                                     keys, env, node_only)))
 
     def close(self) -> None:
         """Close the connection.  Items this process published stay, as their
         persistence says; a call waiting in another thread fails with
         :class:`~pydvm.errors.UnreachableError`."""
         self._ch.close()
+        if self._dch is not None:
+            self._dch.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -145,36 +165,82 @@ class Client:
 
     # -- plumbing ---------------------------------------------------------
 
-    def _check(self, msg: Message) -> None:
-        _proto.check(self._call(msg))
+    def _route(self, t: str, rng, build) -> Message:
+        """Send a request where the routing table says and return its answer.
+
+        ``build(envelope)`` makes the request (``build(envelope, True)``:
+        an unpublish's node-store part).  Without a direct connection
+        everything goes to the daemon, which routes it itself."""
+        to_master, to_node = _direct.master_part(t, rng)
+        with self._lock:
+            dch = self._direct_channel() if to_master else None
+            if dch is None:
+                return self._exchange([(self._ch, build(self._envelope))])[0]
+            if not to_node:
+                return self._exchange([(dch, build(False))])[0]
+            # The master's part first: its hop is the longer one.
+            master, node = self._exchange([(dch, build(False)),
+                                           (self._ch, build(self._envelope, True))])
+            return _proto.combined(master, node)
+
+    def _direct_channel(self) -> BlockingChannel | None:
+        """The direct connection, opened on first use; None: use the daemon."""
+        state = self._direct_state
+        if state == _direct.OPEN:
+            return self._dch
+        if state == _direct.OFF:
+            return None
+        if state == _direct.LOST:
+            raise UnreachableError("direct connection to the master lost")
+        if not _direct.socket_open(self._ch.sock):
+            raise _direct.daemon_gone()  # our process was reaped: act for nobody
+        self._dch = _direct.open_blocking(self._direct_info)
+        self._direct_state = _direct.OFF if self._dch is None else _direct.OPEN
+        return self._dch
 
     def _call(self, msg: Message) -> Message:
         with self._lock:
-            rid = next(self._ids)
-            msg["id"] = rid
+            return self._exchange([(self._ch, msg)])[0]
+
+    def _exchange(self, pairs: list[tuple[BlockingChannel, Message]]) -> list[Message]:
+        """Send each request on its connection, then wait for every answer."""
+        for ch, msg in pairs:
+            msg["id"] = next(self._ids)
             try:
-                self._ch.send(msg)
+                ch.send(msg)
             except TypeError as exc:  # a value msgpack cannot encode
                 raise BadParamError(f"cannot encode request: {exc}") from None
             except OSError as exc:
-                raise UnreachableError(f"daemon connection failed: {exc}") from None
-            try:
-                while True:
-                    try:
-                        r = self._ch.recv()
-                    except (OSError, ConnectionError, ValueError) as exc:
-                        raise UnreachableError(f"daemon connection lost: {exc}") from None
-                    if r.get("t") == "reply" and r.get("id") == rid:
-                        return r
-                    if r.get("t") == "error":
-                        raise UnreachableError(
-                            f"daemon dropped the connection: {r.get('msg')}")
-                    # Anything else is the late reply of an abandoned call: skipped.
-            except (KeyboardInterrupt, SystemExit):
-                # Abandoned while waiting (Ctrl-C in a waiting lookup): withdraw
-                # it, so it does not stay parked in the store.
+                raise self._lost(ch, f"connection failed: {exc}") from None
+        answers: list[Message] = []
+        try:
+            for ch, msg in pairs:
+                answers.append(self._answer(ch, msg["id"]))
+        except (KeyboardInterrupt, SystemExit):
+            # Abandoned while waiting (Ctrl-C in a waiting lookup): withdraw
+            # it, so it does not stay parked in the store.
+            for ch, msg in pairs[len(answers):]:
                 try:
-                    self._ch.send({"t": "cancel", "ref": rid})
+                    ch.send({"t": "cancel", "ref": msg["id"]})
                 except OSError:
                     pass
-                raise
+            raise
+        return answers
+
+    def _answer(self, ch: BlockingChannel, rid: int) -> Message:
+        while True:
+            try:
+                r = ch.recv()
+            except (OSError, ConnectionError, ValueError) as exc:
+                raise self._lost(ch, f"connection lost: {exc}") from None
+            if r.get("t") == "reply" and r.get("id") == rid:
+                return r
+            if r.get("t") == "error":
+                raise self._lost(ch, f"dropped the connection: {r.get('msg')}")
+            # Anything else is the late reply of an abandoned call: skipped.
+
+    def _lost(self, ch: BlockingChannel, what: str) -> UnreachableError:
+        if ch is self._dch:
+            self._direct_state = _direct.LOST
+            return UnreachableError(f"master (direct) {what}")
+        return UnreachableError(f"daemon {what}")

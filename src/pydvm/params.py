@@ -82,6 +82,13 @@ def _pmix_mode(text: str) -> str:
     return v
 
 
+def _on_off(text: str) -> str:
+    v = str(text).strip().lower()
+    if v not in ("on", "off"):
+        raise ValueError("must be on or off")
+    return v
+
+
 def _nonempty_str(text: str) -> str:
     if not str(text).strip():
         raise ValueError("must not be empty")
@@ -140,6 +147,10 @@ REGISTRY: dict[str, Param] = {
         Param("pydvm_max_outstanding", _cap, 1024,
               "requests (waiting lookups included) one client or tool connection may have "
               "outstanding; beyond it PMIX_ERR_OUT_OF_RESOURCE (1..1000000)", "int"),
+        Param("pydvm_direct_data", _on_off, "on",
+              "clients on daemon nodes send their master-store requests straight to the "
+              "master (one TCP connection per client process, vouched for by its daemon); "
+              "'off': every request goes through the daemon", "on|off"),
     )
 }
 

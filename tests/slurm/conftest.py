@@ -21,7 +21,6 @@ then they fail instead, so a broken CI set-up cannot hide behind skips.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 

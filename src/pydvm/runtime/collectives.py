@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import Status
 from ..wire import Message, reply
 from .jobs import JobRecord, ProcState
-from .nodes import ACK_TIMEOUT, LOST_STATUS
+from .nodes import LOST_STATUS
 from .peers import DaemonSession
 
 if TYPE_CHECKING:

@@ -40,7 +40,8 @@ class Daemon:
         self.master, welcome = await connect(
             self.uri, self.secret, "daemon", lambda ch, m: None, self._on_master_lost,
             fields={"node": self.node})
-        self.server = NodeServer(self.node, self.master, welcome, guardian=self.guardian)
+        self.server = NodeServer(self.node, self.master, welcome, guardian=self.guardian,
+                                 vouch=(self.secret, str(self.uri)))
         await self.server.start()
         # SIGTERM (Slurm ending the allocation or the step, an admin): end the
         # node's processes and leave, as when the master is lost.

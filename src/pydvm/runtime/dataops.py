@@ -35,6 +35,26 @@ FORWARDED_FIELDS = {
 }
 
 
+#: The two kinds of store a data request can reach.
+NODE, MASTER = "node", "master"
+
+
+def stores_for(t: str, rng: Any) -> tuple[str, ...]:
+    """Which stores serve a data request of type ``t`` and range ``rng``.
+
+    The routing table, in one place: a node server (:mod:`.node`), the
+    master's direct connections (:mod:`.direct`) and the clients that open
+    one (:mod:`pydvm._direct`) all read it.  LOCAL items live in the
+    node store, every other range in the master's; ``unpublish`` goes to
+    both (removal is a question of ownership, not of range).
+    """
+    if t == "unpublish":
+        return (NODE, MASTER)
+    if rng == Range.LOCAL:
+        return (NODE,)
+    return (MASTER,)
+
+
 def request_range(msg: Message) -> Any:
     """The range that routes this request (SESSION when absent).
 

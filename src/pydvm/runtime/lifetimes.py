@@ -237,6 +237,7 @@ class LifetimesMixin:
         store = self.store
         app_idx = job.procs[rank].app_idx
         self._forget_callers(job.nspace)
+        self._close_direct(job.nspace, rank, f"process {job.nspace}:{rank} ended")
         store.purge(Persistence.PROC, nspace=job.nspace, rank=rank)
         if self.relay is not None:
             self.relay.purge(Persistence.PROC, job.nspace, rank=rank)

@@ -23,6 +23,8 @@ module                   concern
 ``toolreqs.py``          every other tool request
 ``collectives.py``       PMIx across nodes: fence, connect, direct modex,
                          abort, spawn (each node hosts its own PMIx server)
+``direct.py``            daemon-node clients connected straight to the
+                         master for their master-store requests
 =======================  ===================================================
 
 Peers are typed sessions (:mod:`pydvm.runtime.peers`): a channel's
@@ -52,13 +54,16 @@ from ..wire import Channel, Message, peer_credentials, refuse, reply
 from . import dataops, registry
 from .auth import HANDSHAKE_TIMEOUT, DvmUri, check_auth, tool_socket_path
 from .collectives import PMIX_REQUESTS, CollectivesMixin
+from .credential import ROLE as DIRECT_ROLE
+from .credential import domain_key
+from .direct import DirectMixin
 from .jobs import HostSpec, JobRecord, SessionRecord
 from .launch import Launcher, make_launcher
 from .lifetimes import DEFAULT_SESSION, LifetimesMixin
 from .guard import Guardian
 from .metrics import MetricsServer, MetricsUnavailable, RequestStats, require_prometheus
 from .nodes import LOST_STATUS, NodeRecord, NodesMixin, StartError, choose_head_node  # noqa: F401
-from .peers import DaemonSession, PeerSession, ToolSession, route_answer
+from .peers import DaemonSession, DirectSession, PeerSession, ToolSession, route_answer
 from .relay import Relay
 from .routing import RoutingMixin
 from .toolreqs import ToolRequestsMixin
@@ -92,7 +97,8 @@ class _PeerChannel(Channel):
         self.master._greet(self)
 
 
-class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, CollectivesMixin):
+class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, CollectivesMixin,
+             DirectMixin):
     """One DVM's master.  ``await start()``, then ``await wait_stopped()``."""
 
     def __init__(
@@ -118,6 +124,10 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
         self._tool_server: asyncio.AbstractServer | None = None
         self.dvm_nspace = f"pydvm-{self.dvmid}"
         self.secret = secrets.token_bytes(32)
+        #: the key direct-data credentials are checked with (credential.py).
+        self._direct_key = domain_key(self.secret)
+        self._direct: dict[tuple[str, int], set[DirectSession]] = {}
+        self.direct_counts = {"accepted": 0, "refused": 0, "requests": 0}
         #: starts the daemons (:mod:`pydvm.runtime.launch`); a name gets that
         #: launcher with hosts given by the caller.
         self.launcher = launcher if isinstance(launcher, Launcher) else make_launcher(launcher)
@@ -309,6 +319,7 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
             "job_launch_env": len(self._job_launch),
             "spawn_parents": len(self._children),
             "connections": len(self._peers),
+            "direct_procs": len(self._direct),
             "tasks": len(self._tasks),
         }
 
@@ -345,6 +356,12 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
 
     def _on_unauthenticated(self, ch: _PeerChannel, msg: Message) -> None:
         """The first message on a connection: it decides the peer's session."""
+        if ch.creds is None and msg.get("t") == "auth" and msg.get("role") == DIRECT_ROLE:
+            # a daemon-node client: identity by the credential its daemon gave it
+            if ch.auth_timer is not None:
+                ch.auth_timer.cancel()
+            self._register_direct(ch, msg)
+            return
         if ch.creds is not None:  # the multi-user tool socket: identity by credentials
             problem = "" if msg.get("t") == "auth" and msg.get("role") == "tool" else \
                 "only tools connect on the tool socket"
@@ -384,6 +401,8 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
             self._node_lost(session.node, reason)
         elif isinstance(session, ToolSession):
             self._tool_gone(session)
+        elif isinstance(session, DirectSession):
+            self._direct_gone(session)
 
     # ------------------------------------------------------------------
     # daemon messages

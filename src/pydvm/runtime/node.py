@@ -20,6 +20,13 @@ Request path of a client call::
     client --unix--> node server --+-- range LOCAL --> node store
                                    +-- other ranges --> router --> master store
 
+(which store takes which request is :func:`dataops.stores_for`).  On a
+daemon's node with ``pydvm_direct_data on`` the node server also vouches
+for every process it launches (:class:`~pydvm.runtime.credential.Voucher`):
+the process's client then sends its master-store requests straight to the
+master (:mod:`pydvm.runtime.direct`) and only LOCAL ones -- and the node
+part of an ``unpublish``, marked ``node_only`` -- come here.
+
 The node server fills the caller's identity itself: uid/gid/pid from the
 Unix socket's peer credentials, namespace/rank from the client's hello
 (checked against the processes it launched).  Requestor claims a client
@@ -64,11 +71,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import params as P
-from ..enums import Persistence, Range
+from ..enums import Persistence
 from ..errors import Status
 from ..store import Caller, DataStore, MonotonicClock, StoreParams
 from ..wire import Channel, Message, peer_credentials, refuse, reply
 from . import dataops
+from .credential import ENV as credential_env
+from .credential import Voucher
 from .guard import Guardian, die_with_parent, group_alive
 from .metrics import RequestStats, store_sample
 from .peers import ClientSession, route_answer
@@ -163,13 +172,15 @@ class NodeServer:
     :meth:`on_master`); ``router`` takes the data requests that are not
     LOCAL (default: an :class:`UplinkRouter` over ``uplink``).  ``welcome``
     is what the master told the node when it joined (parameters, DVM id,
-    namespace, multi-user).  :meth:`start` opens the client socket and says
-    ``ready``; :meth:`stop` ends every process and closes everything;
-    :attr:`done` is set once it has.
+    namespace, multi-user).  ``vouch`` -- (DVM secret, master URI), given by
+    a daemon -- lets it hand its processes direct-data credentials when
+    ``pydvm_direct_data`` is on (the head node, one hop already, has none).
+    :meth:`start` opens the client socket and says ``ready``; :meth:`stop`
+    ends every process and closes everything; :attr:`done` is set once it has.
     """
 
     def __init__(self, node: str, uplink, welcome: Message, *, guardian: Guardian,
-                 router=None) -> None:
+                 router=None, vouch: tuple[bytes, str] | None = None) -> None:
         self.node = node
         self.uplink = uplink
         self.router = router or UplinkRouter(uplink)
@@ -178,6 +189,10 @@ class NodeServer:
         self.dvmid = welcome["dvm"]
         self.dvm_nspace = welcome["dvm_nspace"]
         self.multi_user = bool(welcome.get("multi_user"))
+        #: vouches for launched processes' direct connections (None: none handed out).
+        self.voucher: Voucher | None = None
+        if vouch is not None and self.values["pydvm_direct_data"] == "on":
+            self.voucher = Voucher(vouch[0], self.dvmid, node, vouch[1])
         self.store: DataStore | None = None
         self.jobs: dict[str, LocalJob] = {}
         self.socket_dir: Path | None = None
@@ -415,6 +430,12 @@ class NodeServer:
                 "PMIX_NAMESPACE": ns,
                 "PMIX_RANK": str(p["rank"]),
             })
+            env.pop(credential_env, None)  # never one inherited from elsewhere
+            if self.voucher is not None:
+                run_uid, run_gid = (switch[0], switch[1]) if switch else (os.getuid(),
+                                                                         os.getgid())
+                env.update(self.voucher.environment(ns, p["rank"], run_uid, run_gid,
+                                                    p["app_idx"], job.session_id))
             lp = LocalProc(ns, p["rank"], p["app_idx"])
             job.procs[p["rank"]] = lp
             if layout and self.pmix.running:
@@ -566,8 +587,9 @@ class NodeServer:
         lp.sessions.add(session)
         ch.on_message = self._on_client
         self._clients.add(session)
+        extra = {"direct": self.voucher.master_uri} if self.voucher is not None else {}
         ch.send(reply(rid, Status.SUCCESS, node=self.node,
-                      envelope=getattr(self.router, "wants_envelopes", True)))
+                      envelope=getattr(self.router, "wants_envelopes", True), **extra))
 
     def _on_client(self, ch: Channel, msg: Message) -> None:
         session: ClientSession = ch.session
@@ -583,26 +605,28 @@ class NodeServer:
     def serve_data(self, session, msg: Message) -> None:
         """Serve one data request of a local process's session -- a native
         client's, or a PMIx client's (:mod:`pydvm.runtime.pmixhost`): admit
-        it, then the node store for LOCAL, the router for every other range;
-        ``unpublish`` both.  Exactly one answer goes to the session."""
+        it, then serve it where :func:`dataops.stores_for` says: the node
+        store for LOCAL, the router for every other range, ``unpublish``
+        both -- or only the node store when marked ``node_only`` (a direct
+        client sends the master's part itself).  Exactly one answer goes to
+        the session."""
         refusal = session.admit(msg)
         if refusal is not None:
             session.send(refusal)
             return
         rid = msg["id"]
-        caller = session.caller
         t = msg["t"]
-        if t == "unpublish":
-            self.request_stats.apply(self.store, caller, msg, (session, rid))
-            self._forward(session, msg)
-        elif dataops.request_range(msg) == Range.LOCAL:
-            out = self.request_stats.apply(self.store, caller, msg, (session, rid))
-            if out is None:
-                session.parked.add(rid)
-            else:
-                session.send(out)
-        else:
-            self._forward(session, msg)
+        stores = dataops.stores_for(t, dataops.request_range(msg))
+        to_master = dataops.MASTER in stores and not (t == "unpublish" and msg.get("node_only"))
+        if dataops.NODE in stores:
+            out = self.request_stats.apply(self.store, session.caller, msg, (session, rid))
+            if not to_master:
+                if out is None:
+                    session.parked.add(rid)
+                else:
+                    session.send(out)
+                return
+        self._forward(session, msg)
 
     def _forward(self, session: ClientSession, msg: Message) -> None:
         self.router.forward(session, msg)

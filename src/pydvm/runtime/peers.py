@@ -26,6 +26,10 @@ client (at a daemon)        uid/gid from ``SO_PEERCRED``; nspace/rank from its
                             of that node.  Claims in its messages are dropped.
 daemon (at the master)      the ``caller`` it names, which must be a running
                             process of a job on *that daemon's* node.
+direct client (at the       fixed at its handshake: the identity its daemon
+master)                     vouched for at launch (a credential, see
+                            :mod:`~pydvm.runtime.credential`), accepted only
+                            for a running process.  Claims are dropped.
 tool, privileged            root, or the DVM's owner (it answered the
                             challenge with the DVM secret): any ``requestor``,
                             ``req_uid``, ``req_gid`` claim is honoured -- this
@@ -155,6 +159,29 @@ class ClientSession(PeerSession):
         super().__init__(channel, max_outstanding)
         self.caller = caller
         self.pid = pid
+
+    @property
+    def proc_key(self) -> tuple[str, int]:
+        return (self.caller.nspace, self.caller.rank)
+
+
+class DirectSession(PeerSession):
+    """A job process of a daemon's node connected straight to the master for
+    its master-store requests (:mod:`pydvm.runtime.direct`).
+
+    ``caller`` is fixed at the handshake from the credential its daemon gave
+    it at launch (uid/gid are those it was launched as), with app and session
+    from the master's job records: the tuple the same request relayed by the
+    daemon would carry.  The master closes every direct session of a process
+    when it learns that process ended, so one never outlives it.
+    """
+
+    kind = "direct"
+
+    def __init__(self, channel: "Channel", caller: Caller,
+                 max_outstanding: int | None = MAX_OUTSTANDING) -> None:
+        super().__init__(channel, max_outstanding)
+        self.caller = caller
 
     @property
     def proc_key(self) -> tuple[str, int]:

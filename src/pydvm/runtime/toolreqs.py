@@ -229,6 +229,7 @@ class ToolRequestsMixin:
             daemon_pids={n.name: n.process.pid for n in self.nodes.values() if n.process},
             launcher=self.launcher.name, hosts_from=self.launcher.source, log_dir=self.log_dir,
             records=self.record_counts(),
+            direct=self.direct_stats(),
             head_node=self.head_node,
             metrics=self.metrics.url if self.metrics is not None else None,
             pmix={"master": list(pmix_status()), "nodes": self._pmix_nodes},

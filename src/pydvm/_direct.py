@@ -1,0 +1,197 @@
+"""The client's side of the direct data path (see :mod:`pydvm.runtime.direct`).
+
+A client on a daemon's node whose daemon handed it a credential
+(``PYDVM_DIRECT_CRED``, put there at launch) and named the master in its
+hello reply (``direct``) sends the requests the routing table
+(:func:`pydvm.runtime.dataops.stores_for`) gives to the master store
+straight to the master, on one TCP connection opened on the first such
+request.  Everything else keeps going to the daemon.
+
+* the master unreachable when the connection is first opened: logged at
+  debug level, and this client uses the daemon path from then on;
+* the master refuses the credential: the request fails with that refusal
+  (``NoPermissionsError``) -- never silently retried another way;
+* the daemon has dropped this client (its process was reaped): nothing is
+  opened; the request fails ``UnreachableError`` as on the daemon path;
+* a direct connection once open and then lost: the request fails
+  ``UnreachableError`` and so does every later one that needs it (the
+  master closes it when the process has ended).
+
+Only a process running as the uid/gid its credential names uses it (a
+process that changed user falls back to the daemon, which reads its real
+peer credentials).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import select
+import socket
+from typing import Any
+
+from .errors import PMIxError, Status, UnreachableError, error_for
+from .runtime import dataops
+from .runtime.auth import DvmUri, UriError
+from .runtime.credential import Credential, token_from_env
+from .wire import BlockingChannel, Channel, Message
+
+log = logging.getLogger("pydvm.client")
+
+#: Seconds to open and authenticate the direct connection before giving up
+#: on it (then the daemon path is used).
+CONNECT_TIMEOUT = 5.0
+
+UNUSED, OPEN, OFF, LOST = "unused", "open", "off", "lost"
+
+
+def master_part(t: str, rng: Any) -> tuple[bool, bool]:
+    """(goes to the master, also to the node store) for a request."""
+    stores = dataops.stores_for(t, rng)
+    return dataops.MASTER in stores, dataops.NODE in stores
+
+
+class DirectInfo:
+    """Where and as what this client may connect directly (``uri`` None:
+    it may not), or why its credential is unusable (``problem``)."""
+
+    def __init__(self, uri: DvmUri | None, cred: Credential | None, nspace: str, rank: int,
+                 problem: str = "") -> None:
+        self.uri, self.cred = uri, cred
+        self.nspace, self.rank = nspace, rank
+        self.problem = problem
+
+    @classmethod
+    def from_hello(cls, hello: Message, nspace: str, rank: int) -> "DirectInfo":
+        """From the daemon's hello reply (``direct``: the master's URI, when
+        the node vouches for its processes) and this process's environment."""
+        where = hello.get("direct")
+        token = token_from_env()
+        if not isinstance(where, str) or token is None:
+            return cls(None, None, nspace, rank)  # head node, or direct data off
+        if os.environ.get("PYDVM_NSPACE") != nspace or os.environ.get("PYDVM_RANK") != str(rank):
+            return cls(None, None, nspace, rank)  # the credential is not for this identity
+        try:
+            info = cls(DvmUri.parse(where), Credential.parse(token), nspace, rank)
+        except (UriError, ValueError) as exc:
+            return cls(None, None, nspace, rank,
+                       f"unusable direct-data credential in the environment: {exc}")
+        if (info.cred.uid, info.cred.gid) != (os.getuid(), os.getgid()):
+            log.debug("running as uid %d gid %d, not as launched: direct data not used",
+                      os.getuid(), os.getgid())
+            info.uri = None
+        return info
+
+    @property
+    def usable(self) -> bool:
+        return self.uri is not None or bool(self.problem)
+
+    def auth(self, challenge: Message) -> Message:
+        """The answer to the master's challenge (raises ConnectionError if it is none)."""
+        if challenge.get("t") != "challenge" or not isinstance(challenge.get("nonce"), bytes):
+            raise ConnectionError("master sent no challenge")
+        if challenge.get("dvm") != self.uri.dvmid:
+            raise ConnectionError(f"{self.uri.host}:{self.uri.port} is DVM "
+                                  f"{challenge.get('dvm')}, not {self.uri.dvmid}")
+        return {"t": "auth", "id": 0,
+                **self.cred.answer(challenge["nonce"], self.nspace, self.rank)}
+
+    def refused(self, r: Message) -> PMIxError:
+        try:
+            st = Status(r.get("status"))
+        except ValueError:
+            st = Status.ERR_NO_PERMISSIONS
+        return error_for(st, f"the master refused a direct connection: {r.get('msg') or ''}")
+
+
+def open_blocking(info: DirectInfo) -> BlockingChannel | None:
+    """Open and authenticate the direct connection; None if the master
+    cannot be reached (the caller falls back to the daemon).  Raises the
+    master's refusal, or NoPermissionsError for an unusable credential."""
+    if info.problem:
+        raise error_for(Status.ERR_NO_PERMISSIONS, info.problem)
+    try:
+        sock = socket.create_connection((info.uri.host, info.uri.port), CONNECT_TIMEOUT)
+    except OSError as exc:
+        log.debug("direct data: cannot reach the master at %s: %s; using the daemon",
+                  info.uri, exc)
+        return None
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        ch = BlockingChannel(sock)
+        ch.send(info.auth(ch.recv(CONNECT_TIMEOUT)))
+        r = ch.recv(CONNECT_TIMEOUT)
+        if r.get("status") != 0:
+            raise info.refused(r)
+        return ch
+    except PMIxError:
+        sock.close()
+        raise
+    except (OSError, ConnectionError, ValueError) as exc:
+        sock.close()
+        log.debug("direct data: no handshake with the master at %s: %s; using the daemon",
+                  info.uri, exc)
+        return None
+
+
+async def open_async(info: DirectInfo) -> Channel | None:
+    """:func:`open_blocking` for the asyncio client."""
+    if info.problem:
+        raise error_for(Status.ERR_NO_PERMISSIONS, info.problem)
+    loop = asyncio.get_running_loop()
+    first: asyncio.Future = loop.create_future()
+
+    def on_first(ch: Channel, msg: Message) -> None:
+        if not first.done():
+            first.set_result(msg)
+
+    def closed(ch: Channel, reason: str) -> None:
+        if not first.done():
+            first.set_exception(ConnectionError(f"master closed: {reason}"))
+
+    try:
+        _, ch = await asyncio.wait_for(loop.create_connection(
+            lambda: Channel(on_first, closed, name=f"master {info.uri.host}:{info.uri.port}"),
+            info.uri.host, info.uri.port), CONNECT_TIMEOUT)
+    except (OSError, asyncio.TimeoutError) as exc:
+        log.debug("direct data: cannot reach the master at %s: %s; using the daemon",
+                  info.uri, exc)
+        return None
+    try:
+        challenge = await asyncio.wait_for(first, CONNECT_TIMEOUT)
+        ch.on_message = _ignore
+        auth = info.auth(challenge)
+        del auth["id"]
+        r = await ch.call(auth, CONNECT_TIMEOUT)
+    except (ConnectionError, asyncio.TimeoutError) as exc:
+        ch.close("handshake failed")
+        log.debug("direct data: no handshake with the master at %s: %s; using the daemon",
+                  info.uri, exc)
+        return None
+    if r.get("status") != 0:
+        ch.close("refused")
+        raise info.refused(r)
+    return ch
+
+
+def socket_open(sock: socket.socket) -> bool:
+    """False once the peer has closed ``sock`` (the daemon dropped this
+    client: its process was reaped).  Never blocks, never consumes data."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return True
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+    except BlockingIOError:
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def daemon_gone() -> UnreachableError:
+    return UnreachableError("daemon dropped the connection")
+
+
+def _ignore(ch: Channel, msg: Message) -> None:
+    pass

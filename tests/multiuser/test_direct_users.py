@@ -1,0 +1,62 @@
+"""The direct data path with real uids: the credential stays with its user.
+
+The DVM's nodes a and b have daemons, so every job here takes the direct
+path (the other tests of this directory check its identities too: items
+accounted to their publisher's uid, claims refused).  These are about the
+credential itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+A, B = "pdvmtesta", "pdvmtestb"
+
+PROBE = """
+import sys
+from pydvm import _direct
+from pydvm.errors import PMIxError
+from pydvm.runtime.auth import DvmUri
+from pydvm.runtime.credential import Credential
+uri, token, nspace, rank, uid = sys.argv[1:6]
+parts = token.split(":")
+if uid != "-":
+    parts[1] = uid
+cred = Credential.parse(":".join(parts))
+try:
+    ch = _direct.open_blocking(_direct.DirectInfo(DvmUri.parse(uri), cred, nspace, int(rank)))
+    print("STATUS", "OK" if ch is not None else "UNREACHABLE")
+except PMIxError as exc:
+    print("STATUS", exc.status.pmix_name)
+"""
+
+
+def test_a_users_credential_is_unreadable_to_others_and_cannot_be_turned_into_another_uid(
+        mudvm, users):
+    """A's job process holds its credential: B cannot read A's environment;
+    A's credential edited to name B's uid is refused NO_PERMISSIONS; as it
+    was made, it is accepted (for A)."""
+    shared = Path(tempfile.mkdtemp(prefix="pydvm-probe-"))
+    probe = shared / "probe.py"
+    probe.write_text(PROBE)
+    os.chmod(shared, 0o755)
+    os.chmod(probe, 0o644)
+    job = mudvm.popen_as(A, "run", "--host", "b", "-n", "1", "sh", "-c",
+                         'echo "$$ $PYDVM_NSPACE $PYDVM_RANK $PYDVM_DIRECT_CRED"; sleep 20')
+    try:
+        pid, nspace, rank, token = job.stdout.readline().split()
+        assert token.startswith(f"v1:{users[A]}:"), token
+        p = mudvm.as_user_python(B, "-c", f"open('/proc/{pid}/environ').read()")
+        assert p.returncode != 0 and "PermissionError" in p.stderr, (p.stdout, p.stderr)
+        forged = mudvm.as_user_python(A, str(probe), mudvm.uri, token, nspace, rank,
+                                      str(users[B]))
+        assert "STATUS PMIX_ERR_NO_PERMISSIONS" in forged.stdout, (forged.stdout, forged.stderr)
+        real = mudvm.as_user_python(A, str(probe), mudvm.uri, token, nspace, rank, "-")
+        assert "STATUS OK" in real.stdout, (real.stdout, real.stderr)
+    finally:
+        job.kill()
+        job.wait(timeout=30)
+        shutil.rmtree(shared, ignore_errors=True)
