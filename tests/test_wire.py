@@ -8,6 +8,7 @@ maps or raises FrameError -- never any other exception.
 from __future__ import annotations
 
 import struct
+import time
 
 import msgpack
 import pytest
@@ -519,3 +520,57 @@ def test_closing_an_in_process_link_answers_outstanding_requests_unreach():
     got, late = asyncio.run(scenario())
     assert [(r["status"], r["msg"]) for r in got] == [(-25, "link here closed: gone")]
     assert late[0]["status"] == -25 and late[0]["msg"] == "link here is closed"
+
+
+# ---------------------------------------------------------------------------
+# the blocking client's wait: poll for about one round trip, then sleep
+# ---------------------------------------------------------------------------
+
+import socket  # noqa: E402
+import threading  # noqa: E402
+
+from pydvm import wire as wire_mod  # noqa: E402
+from pydvm.wire import SPIN_BACKOFF, BlockingChannel  # noqa: E402
+
+
+@pytest.mark.parametrize("text,us", [("", 100.0), ("0", 0.0), ("250", 250.0), ("junk", 100.0),
+                                     ("-5", 0.0), ("1e9", 10_000.0)])
+def test_the_spin_window_comes_from_the_environment(monkeypatch, text, us):
+    monkeypatch.setenv("PYDVM_CLIENT_SPIN_US", text)
+    assert wire_mod._client_spin() == pytest.approx(us / 1e6)
+
+
+def test_a_reply_is_read_whether_it_comes_during_the_poll_or_after_it(monkeypatch):
+    """A reply already there is read by the poll; one that comes later than the
+    window is read by the sleeping recv; an empty poll makes the next waits sleep
+    at once, and they still get their replies."""
+    monkeypatch.setenv("PYDVM_CLIENT_SPIN_US", "2000")
+    a, b = socket.socketpair()
+    try:
+        ch = BlockingChannel(a)
+        b.sendall(pack({"t": "reply", "id": 1}))
+        assert ch.recv() == {"t": "reply", "id": 1}
+        assert ch._sleepy == 0
+        late = threading.Timer(0.05, lambda: b.sendall(pack({"t": "reply", "id": 2})))
+        late.start()
+        assert ch.recv() == {"t": "reply", "id": 2}  # after the 2 ms poll: asleep
+        late.join()
+        assert ch._sleepy == SPIN_BACKOFF
+        b.sendall(pack({"t": "reply", "id": 3}))
+        assert ch.recv() == {"t": "reply", "id": 3}
+        assert ch._sleepy == SPIN_BACKOFF - 1
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_closed_peer_is_seen_during_the_poll(monkeypatch):
+    monkeypatch.setenv("PYDVM_CLIENT_SPIN_US", "100000")
+    a, b = socket.socketpair()
+    ch = BlockingChannel(a)
+    b.close()
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError):
+        ch.recv()
+    assert time.monotonic() - t0 < 0.05  # EOF ends the poll at once
+    a.close()

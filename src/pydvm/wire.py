@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import struct
 import time
@@ -621,6 +622,29 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     return struct.unpack("3i", creds)
 
 
+#: How long (µs) a blocking client polls for a reply before it sleeps in
+#: ``recv`` (``PYDVM_CLIENT_SPIN_US``; 0: sleep at once).  On a virtual
+#: machine whose CPUs idle between requests, waking a sleeping process costs
+#: tens of µs -- as much as the whole round trip to a store on the same
+#: host -- so a waiting caller that stays awake for about one round trip
+#: answers sooner; past that it sleeps as before (a waiting lookup costs at
+#: most this much CPU once).  MPI libraries poll for the same reason.
+CLIENT_SPIN_US_DEFAULT = 100.0
+#: After a poll that timed out, this many waits sleep at once before the next
+#: poll is tried.
+SPIN_BACKOFF = 32
+
+
+def _client_spin() -> float:
+    """The spin window in seconds, from the environment (bad values: the default)."""
+    text = os.environ.get("PYDVM_CLIENT_SPIN_US", "")
+    try:
+        us = float(text) if text.strip() else CLIENT_SPIN_US_DEFAULT
+    except ValueError:
+        us = CLIENT_SPIN_US_DEFAULT
+    return max(0.0, min(us, 10_000.0)) / 1e6
+
+
 class BlockingChannel:
     """A framed connection for synchronous code (the blocking client).
 
@@ -632,9 +656,33 @@ class BlockingChannel:
         self._decoder = FrameDecoder(max_frame)
         self._queue: list[Message] = []
         self._timeout: float | None = sock.gettimeout()
+        self.spin = _client_spin()
+        #: waits left during which we sleep at once: set after a poll that
+        #: found nothing (the peer is slow or the CPUs are oversubscribed, as
+        #: with many clients per core; polling would only steal their time).
+        self._sleepy = 0
 
     def send(self, msg: Message) -> None:
         self.sock.sendall(pack(msg))
+
+    def _poll(self) -> bytes | None:
+        """Read without sleeping for up to :attr:`spin` seconds; None if
+        nothing came (only on a blocking socket: one with a timeout would
+        wait in ``poll`` instead).  A poll that comes back empty-handed
+        makes the next :data:`SPIN_BACKOFF` waits sleep at once."""
+        if not self.spin or self._timeout is not None:
+            return None
+        if self._sleepy:
+            self._sleepy -= 1
+            return None
+        end = time.perf_counter() + self.spin
+        while True:
+            try:
+                return self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                if time.perf_counter() >= end:
+                    self._sleepy = SPIN_BACKOFF
+                    return None
 
     def recv(self, timeout: float | None = None) -> Message:
         """Next message; raises ConnectionError on EOF, socket.timeout on timeout."""
@@ -642,7 +690,9 @@ class BlockingChannel:
             self.sock.settimeout(timeout)
             self._timeout = timeout
         while not self._queue:
-            data = self.sock.recv(1 << 16)
+            data = self._poll()
+            if data is None:
+                data = self.sock.recv(1 << 16)
             if not data:
                 raise ConnectionError("server closed the connection")
             self._queue.extend(self._decoder.feed(data))
