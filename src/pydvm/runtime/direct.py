@@ -121,14 +121,8 @@ class DirectMixin:
             self._data_op(session, msg, session.caller)
         elif t == "cancel":
             self._cancel(session, msg.get("ref"))
-        elif t == "ping":
-            if "id" in msg:
-                ch.send(reply(msg.get("id"), Status.SUCCESS))
         else:
-            if t != "reply":
-                log.warning("%s: unknown message type %r", ch.name, t)
-            if "id" in msg:
-                refuse(ch, msg, Status.ERR_BAD_PARAM, f"unknown message type {t!r}")
+            self._ping_or_unknown(ch, msg)
 
     def _close_direct(self: "Master", nspace: str, rank: int, why: str) -> None:
         """Process ``nspace:rank`` ended: nothing may act for it any more."""

@@ -427,11 +427,18 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
             self._pmix_nodes[session.node] = list(pmix) if isinstance(pmix, list) else \
                 [False, "not reported", None]
             self._daemon_ready(session.node)
-        elif t == "ping":
+        else:
+            self._ping_or_unknown(ch, msg)
+
+    def _ping_or_unknown(self, ch: Channel, msg: Message) -> None:
+        """What every peer may send besides its own messages: a ``ping``
+        (answered), else an unknown type (logged; refused if it asked)."""
+        t = msg["t"]
+        if t == "ping":
             if "id" in msg:
                 ch.send(reply(msg.get("id"), Status.SUCCESS))
-        else:
-            if t != "reply":
-                log.warning("%s: unknown message type %r", ch.name, t)
-            if "id" in msg:
-                refuse(ch, msg, Status.ERR_BAD_PARAM, f"unknown message type {t!r}")
+            return
+        if t != "reply":
+            log.warning("%s: unknown message type %r", ch.name, t)
+        if "id" in msg:
+            refuse(ch, msg, Status.ERR_BAD_PARAM, f"unknown message type {t!r}")
