@@ -9,37 +9,23 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from dvmkit import Dvm, job_script, start_dvm  # noqa: E402
+from dvmkit import Dvm, dvm_factory, job_script, start_dvm  # noqa: E402
 from rawpeers import HeldJob  # noqa: E402
 
 
 @pytest.fixture
 def dvm(tmp_path) -> Dvm:
     """A fresh DVM with three local daemons a, b, c (default parameters)."""
-    d = start_dvm(tmp_path)
-    try:
+    with start_dvm(tmp_path) as d:
         yield d
-    finally:
-        d.stop()
 
 
 @pytest.fixture
 def make_dvm(tmp_path):
     """Factory for DVMs with chosen hosts and --mca parameters; all stopped at the end."""
-    made: list[Dvm] = []
-
-    def make(hosts: str = "a,b,c", **mca) -> Dvm:
-        sub = tmp_path / f"dvm{len(made)}"
-        sub.mkdir()
-        d = start_dvm(sub, hosts, mca)
-        made.append(d)
-        return d
-
-    try:
+    with dvm_factory(tmp_path, lambda sub, hosts="a,b,c", **mca: start_dvm(sub, hosts, mca)) \
+            as make:
         yield make
-    finally:
-        for d in made:
-            d.stop()
 
 
 @pytest.fixture

@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,6 +111,12 @@ class Dvm:
                 if p and pid_alive(p):
                     os.kill(p, signal.SIGKILL)
 
+    def __enter__(self) -> Dvm:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
 
 def start_dvm(tmp: Path, hosts: str = "a,b,c", mca: dict[str, str] | None = None,
               extra: list[str] | None = None, state_dir: Path | None = None) -> Dvm:
@@ -136,6 +144,27 @@ def start_dvm(tmp: Path, hosts: str = "a,b,c", mca: dict[str, str] | None = None
     dvm.pid, dvm.daemon_pids = _pids_from_info(dvm)
     assert info.stdout
     return dvm
+
+
+@contextmanager
+def dvm_factory(tmp: Path, start: Callable[..., Dvm]) -> Iterator[Callable[..., Dvm]]:
+    """A fixture's DVM factory: ``make(*args, **kw)`` calls ``start(SUB, *args,
+    **kw)`` with a fresh directory ``SUB`` under ``tmp``; every DVM made is
+    stopped when the block ends."""
+    made: list[Dvm] = []
+
+    def make(*args, **kw) -> Dvm:
+        sub = tmp / f"dvm{len(made)}"
+        sub.mkdir()
+        d = start(sub, *args, **kw)
+        made.append(d)
+        return d
+
+    try:
+        yield make
+    finally:
+        for d in made:
+            d.stop()
 
 
 def _pids_from_info(dvm: Dvm) -> tuple[int, dict[str, int]]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dvmkit import LineReader, finish, pid_alive, start_dvm, wait_for
+from dvmkit import LineReader, dvm_factory, finish, pid_alive, start_dvm, wait_for
 from test_jobs import (  # noqa: F401
     test_ctrl_c_on_run_kills_the_job_and_exits_130,
     test_job_exit_status_is_the_process_status_or_128_plus_the_signal,
@@ -64,29 +64,19 @@ HEAD = {"pydvm_head_node": "a"}
 @pytest.fixture
 def dvm(tmp_path):
     """Nodes a, b, c; a is served by the master process."""
-    d = start_dvm(tmp_path, "a,b,c", HEAD)
-    try:
+    with start_dvm(tmp_path, "a,b,c", HEAD) as d:
         yield d
-    finally:
-        d.stop()
+
+
+def _start_headed(sub, hosts: str = "a,b,c", **mca):
+    """A DVM whose first host is its head node."""
+    return start_dvm(sub, hosts, {"pydvm_head_node": hosts.split(",")[0], **mca})
 
 
 @pytest.fixture
 def make_dvm(tmp_path):
-    made = []
-
-    def make(hosts: str = "a,b,c", **mca):
-        sub = tmp_path / f"dvm{len(made)}"
-        sub.mkdir()
-        d = start_dvm(sub, hosts, {"pydvm_head_node": hosts.split(",")[0], **mca})
-        made.append(d)
-        return d
-
-    try:
+    with dvm_factory(tmp_path, _start_headed) as make:
         yield make
-    finally:
-        for d in made:
-            d.stop()
 
 
 def test_head_node_clients_are_served_inside_the_master_process(dvm):

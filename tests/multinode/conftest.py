@@ -40,31 +40,19 @@ def hostnet(tmp_path):
 
 @pytest.fixture
 def dvm(tmp_path, hostnet) -> dvmkit.Dvm:
-    d = start_net_dvm(tmp_path, hostnet)
-    try:
+    with start_net_dvm(tmp_path, hostnet) as d:
         yield d
-    finally:
-        d.stop()
 
 
 @pytest.fixture
 def make_dvm(tmp_path, hostnet):
-    made: list[dvmkit.Dvm] = []
-
-    def make(hosts: str = "a,b,c", **mca) -> dvmkit.Dvm:
-        if made:  # one DVM per set of test hosts: node names must be unique
+    def start(sub: Path, hosts: str = "a,b,c", **mca) -> dvmkit.Dvm:
+        if sub.name != "dvm0":  # one DVM per set of test hosts: node names must be unique
             raise AssertionError("make_dvm over test hosts supports one DVM per test")
-        sub = tmp_path / "dvm0"
-        sub.mkdir()
-        d = start_net_dvm(sub, hostnet, hosts.split(","), mca)
-        made.append(d)
-        return d
+        return start_net_dvm(sub, hostnet, hosts.split(","), mca)
 
-    try:
+    with dvmkit.dvm_factory(tmp_path, start) as make:
         yield make
-    finally:
-        for d in made:
-            d.stop()
 
 
 def in_host(net: HostNet, name: str, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:

@@ -65,27 +65,15 @@ def mpi4py_python(libpmix):
 def pdvm(tmp_path_factory, libpmix):
     """One DVM for a module: the head node (this machine's name) and daemon node ``far``."""
     tmp = tmp_path_factory.mktemp("pdvm")
-    d = dvmkit.start_dvm(tmp, f"{HEAD}:4,{FAR}:4", {"pydvm_pmix": "on"})
-    try:
+    with dvmkit.start_dvm(tmp, f"{HEAD}:4,{FAR}:4", {"pydvm_pmix": "on"}) as d:
         yield d
-    finally:
-        d.stop()
 
 
 @pytest.fixture
 def make_pdvm(tmp_path, libpmix):
     """Factory for DVMs with their own parameters (same two nodes); stopped at the end."""
-    made: list[dvmkit.Dvm] = []
+    def start(sub, **mca) -> dvmkit.Dvm:
+        return dvmkit.start_dvm(sub, f"{HEAD}:4,{FAR}:4", {"pydvm_pmix": "on", **mca})
 
-    def make(**mca) -> dvmkit.Dvm:
-        sub = tmp_path / f"dvm{len(made)}"
-        sub.mkdir()
-        d = dvmkit.start_dvm(sub, f"{HEAD}:4,{FAR}:4", {"pydvm_pmix": "on", **mca})
-        made.append(d)
-        return d
-
-    try:
+    with dvmkit.dvm_factory(tmp_path, start) as make:
         yield make
-    finally:
-        for d in made:
-            d.stop()
