@@ -67,3 +67,32 @@ def test_the_routing_table_gives_local_to_the_node_and_unpublish_to_both():
     for rng in (Range.SESSION, Range.NAMESPACE, Range.RM, Range.UNDEF):
         assert dataops.stores_for("publish", int(rng)) == (dataops.MASTER,)
     assert dataops.stores_for("unpublish", None) == (dataops.NODE, dataops.MASTER)
+
+
+# -- the same-host direct-data socket offer ----------------------------------
+
+from pydvm.runtime.auth import host_identity  # noqa: E402
+from pydvm.runtime.node import same_host_socket  # noqa: E402
+
+
+def test_host_identity_names_the_kernel_and_this_processs_namespaces():
+    ident = host_identity()
+    boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+    assert ident.startswith(boot + "/")
+    assert f"net:{os.stat('/proc/self/ns/net').st_ino}" in ident
+    assert f"mnt:{os.stat('/proc/self/ns/mnt').st_ino}" in ident
+
+
+@pytest.mark.parametrize("offer,expected", [
+    ({"path": "/x/direct.sock", "host": "SAME"}, "/x/direct.sock"),
+    ({"path": "/x/direct.sock", "host": "another-boot/mnt:1/net:2"}, ""),
+    ({"path": "/x/direct.sock", "host": ""}, ""),
+    ({"path": 5, "host": "SAME"}, ""),
+    ({"host": "SAME"}, ""),
+    ("/x/direct.sock", ""),
+    (None, ""),
+])
+def test_a_daemon_takes_the_masters_socket_only_on_the_masters_machine(offer, expected):
+    if isinstance(offer, dict) and offer.get("host") == "SAME":
+        offer = {**offer, "host": host_identity()}
+    assert same_host_socket(offer) == expected

@@ -4,8 +4,10 @@ A client on a daemon's node whose daemon handed it a credential
 (``PYDVM_DIRECT_CRED``, put there at launch) and named the master in its
 hello reply (``direct``) sends the requests the routing table
 (:func:`pydvm.runtime.dataops.stores_for`) gives to the master store
-straight to the master, on one TCP connection opened on the first such
-request.  Everything else keeps going to the daemon.
+straight to the master, on one connection opened on the first such
+request: the master's direct-data Unix socket when the daemon offered one
+(the master runs on this machine), else its TCP port.  Everything else
+keeps going to the daemon.
 
 * the master unreachable when the connection is first opened: logged at
   debug level, and this client uses the daemon path from then on;
@@ -57,10 +59,12 @@ class DirectInfo:
     it may not), or why its credential is unusable (``problem``)."""
 
     def __init__(self, uri: DvmUri | None, cred: Credential | None, nspace: str, rank: int,
-                 problem: str = "") -> None:
+                 problem: str = "", unix: str = "") -> None:
         self.uri, self.cred = uri, cred
         self.nspace, self.rank = nspace, rank
         self.problem = problem
+        #: the master's direct-data Unix socket ("": connect over TCP).
+        self.unix = unix
 
     @classmethod
     def from_hello(cls, hello: Message, nspace: str, rank: int) -> "DirectInfo":
@@ -72,8 +76,10 @@ class DirectInfo:
             return cls(None, None, nspace, rank)  # head node, or direct data off
         if os.environ.get("PYDVM_NSPACE") != nspace or os.environ.get("PYDVM_RANK") != str(rank):
             return cls(None, None, nspace, rank)  # the credential is not for this identity
+        unix = hello.get("direct_unix")
         try:
-            info = cls(DvmUri.parse(where), Credential.parse(token), nspace, rank)
+            info = cls(DvmUri.parse(where), Credential.parse(token), nspace, rank,
+                       unix=unix if isinstance(unix, str) else "")
         except (UriError, ValueError) as exc:
             return cls(None, None, nspace, rank,
                        f"unusable direct-data credential in the environment: {exc}")
@@ -111,14 +117,16 @@ def open_blocking(info: DirectInfo) -> BlockingChannel | None:
     master's refusal, or NoPermissionsError for an unusable credential."""
     if info.problem:
         raise error_for(Status.ERR_NO_PERMISSIONS, info.problem)
+    sock = _connect_unix(info.unix) if info.unix else None
+    if sock is None:
+        try:
+            sock = socket.create_connection((info.uri.host, info.uri.port), CONNECT_TIMEOUT)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError as exc:
+            log.debug("direct data: cannot reach the master at %s: %s; using the daemon",
+                      info.uri, exc)
+            return None
     try:
-        sock = socket.create_connection((info.uri.host, info.uri.port), CONNECT_TIMEOUT)
-    except OSError as exc:
-        log.debug("direct data: cannot reach the master at %s: %s; using the daemon",
-                  info.uri, exc)
-        return None
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         ch = BlockingChannel(sock)
         ch.send(info.auth(ch.recv(CONNECT_TIMEOUT)))
         r = ch.recv(CONNECT_TIMEOUT)
@@ -150,14 +158,24 @@ async def open_async(info: DirectInfo) -> Channel | None:
         if not first.done():
             first.set_exception(ConnectionError(f"master closed: {reason}"))
 
-    try:
-        _, ch = await asyncio.wait_for(loop.create_connection(
-            lambda: Channel(on_first, closed, name=f"master {info.uri.host}:{info.uri.port}"),
-            info.uri.host, info.uri.port), CONNECT_TIMEOUT)
-    except (OSError, asyncio.TimeoutError) as exc:
-        log.debug("direct data: cannot reach the master at %s: %s; using the daemon",
-                  info.uri, exc)
-        return None
+    ch = None
+    if info.unix:
+        try:
+            _, ch = await asyncio.wait_for(loop.create_unix_connection(
+                lambda: Channel(on_first, closed, name=f"master {info.unix}"), info.unix),
+                CONNECT_TIMEOUT)
+        except (OSError, asyncio.TimeoutError) as exc:
+            log.debug("direct data: cannot connect to %s: %s; trying TCP", info.unix, exc)
+    if ch is None:
+        try:
+            _, ch = await asyncio.wait_for(loop.create_connection(
+                lambda: Channel(on_first, closed,
+                                name=f"master {info.uri.host}:{info.uri.port}"),
+                info.uri.host, info.uri.port), CONNECT_TIMEOUT)
+        except (OSError, asyncio.TimeoutError) as exc:
+            log.debug("direct data: cannot reach the master at %s: %s; using the daemon",
+                      info.uri, exc)
+            return None
     try:
         challenge = await asyncio.wait_for(first, CONNECT_TIMEOUT)
         ch.on_message = _ignore
@@ -173,6 +191,20 @@ async def open_async(info: DirectInfo) -> Channel | None:
         ch.close("refused")
         raise info.refused(r)
     return ch
+
+
+def _connect_unix(path: str) -> socket.socket | None:
+    """A connection to the master's direct-data Unix socket; None (logged at
+    debug level) if it cannot be made: then TCP is tried."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(CONNECT_TIMEOUT)
+    try:
+        sock.connect(path)
+    except OSError as exc:
+        sock.close()
+        log.debug("direct data: cannot connect to %s: %s; trying TCP", path, exc)
+        return None
+    return sock
 
 
 def socket_open(sock: socket.socket) -> bool:

@@ -576,6 +576,10 @@ def cmd_info(a: argparse.Namespace) -> int:
         if d is not None and r["params"].get("pydvm_direct_data", ["off"])[0] == "on":
             print(f"  direct data: {d['open']} client connections open; {d['accepted']} "
                   f"accepted, {d['refused']} refused, {d['requests']} requests served")
+            u = r.get("direct_unix")
+            if u:
+                print(f"  direct data socket (same-host nodes): {u['path']}; "
+                      f"{u['accepted']} connections accepted there")
         _print_pmix(r.get("pmix"))
         rows = [(k, v[0], v[1], v[2]) for k, v in r["params"].items()]
     else:

@@ -211,7 +211,7 @@ class Client:
             except TypeError as exc:  # a value msgpack cannot encode
                 raise BadParamError(f"cannot encode request: {exc}") from None
             except OSError as exc:
-                raise self._lost(ch, f"connection failed: {exc}") from None
+                raise self._lost(ch, f"connection lost: {exc}") from None
         answers: list[Message] = []
         try:
             for ch, msg in pairs:

@@ -75,6 +75,13 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def _poll_us(text: str) -> float:
+    v = _nonneg_float(text)
+    if v > 10_000:
+        raise ValueError("must be between 0 and 10000")
+    return v
+
+
 def _pmix_mode(text: str) -> str:
     v = str(text).strip().lower()
     if v not in ("auto", "on", "off"):
@@ -147,6 +154,10 @@ REGISTRY: dict[str, Param] = {
         Param("pydvm_max_outstanding", _cap, 1024,
               "requests (waiting lookups included) one client or tool connection may have "
               "outstanding; beyond it PMIX_ERR_OUT_OF_RESOURCE (1..1000000)", "int"),
+        Param("pydvm_master_poll_us", _poll_us, 50.0,
+              "microseconds the master keeps polling for the next request after each one "
+              "instead of sleeping (a sleeping process's wake-up costs tens of µs on a VM); "
+              "0 never; never on a one-CPU machine (0..10000)", "microseconds"),
         Param("pydvm_direct_data", _on_off, "on",
               "clients on daemon nodes send their master-store requests straight to the "
               "master (one TCP connection per client process, vouched for by its daemon); "

@@ -383,6 +383,8 @@ class Channel(Requests, asyncio.Protocol):
                 pass
 
     def data_received(self, data: bytes) -> None:
+        if _loop_poll is not None:
+            _loop_poll.arm()
         if self.closed:
             return
         self.last_rx = time.monotonic()
@@ -620,6 +622,72 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     """(pid, uid, gid) of the process at the other end of a Unix socket."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)
+
+
+class LoopPoll:
+    """Keeps an event loop polling, rather than sleeping, for ``seconds``
+    after each message it receives.
+
+    A server whose loop sleeps in ``epoll_wait`` between requests pays a
+    wake-up for each one; on a virtual machine whose CPUs halt when idle that
+    costs tens of µs, more than serving the request.  While armed, a
+    callback re-schedules itself, so the loop polls its sockets without
+    blocking and a request that arrives within the window is read at once.
+    Each turn yields the CPU (``sched_yield``) to any other runnable process,
+    and the window ends ``seconds`` after the last message: a server at rest
+    costs nothing, a busy one at most ``seconds`` of CPU per request.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float) -> None:
+        self.loop = loop
+        self.seconds = seconds
+        self._until = 0.0
+        self._armed = False
+
+    def arm(self) -> None:
+        if asyncio._get_running_loop() is not self.loop:
+            return  # another loop of this process (an in-process client, a test)
+        self._until = time.perf_counter() + self.seconds
+        if not self._armed:
+            self._armed = True
+            self.loop.call_soon(self._turn)
+
+    def _turn(self) -> None:
+        os.sched_yield()
+        if time.perf_counter() < self._until:
+            self.loop.call_soon(self._turn)
+        else:
+            self._armed = False
+
+
+_loop_poll: LoopPoll | None = None
+
+
+def poll_after_messages(loop: asyncio.AbstractEventLoop, microseconds: float) -> LoopPoll | None:
+    """Make every :class:`Channel` of this process arm a :class:`LoopPoll`
+    of ``microseconds`` on ``loop`` (the master does, ``pydvm_master_poll_us``).
+    0, or a machine where this process may use only one CPU, turns it off:
+    there the poll would only delay the peer it waits for.  Returns the poll
+    (None: off); call :func:`stop_polling` when the loop ends."""
+    global _loop_poll
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    _loop_poll = LoopPoll(loop, microseconds / 1e6) if microseconds > 0 and cpus > 1 else None
+    return _loop_poll
+
+
+def stop_polling() -> None:
+    global _loop_poll
+    _loop_poll = None
+
+
+def arm_poll() -> None:
+    """Arm this process's loop poll, if any: for messages that reach the loop
+    other than through a :class:`Channel` (PMIx upcalls)."""
+    if _loop_poll is not None:
+        _loop_poll.arm()
 
 
 #: How long (µs) a blocking client polls for a reply before it sleeps in

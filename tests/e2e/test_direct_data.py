@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import sys
 from pathlib import Path
 
 import pytest
 
 from dvmkit import LineReader, finish, job_script, lines, pid_alive, wait_for
 from pydvm import _direct
-from pydvm.errors import PMIxError
+from pydvm.errors import PMIxError, Status
 from pydvm.runtime.auth import DvmUri
 from pydvm.runtime.credential import Credential, Voucher
 
@@ -253,3 +255,53 @@ def test_a_proc_item_published_directly_goes_when_its_process_exits(dvm):
     assert lines(p, "P0 G") == ["P0 GONE"], p.stdout
     assert dvm.store()["master"]["items"] == 0
 
+
+
+SAME_HOST = """
+import socket
+from pydvm import Client, Persistence
+with Client() as c:
+    c.publish({"via-unix": "1"}, persistence=Persistence.SESSION)
+    print("DIRECT", c.direct, c._dch.sock.family == socket.AF_UNIX, c._dch.sock.getpeername())
+"""
+
+
+def test_a_daemon_node_on_the_masters_machine_reaches_it_over_a_unix_socket(make_dvm):
+    """Local daemons run on the master's own machine: their clients' direct
+    connections go to the master's direct-data Unix socket (its count says
+    so), which only the DVM's user can open, and which goes with the DVM."""
+    dvm = make_dvm("a,b")
+    before = master_info(dvm)
+    sock = Path(before["direct_unix"]["path"])
+    assert sock.is_socket() and sock.stat().st_mode & 0o777 == 0o600, oct(sock.stat().st_mode)
+    assert sock.parent.stat().st_mode & 0o777 == 0o700
+    p = dvm.run("--host", "b", "-n", "1", sys.executable, "-c", SAME_HOST)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert lines(p, "DIRECT") == [f"DIRECT True True {sock}"], p.stdout
+    after = master_info(dvm)
+    assert after["direct_unix"]["accepted"] == before["direct_unix"]["accepted"] + 1
+    assert after["direct"]["accepted"] == before["direct"]["accepted"] + 1
+    assert "via-unix" in dvm.store()["master"]["keys"]
+    dvm.stop()
+    assert not sock.parent.exists()
+
+
+def test_the_direct_data_socket_admits_direct_clients_only(dvm):
+    """A peer on the direct-data socket that answers the challenge as a tool
+    (with the DVM's secret) is refused: that socket is for job processes."""
+    from pydvm.runtime.auth import mac
+    from pydvm.wire import BlockingChannel
+
+    path = master_info(dvm)["direct_unix"]["path"]
+    dvmid = dvm.uri.rsplit("/", 1)[1]
+    secret = bytes.fromhex((Path(dvm.env["PYDVM_STATE_DIR"]) / f"{dvmid}.secret").read_text())
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    ch = BlockingChannel(s)
+    challenge = ch.recv(10)
+    ch.send({"t": "auth", "id": 1, "role": "tool", "mac": mac(secret, challenge["nonce"], "tool")})
+    r = ch.recv(10)
+    ch.close()
+    assert r["status"] == Status.ERR_NO_PERMISSIONS and "direct-data clients" in r["msg"], r
+    p = dvm.run("--host", "b", "-n", "1", *job_script("direct_ops"), "basic")
+    assert "DIRECT True" in p.stdout, p.stdout + p.stderr

@@ -39,6 +39,7 @@ import threading
 import weakref
 from typing import Any, Callable, Iterable
 
+from ..wire import arm_poll
 from . import _lib as L
 from . import constants as C
 from .requests import (Abort, App, ClientConnected, ClientFinalized, Connect, DirectModex,
@@ -582,6 +583,7 @@ class PmixServer:
         # loop thread
         if not self._running:
             return
+        arm_poll()  # as for a message on a socket (pydvm_master_poll_us)
         try:
             res = self._handler(req)
         except BaseException as e:

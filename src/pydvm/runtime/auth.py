@@ -59,6 +59,23 @@ def tool_socket_path(dvmid: str) -> Path:
     return Path("/tmp") / f"pydvm-mu-{dvmid}" / "tool.sock"
 
 
+def host_identity() -> str:
+    """Names the machine as a process sees it: the kernel's boot id and this
+    process's mount and network namespaces.  Two processes with the same
+    identity reach the same Unix socket paths and the same loopback, so one
+    may use a Unix socket where the other listens (the direct data path
+    does).  "" when any part cannot be read: then nothing is assumed shared.
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        mnt = os.stat("/proc/self/ns/mnt").st_ino
+        net = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        return ""
+    return f"{boot}/mnt:{mnt}/net:{net}" if boot else ""
+
+
 def state_dir() -> Path:
     d = os.environ.get("PYDVM_STATE_DIR")
     return Path(d) if d else Path.home() / ".pydvm"

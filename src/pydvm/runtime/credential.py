@@ -108,6 +108,8 @@ class Voucher:
         self.node = node
         #: where the node's clients reach the master (as the daemon does).
         self.master_uri = master_uri
+        #: the master's direct-data Unix socket, when it runs on this machine.
+        self.master_unix = ""
 
     def environment(self, nspace: str, rank: int, uid: int, gid: int, app: int,
                     session: int) -> dict[str, str]:

@@ -50,7 +50,7 @@ from typing import Any
 from .. import params as P
 from ..errors import Status
 from ..store import DataStore, MonotonicClock, StoreParams
-from ..wire import Channel, Message, peer_credentials, refuse, reply
+from ..wire import Channel, Message, peer_credentials, poll_after_messages, refuse, reply, stop_polling
 from . import dataops, registry
 from .auth import HANDSHAKE_TIMEOUT, DvmUri, check_auth, tool_socket_path
 from .collectives import PMIX_REQUESTS, CollectivesMixin
@@ -74,14 +74,16 @@ __all__ = ["Master", "StartError"]
 
 
 class _PeerChannel(Channel):
-    """A channel accepted on the master's port (or, for a multi-user DVM, on
-    its tool socket): greets with a challenge."""
+    """A channel accepted on the master's port, or on one of its Unix
+    sockets (``unix``: ``"tool"``, a multi-user DVM's tool socket;
+    ``"direct"``, the direct-data socket of same-host clients): greets with
+    a challenge."""
 
-    def __init__(self, master: "Master", unix: bool = False) -> None:
+    def __init__(self, master: "Master", unix: str = "") -> None:
         super().__init__(master._on_unauthenticated, master._on_peer_closed, name="peer")
         self.master = master
         self.unix = unix
-        #: (uid, gid) read from SO_PEERCRED on the tool socket.
+        #: (uid, gid) read from SO_PEERCRED on a Unix socket.
         self.creds: tuple[int, int] | None = None
         self.nonce = b""
         self.auth_timer: asyncio.TimerHandle | None = None
@@ -91,7 +93,7 @@ class _PeerChannel(Channel):
         if self.unix:
             pid, uid, gid = peer_credentials(transport.get_extra_info("socket"))
             self.creds = (uid, gid)
-            self.name = f"tool socket peer pid {pid} uid {uid}"
+            self.name = f"{self.unix} socket peer pid {pid} uid {uid}"
         else:
             self.name = f"peer {transport.get_extra_info('peername')}"
         self.master._greet(self)
@@ -192,6 +194,7 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
         except registry.AlreadyRunning as exc:
             raise StartError(str(exc)) from None
         loop = asyncio.get_running_loop()
+        poll_after_messages(loop, self.values["pydvm_master_poll_us"])
         self.store = DataStore(
             name="master",
             clock=MonotonicClock(),
@@ -216,6 +219,8 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
             self._lock.publish(self.secret, self.uri, [n for n in self.nodes])
             if self.multi_user:
                 await self._open_tool_socket()
+            if self._direct_enabled():
+                await self._open_direct_socket(lambda: _PeerChannel(self, unix="direct"))
             if self.metrics_address is not None:
                 try:
                     self.metrics = MetricsServer.start(self, *self.metrics_address)
@@ -249,7 +254,7 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
         os.chmod(path.parent, 0o711)
         loop = asyncio.get_running_loop()
         self._tool_server = await loop.create_unix_server(
-            lambda: _PeerChannel(self, unix=True), str(path))
+            lambda: _PeerChannel(self, unix="tool"), str(path))
         os.chmod(path, 0o666)  # any local user; identity comes from SO_PEERCRED
 
     async def wait_stopped(self) -> None:
@@ -294,11 +299,13 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
         if self._tool_server is not None:
             self._tool_server.close()
             shutil.rmtree(tool_socket_path(self.dvmid).parent, ignore_errors=True)
+        self._close_direct_socket()
         for ch in list(self._peers):
             if not isinstance(ch.session, ToolSession):
                 ch.close("DVM stopped")
         if self._lock is not None:
             self._lock.release()
+        stop_polling()
         self._stopped.set()
 
     def record_counts(self) -> dict[str, int]:
@@ -356,13 +363,15 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
 
     def _on_unauthenticated(self, ch: _PeerChannel, msg: Message) -> None:
         """The first message on a connection: it decides the peer's session."""
-        if ch.creds is None and msg.get("t") == "auth" and msg.get("role") == DIRECT_ROLE:
+        if ch.unix != "tool" and msg.get("t") == "auth" and msg.get("role") == DIRECT_ROLE:
             # a daemon-node client: identity by the credential its daemon gave it
             if ch.auth_timer is not None:
                 ch.auth_timer.cancel()
             self._register_direct(ch, msg)
             return
-        if ch.creds is not None:  # the multi-user tool socket: identity by credentials
+        if ch.unix == "direct":
+            problem = "only direct-data clients connect on the direct-data socket"
+        elif ch.unix == "tool":  # the multi-user tool socket: identity by credentials
             problem = "" if msg.get("t") == "auth" and msg.get("role") == "tool" else \
                 "only tools connect on the tool socket"
         else:

@@ -77,6 +77,7 @@ from ..store import Caller, DataStore, MonotonicClock, StoreParams
 from ..wire import Channel, Message, peer_credentials, refuse, reply
 from . import dataops
 from .credential import ENV as credential_env
+from .auth import host_identity
 from .credential import Voucher
 from .guard import Guardian, die_with_parent, group_alive
 from .metrics import RequestStats, store_sample
@@ -193,6 +194,7 @@ class NodeServer:
         self.voucher: Voucher | None = None
         if vouch is not None and self.values["pydvm_direct_data"] == "on":
             self.voucher = Voucher(vouch[0], self.dvmid, node, vouch[1])
+            self.voucher.master_unix = same_host_socket(welcome.get("direct_unix"))
         self.store: DataStore | None = None
         self.jobs: dict[str, LocalJob] = {}
         self.socket_dir: Path | None = None
@@ -239,30 +241,7 @@ class NodeServer:
         log.info("node %s serving clients at %s", self.node, self.socket_path)
 
     def _make_socket_dir(self) -> None:
-        """A private directory for the client socket, and removal of those
-        left by daemons that died (their owner process is gone).
-
-        Single-user: only the DVM's user can enter it (under
-        ``$TMPDIR/pydvm-<uid>``, 0700).  Multi-user: job processes of every
-        user must reach the socket, so the directory is traversable (not
-        listable) and the socket open to all -- identity comes from
-        SO_PEERCRED and is checked against the job's owner; those live under
-        ``$TMPDIR/pydvm-<uid>-mu`` (0711), a base of their own, so that a
-        single-user DVM of the same user never closes it to the others.
-        """
-        mode = 0o711 if self.multi_user else 0o700
-        suffix = "-mu" if self.multi_user else ""
-        base = Path(tempfile.gettempdir()) / f"pydvm-{os.getuid()}{suffix}"
-        base.mkdir(mode=mode, exist_ok=True)
-        if base.stat().st_mode & 0o777 != mode:
-            os.chmod(base, mode)
-        remove_stale_socket_dirs(base)
-        self.socket_dir = Path(tempfile.mkdtemp(prefix=f"{self.dvmid}-{self.node}-", dir=base))
-        # written whole or not at all: other daemons sweep this directory
-        tmp = self.socket_dir / "owner.tmp"
-        tmp.write_text(_process_identity(os.getpid()))
-        tmp.rename(self.socket_dir / "owner")
-        os.chmod(self.socket_dir, mode)
+        self.socket_dir = make_socket_dir(self.dvmid, self.node, self.multi_user)
         self.socket_path = str(self.socket_dir / "client.sock")
         self.guardian.remove_on_exit(str(self.socket_dir))
 
@@ -587,7 +566,11 @@ class NodeServer:
         lp.sessions.add(session)
         ch.on_message = self._on_client
         self._clients.add(session)
-        extra = {"direct": self.voucher.master_uri} if self.voucher is not None else {}
+        extra = {}
+        if self.voucher is not None:
+            extra["direct"] = self.voucher.master_uri
+            if self.voucher.master_unix:
+                extra["direct_unix"] = self.voucher.master_unix
         ch.send(reply(rid, Status.SUCCESS, node=self.node,
                       envelope=getattr(self.router, "wants_envelopes", True), **extra))
 
@@ -695,6 +678,48 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def make_socket_dir(dvmid: str, label: str, multi_user: bool) -> Path:
+    """A private directory for a listening Unix socket (a node's client
+    socket, the master's direct-data socket), after removing those left by
+    processes that died (their ``owner`` process is gone).
+
+    Single-user: only the DVM's user can enter it (under
+    ``$TMPDIR/pydvm-<uid>``, 0700).  Multi-user: job processes of every
+    user must reach the socket, so the directory is traversable (not
+    listable) and the socket open to all -- identity comes from SO_PEERCRED
+    (and, on the direct-data socket, a credential) and is checked against
+    the job's owner; those live under ``$TMPDIR/pydvm-<uid>-mu`` (0711), a
+    base of their own, so that a single-user DVM of the same user never
+    closes it to the others.
+    """
+    mode = 0o711 if multi_user else 0o700
+    suffix = "-mu" if multi_user else ""
+    base = Path(tempfile.gettempdir()) / f"pydvm-{os.getuid()}{suffix}"
+    base.mkdir(mode=mode, exist_ok=True)
+    if base.stat().st_mode & 0o777 != mode:
+        os.chmod(base, mode)
+    remove_stale_socket_dirs(base)
+    d = Path(tempfile.mkdtemp(prefix=f"{dvmid}-{label}-", dir=base))
+    # written whole or not at all: other DVMs' processes sweep this directory
+    tmp = d / "owner.tmp"
+    tmp.write_text(_process_identity(os.getpid()))
+    tmp.rename(d / "owner")
+    os.chmod(d, mode)
+    return d
+
+
+def same_host_socket(offer: object) -> str:
+    """The master's direct-data socket path from a welcome's ``direct_unix``
+    offer, if the master runs on this machine as this process sees it
+    (:func:`~pydvm.runtime.auth.host_identity`); else ""."""
+    if not isinstance(offer, dict):
+        return ""
+    path, host = offer.get("path"), offer.get("host")
+    if not (isinstance(path, str) and isinstance(host, str) and host):
+        return ""
+    return path if host == host_identity() else ""
 
 
 def _process_identity(pid: int) -> str:

@@ -131,20 +131,27 @@ class NodesMixin:
         mine.on_message = self._on_daemon
         node.channel = mine
         node.state = "joining"
-        if self._guardian is None:
-            self._guardian = Guardian()
-            self._guardian.start()
         from .routing import MasterRouter
 
-        node.server = NodeServer(node.name, its, self._welcome(), guardian=self._guardian,
+        node.server = NodeServer(node.name, its, self._welcome(), guardian=self.guardian(),
                                  router=MasterRouter(self))
         await node.server.start()
         await node.registered.wait()
 
+    def guardian(self: "Master") -> Guardian:
+        """This process's guardian (:mod:`pydvm.runtime.guard`), forked on
+        first use: it removes the head node's processes and the master's
+        socket directories however the master dies."""
+        if self._guardian is None:
+            self._guardian = Guardian()
+            self._guardian.start()
+        return self._guardian
+
     def _welcome(self: "Master") -> dict[str, Any]:
         """What a node is told when it joins."""
         return {"params": P.to_wire(self.resolved), "dvm": self.dvmid,
-                "dvm_nspace": self.dvm_nspace, "multi_user": self.multi_user}
+                "dvm_nspace": self.dvm_nspace, "multi_user": self.multi_user,
+                **self._direct_welcome()}
 
     def _start_failure(self: "Master", failed: list[str]) -> str:
         """The start-up error for daemons that ended before reporting in:

@@ -230,6 +230,7 @@ class ToolRequestsMixin:
             launcher=self.launcher.name, hosts_from=self.launcher.source, log_dir=self.log_dir,
             records=self.record_counts(),
             direct=self.direct_stats(),
+            direct_unix=self.direct_socket_info(),
             head_node=self.head_node,
             metrics=self.metrics.url if self.metrics is not None else None,
             pmix={"master": list(pmix_status()), "nodes": self._pmix_nodes},
