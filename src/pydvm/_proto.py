@@ -152,6 +152,13 @@ def unpublish_msg(keys: Iterable[str] | str | None, envelope: bool = True,
     return msg
 
 
+def node_part_needed(master: Message) -> bool:
+    """After the master's answer to a direct unpublish: does the node store
+    need its part too?  Not when the master knows the node store holds
+    nothing of this uid (``node: false``); when in doubt, yes."""
+    return master.get("node") is not False
+
+
 def combined(master: Message, node: Message) -> Message:
     """One answer for a request served by both stores (``unpublish``): the
     master's, unless only the node store's part failed."""

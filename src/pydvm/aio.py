@@ -130,10 +130,10 @@ class Client:
         dch = await self._direct_channel() if to_master else None
         if dch is None:
             return await self._call(self._ch, build(self._envelope))
-        if not to_node:
-            return await self._call(dch, build(False))
-        node, master = await asyncio.gather(self._call(self._ch, build(self._envelope, True)),
-                                            self._call(dch, build(False)))
+        master = await self._call(dch, build(False))
+        if not to_node or not _proto.node_part_needed(master):
+            return master
+        node = await self._call(self._ch, build(self._envelope, True))
         return _proto.combined(master, node)
 
     async def _direct_channel(self) -> Channel | None:

@@ -169,18 +169,19 @@ class Client:
         """Send a request where the routing table says and return its answer.
 
         ``build(envelope)`` makes the request (``build(envelope, True)``:
-        an unpublish's node-store part).  Without a direct connection
-        everything goes to the daemon, which routes it itself."""
+        an unpublish's node-store part, sent to the daemon once the master
+        has answered, unless the master says this node's store holds
+        nothing of this uid).  Without a direct connection everything goes
+        to the daemon, which routes it itself."""
         to_master, to_node = _direct.master_part(t, rng)
         with self._lock:
             dch = self._direct_channel() if to_master else None
             if dch is None:
                 return self._exchange([(self._ch, build(self._envelope))])[0]
-            if not to_node:
-                return self._exchange([(dch, build(False))])[0]
-            # The master's part first: its hop is the longer one.
-            master, node = self._exchange([(dch, build(False)),
-                                           (self._ch, build(self._envelope, True))])
+            master = self._exchange([(dch, build(False))])[0]
+            if not to_node or not _proto.node_part_needed(master):
+                return master
+            node = self._exchange([(self._ch, build(self._envelope, True))])[0]
             return _proto.combined(master, node)
 
     def _direct_channel(self) -> BlockingChannel | None:

@@ -171,6 +171,20 @@ def test_a_direct_unpublish_also_removes_the_uids_local_item_from_the_node_store
     assert "lk" not in dvm.store()["b"]["keys"]
 
 
+def test_a_direct_unpublish_skips_the_node_store_only_while_it_holds_nothing_of_the_uid(dvm):
+    """The master knows which uids b's store holds (its daemon reports a
+    uid's first item before answering the publish that stored it): 30 times,
+    rank 0 publishes a LOCAL key -- each time the store's only item of the
+    uid -- and tells rank 1, which unpublishes it over its direct connection;
+    every one is gone.  (That an unpublish while the node store holds nothing
+    of the uid is not sent there at all, test_metrics.py's request counts
+    show.)"""
+    p = dvm.run("--host", "b:2", "-n", "2", *job_script("direct_ops"), "unpub_local_rounds",
+                "30")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert lines(p, "GONE") == ["GONE 30 OF 30 DIRECT True"], p.stdout
+
+
 def test_direct_data_off_hands_out_no_credential_and_refuses_direct_connections(make_dvm):
     """pydvm_direct_data off: no credential in a job's environment, every
     request goes through the daemon (the master counts none), and a

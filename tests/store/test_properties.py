@@ -153,12 +153,20 @@ class StoreMachine(RuleBasedStateMachine):
             name="prop", clock=self.sched, timer=self.sched,
             on_answer=lambda t, r: self.answers.append((t, r)),
             params=StoreParams(timeout=timeout, max_size=cap),
+            on_holder=self._holder_changed,
         )
+        #: the uids on_holder says own something, as it reported them.
+        self.holders: set[int] = set()
         self.pending: dict[int, dict] = {}
         self.next_ticket = 0
         self.drained = 0
 
     # -- helpers ------------------------------------------------------------
+
+    def _holder_changed(self, uid: int, holds: bool) -> None:
+        # Each report is a change: a uid reported holding is not reported again.
+        assert (uid in self.holders) != holds, (uid, holds, self.holders)
+        (self.holders.add if holds else self.holders.discard)(uid)
 
     def _key(self, i: int) -> str:
         return KEYS[i % self.nkeys]
@@ -500,6 +508,9 @@ class StoreMachine(RuleBasedStateMachine):
         self.store.check_invariants()
         self.sched.check_invariants()
         items = self.store.items()
+        owners = {it.uid for it in items}
+        assert self.holders == owners, (self.holders, owners)
+        assert all(self.store.holds(u) for u in owners) and not self.store.holds(-1)
         usage: dict[int, int] = {}
         for it in items:
             assert it.pairs

@@ -174,11 +174,46 @@ class DirectMixin:
                 session.send(refusal)
                 return
             self.direct_counts["requests"] += 1
-            self._data_op(session, msg, session.caller)
+            if t == "unpublish":
+                # Its node part is needed only if the node store holds
+                # something of this uid (see _node_holds).
+                self._data_op(session, msg, session.caller, node=self._node_may_hold(
+                    session.caller.node, session.caller.uid))
+            else:
+                self._data_op(session, msg, session.caller)
         elif t == "cancel":
             self._cancel(session, msg.get("ref"))
         else:
             self._ping_or_unknown(ch, msg)
+
+    def _node_may_hold(self: "Master", node: str | None, uid: int) -> bool:
+        """Whether node ``node``'s store may hold items of ``uid`` (True
+        unless its daemon's reports say it holds none)."""
+        rec = self.nodes.get(node) if node is not None else None
+        return rec is None or rec.holders is None or uid in rec.holders
+
+    def _node_holds(self: "Master", session, msg: Message) -> None:
+        """A daemon's ``node_holds``: ``uids`` now own items in its store
+        (``holds`` true; a call, answered once recorded, before the daemon
+        answers the publish that stored them) or no longer do (a notice).
+        A direct client's unpublish then tells the client whether its node
+        part is needed (``node`` in the answer): the node store of a uid
+        that holds nothing there is skipped, saving a wake-up of the daemon.
+        """
+        uids, holds = msg.get("uids"), msg.get("holds")
+        node = self.nodes.get(session.node)
+        if (node is None or not isinstance(holds, bool) or not isinstance(uids, list)
+                or not all(isinstance(u, int) and not isinstance(u, bool) for u in uids)):
+            refuse(session.channel, msg, Status.ERR_BAD_PARAM, "malformed node_holds")
+            return
+        if node.holders is None:
+            pass  # it never said it would report (ready): keep assuming any uid
+        elif holds:
+            node.holders.update(uids)
+        else:
+            node.holders.difference_update(uids)
+        if "id" in msg:
+            session.channel.send(reply(msg["id"], Status.SUCCESS))
 
     def _close_direct(self: "Master", nspace: str, rank: int, why: str) -> None:
         """Process ``nspace:rank`` ended: nothing may act for it any more."""

@@ -431,10 +431,14 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
             self._collectives_member_ended(msg.get("nspace"), msg.get("rank"))
         elif t in PMIX_REQUESTS:
             self._on_pmix_request(session, msg)
+        elif t == "node_holds":
+            self._node_holds(session, msg)
         elif t == "ready":
             pmix = msg.get("pmix")
             self._pmix_nodes[session.node] = list(pmix) if isinstance(pmix, list) else \
                 [False, "not reported", None]
+            if msg.get("holders") == [] and session.node in self.nodes:
+                self.nodes[session.node].holders = set()
             self._daemon_ready(session.node)
         else:
             self._ping_or_unknown(ch, msg)

@@ -202,6 +202,9 @@ class NodeServer:
         self._server: asyncio.AbstractServer | None = None
         self.done = asyncio.Event()
         self._clients: set[ClientSession] = set()
+        #: uids whose first node-store item the last request stored, to be
+        #: announced to the master before that request is answered.
+        self._new_holders: list[int] = []
         self._tasks: set[asyncio.Task] = set()
         self._exiting = False
         #: counts and latencies of the data requests the node store served.
@@ -227,6 +230,7 @@ class NodeServer:
                 verbose=values["prte_data_server_verbose"],
             ),
             dvm_nspace=self.dvm_nspace,
+            on_holder=self._holder_changed if self.voucher is not None else None,
         )
         self._make_socket_dir()
         self._server = await loop.create_unix_server(
@@ -237,7 +241,10 @@ class NodeServer:
         # removes them (and libpmix's shared-memory stores) however we die.
         self.pmix.start(str(self.socket_dir), self.values["pydvm_pmix"])
         self.uplink.on_message = self.on_master
-        self.uplink.send({"t": "ready", "pmix": list(self.pmix.status)})
+        ready = {"t": "ready", "pmix": list(self.pmix.status)}
+        if self.voucher is not None:
+            ready["holders"] = []  # from now on announced (see _holder_changed)
+        self.uplink.send(ready)
         log.info("node %s serving clients at %s", self.node, self.socket_path)
 
     def _make_socket_dir(self) -> None:
@@ -606,10 +613,29 @@ class NodeServer:
             if not to_master:
                 if out is None:
                     session.parked.add(rid)
+                elif self._new_holders:
+                    self._announce_holders(lambda r: session.send(out))
                 else:
                     session.send(out)
                 return
         self._forward(session, msg)
+
+    # A direct client's unpublish skips the node store when it holds nothing
+    # of the client's uid (runtime/direct.py): the master must know which
+    # uids this store holds, and learn of a new one before the publish that
+    # stored it is answered -- anyone told of that publish afterwards then
+    # finds the master knowing.  A uid's last item leaving is a mere notice:
+    # until it lands, an unpublish visits this store for nothing.
+
+    def _holder_changed(self, uid: int, holds: bool) -> None:
+        if holds:
+            self._new_holders.append(uid)
+        else:
+            self.uplink.send({"t": "node_holds", "uids": [uid], "holds": False})
+
+    def _announce_holders(self, then) -> None:
+        uids, self._new_holders = self._new_holders, []
+        self.uplink.request({"t": "node_holds", "uids": uids, "holds": True}, then)
 
     def _forward(self, session: ClientSession, msg: Message) -> None:
         self.router.forward(session, msg)

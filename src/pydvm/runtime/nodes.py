@@ -59,6 +59,10 @@ class NodeRecord:
     registered: asyncio.Event = field(default_factory=asyncio.Event)
     #: why the node was lost (shown by ``pydvm info``).
     lost_reason: str = ""
+    #: uids the node's store holds items of, as its daemon reports them
+    #: (``node_holds``; see runtime/direct.py).  None: not reported -- a
+    #: daemon without direct data, or the head node -- so assume any.
+    holders: set[int] | None = None
 
     @property
     def up(self) -> bool:
@@ -203,6 +207,7 @@ class NodesMixin:
             return
         node.state = "stopped" if self._stopping else "lost"
         node.lost_reason = reason
+        node.holders = None
         if self._stopping:
             return
         log.error("lost node %s: %s", name, reason)

@@ -113,8 +113,11 @@ class RoutingMixin:
             return
         self._data_op(session, msg, caller)
 
-    def _data_op(self: "Master", session: PeerSession, msg: Message, caller: Caller) -> None:
-        """Serve one admitted data request (:meth:`PeerSession.admit`) as ``caller``."""
+    def _data_op(self: "Master", session: PeerSession, msg: Message, caller: Caller,
+                 **extra) -> None:
+        """Serve one admitted data request (:meth:`PeerSession.admit`) as
+        ``caller``; ``extra`` fields go into an answer given at once (not a
+        relayed one, nor a parked lookup's)."""
         rid = msg["id"]
         if self.relay is not None:
             fields = dataops.op_fields(msg)  # the data server gets a plain request
@@ -129,6 +132,8 @@ class RoutingMixin:
         if out is None:
             session.parked.add(rid)
         else:
+            if extra:
+                out.update(extra)
             session.send_answer(rid, out)
 
     def _cancel(self: "Master", session: PeerSession, ref: Any) -> None:

@@ -100,6 +100,12 @@ class DataStore:
         :class:`StoreParams`, read once.
     dvm_nspace:
         The namespace the DVM itself acts under; the RM range admits it.
+    on_holder:
+        Called as ``on_holder(uid, True)`` when a uid's first live item is
+        stored and ``on_holder(uid, False)`` when its last one leaves,
+        whatever removed it (a daemon tells the master which uids its node
+        store holds: see :mod:`pydvm.runtime.direct`).  Never called for a
+        uid whose holding did not change.
     """
 
     def __init__(
@@ -111,6 +117,7 @@ class DataStore:
         on_answer: AnswerSink,
         params: StoreParams = StoreParams(),
         dvm_nspace: str = "pydvm",
+        on_holder: Callable[[int, bool], None] | None = None,
     ) -> None:
         self.name = name
         self.params = params
@@ -118,6 +125,9 @@ class DataStore:
         self._clock = clock
         self._timer = timer
         self._on_answer = on_answer
+        #: told ``(uid, True)`` when a uid's first live item arrives and
+        #: ``(uid, False)`` when its last one leaves (see :meth:`holds`).
+        self._on_holder = on_holder
 
         #: number of live items.
         self._count = 0
@@ -584,6 +594,8 @@ class DataStore:
         lru = self._lru.get(owner.uid)
         if lru is None:
             lru = self._lru[owner.uid] = TouchQueue()
+            if self._on_holder is not None:
+                self._on_holder(owner.uid, True)
         lru.add(item)
         self._usage[owner.uid] = self._usage.get(owner.uid, 0) + item.nbytes
         if item.idle_expires:
@@ -650,6 +662,8 @@ class DataStore:
         lru.discard()
         if not lru.live:
             del self._lru[uid]
+            if self._on_holder is not None:
+                self._on_holder(uid, False)
         left = self._usage[uid] - item.nbytes
         if left:
             self._usage[uid] = left
@@ -699,6 +713,10 @@ class DataStore:
             sweep_passes=self._sweep_passes,
             sweep_budget_exhausted=self._sweep_budget_exhausted,
         )
+
+    def holds(self, uid: int) -> bool:
+        """Whether ``uid`` owns at least one live item here."""
+        return uid in self._lru
 
     def keys_of_uid(self, uid: int) -> list[str]:
         """Key names held by ``uid``'s items, least recently used first."""

@@ -22,6 +22,8 @@ argv[1] is the mode:
   direct connection), the parent exits; after GO the child publishes on
   the held client and on a new one, writing ``HELD <status> <text>`` and
   ``NEW <status>`` to REPORT.
+* ``unpub_local_rounds N``: N rounds of ``unpub_local``, each key the node
+  store's only item of the uid; rank 1 prints ``GONE <n> OF N DIRECT <bool>``.
 * ``unpub_local``: rank 0 publishes ``lk`` LOCAL; rank 1 (same node, same
   uid) then unpublishes ``lk`` over its direct connection and prints
   ``LK <status of a LOCAL lookup>``.
@@ -165,6 +167,30 @@ elif mode == "unpub_local":
             c.publish({"lk": "x"}, range=Range.LOCAL, persistence=Persistence.SESSION)
             c.publish({"lk-done": "1"}, persistence=Persistence.PROC)
             time.sleep(1)  # lk-done (PROC) must outlive rank 1's lookup
+
+elif mode == "unpub_local_rounds":
+    # Round i: rank 0 publishes lk-i LOCAL -- each time the node store's first
+    # item of this uid, since rank 1 removed the last one -- then tells rank 1
+    # through the master store; rank 1 unpublishes it at once over its direct
+    # connection and checks it is gone from the node store.
+    rounds = int(sys.argv[2])
+    with Client() as c:
+        gone = 0
+        for i in range(rounds):
+            if RANK == 0:
+                c.publish({f"lk-{i}": "x"}, range=Range.LOCAL, persistence=Persistence.SESSION)
+                c.publish({f"lk-done-{i}": "1"}, persistence=Persistence.SESSION)
+                c.lookup([f"lk-seen-{i}"], wait=True, timeout=30)
+            else:
+                c.lookup([f"lk-done-{i}"], wait=True, timeout=30)
+                c.unpublish([f"lk-{i}"])
+                try:
+                    c.lookup(f"lk-{i}", range=Range.LOCAL)
+                except PMIxError:
+                    gone += 1
+                c.publish({f"lk-seen-{i}": "1"}, persistence=Persistence.SESSION)
+        if RANK == 1:
+            out("GONE", gone, "OF", rounds, "DIRECT", c.direct)
 
 else:
     sys.exit(f"unknown mode {mode}")
