@@ -27,6 +27,8 @@ int main(int argc, char **argv)
 {
     pmix_proc_t me;
     int held = atoi(argv[1]), iters = atoi(argv[2]), i, rc;
+    /* "publish" as a third argument: time publishes only (no lookups). */
+    int lookups = !(argc > 3 && 0 == strcmp(argv[3], "publish"));
     char key[64];
     double *pub = malloc(sizeof(double) * iters), *lk = malloc(sizeof(double) * iters), t;
     if (PMIX_SUCCESS != PMIx_Init(&me, NULL, 0)) return 1;
@@ -44,7 +46,7 @@ int main(int argc, char **argv)
         pub[i] = now_us() - t;
         if (rc) { fprintf(stderr, "publish %d\n", rc); return 3; }
     }
-    for (i = 0; i < iters; i++) {
+    for (i = 0; lookups && i < iters; i++) {
         pmix_pdata_t pd;
         PMIX_PDATA_CONSTRUCT(&pd);
         snprintf(key, sizeof key, "held-%d", (i * 7919) % (held ? held : 1));
@@ -57,8 +59,10 @@ int main(int argc, char **argv)
     }
     printf("PUBLISH");
     for (i = 0; i < iters; i++) printf(" %.1f", pub[i]);
-    printf("\nLOOKUP");
-    for (i = 0; i < iters; i++) printf(" %.1f", lk[i]);
+    if (lookups) {
+        printf("\nLOOKUP");
+        for (i = 0; i < iters; i++) printf(" %.1f", lk[i]);
+    }
     printf("\n");
     PMIx_Finalize(NULL, 0);
     return 0;

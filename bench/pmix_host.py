@@ -7,6 +7,11 @@ names, then times ITERS publishes of fresh names and ITERS lookups of held
 ones.  Prints a table and a final summary line.
 
     python bench/pmix_host.py [--iters 2000] [--held 10,5000]
+
+A last row, ``floor``, times publishes answered inside libpmix's own upcall
+(bench/_pmix_floor.py: nothing handed to the loop, nothing stored): the
+cost of libpmix's client/server round trip alone, under any host that
+answers from its event loop.
 """
 
 from __future__ import annotations
@@ -36,13 +41,17 @@ def build(tmp: Path) -> str:
     return str(exe)
 
 
-def run(exe: str, tmp: Path, held: int, iters: int) -> dict[str, list[float]]:
-    spec = {"tmpdir": str(tmp / "srv"), "timeout": 600,
-            "clients": [{"rank": 0, "argv": [exe, str(held), str(iters)]}]}
+FLOOR = Path(__file__).resolve().parent / "_pmix_floor.py"
+
+
+def run(exe: str, tmp: Path, held: int, iters: int, floor: bool = False
+        ) -> dict[str, list[float]]:
+    argv = [exe, str(held), str(iters)] + (["publish"] if floor else [])
+    spec = {"tmpdir": str(tmp / "srv"), "timeout": 600, "clients": [{"rank": 0, "argv": argv}]}
     path = tmp / f"spec-{held}.json"
     path.write_text(json.dumps(spec))
-    r = subprocess.run([sys.executable, str(HARNESS), str(path)], capture_output=True,
-                       text=True, timeout=900)
+    r = subprocess.run([sys.executable, str(FLOOR if floor else HARNESS), str(path)],
+                       capture_output=True, text=True, timeout=900)
     rep = next(l for l in r.stdout.splitlines() if l.startswith("REPORT "))
     client = json.loads(rep[7:])["clients"][0]
     if client["rc"] != 0:
@@ -74,6 +83,8 @@ def main() -> int:
                 s = sorted(res[op])
                 rows.append((held, op.lower(), statistics.median(s),
                              s[int(len(s) * 0.9)], len(s)))
+        s = sorted(run(exe, tmp, 0, a.iters, floor=True)["PUBLISH"])
+        rows.append((0, "floor", statistics.median(s), s[int(len(s) * 0.9)], len(s)))
     print(f"# {why} ({path}); host answers on its asyncio loop; {os.cpu_count()} cpus")
     print(f"{'names held':>10}  {'op':<8} {'median us':>10} {'p90 us':>9} {'n':>6}")
     for held, op, med, p90, n in rows:
