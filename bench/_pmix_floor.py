@@ -1,6 +1,6 @@
 """tests/pmix/harness.py with every publish answered inside libpmix's upcall.
 
-Used by ``bench/pmix_host.py --floor``: the publish upcall returns
+Used by ``bench/pmix_host.py`` (its ``floor`` row): the publish upcall returns
 PMIX_OPERATION_SUCCEEDED at once, on libpmix's progress thread, without
 handing the request to the event loop or storing anything.  What is left
 is the cost of libpmix itself (client -> server -> client) plus one
