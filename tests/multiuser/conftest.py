@@ -196,3 +196,23 @@ def _stop(d: MultiUserDvm) -> None:
             pids = json.loads(q.stdout)
     d.as_user(None, "stop", timeout=60)
     wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=20, what="the DVM to exit")
+
+
+@pytest.fixture
+def readable_script():
+    """Factory: ``write(text)`` puts a script where every test user can read
+    it and returns its path; the directory goes at the end of the test."""
+    made = []
+
+    def write(text: str) -> str:
+        shared = Path(tempfile.mkdtemp(prefix="pydvm-probe-"))
+        made.append(shared)
+        path = shared / "probe.py"
+        path.write_text(text)
+        os.chmod(shared, 0o755)
+        os.chmod(path, 0o644)
+        return str(path)
+
+    yield write
+    for d in made:
+        shutil.rmtree(d, ignore_errors=True)

@@ -40,15 +40,9 @@ asyncio.run(main())
 
 
 @pytest.fixture
-def probe():
+def probe(readable_script):
     """A tool-socket probe script readable by the test users; returns its path."""
-    shared = Path(tempfile.mkdtemp(prefix="pydvm-claims-"))
-    path = shared / "probe.py"
-    path.write_text(PROBE)
-    os.chmod(shared, 0o755)
-    os.chmod(path, 0o644)
-    yield str(path)
-    shutil.rmtree(shared, ignore_errors=True)
+    return readable_script(PROBE)
 
 
 def _send(mudvm, user, probe, msg: dict) -> dict:
