@@ -31,8 +31,8 @@ Daemons on the master's own machine (same kernel, same mount and network
 namespaces: :func:`~pydvm.runtime.auth.host_identity`; the ``local``
 launcher's nodes) hand their clients the path of the master's direct-data
 Unix socket as well, and the client connects there rather than to the TCP
-port: a Unix socket's round trip costs less than a loopback TCP one (on
-an idle 2-vCPU machine, ~50 against ~80 µs: ``bench/pingpong.py``).  The
+port: a Unix socket's round trip costs less than a loopback TCP one
+(``bench/pingpong.py``).  The
 handshake is the same; on that socket the peer's SO_PEERCRED uid and gid
 must also be the credential's.  The socket lives in a directory like a
 node's client socket (:func:`~pydvm.runtime.node.make_socket_dir`), open to
@@ -86,12 +86,15 @@ class DirectMixin:
         """Listen on the direct-data Unix socket (same-host clients)."""
         self._direct_dir = make_socket_dir(self.dvmid, "master", self.multi_user)
         self.guardian().remove_on_exit(str(self._direct_dir))  # even after a SIGKILL
-        path = self._direct_dir / "direct.sock"
+        path = self._direct_path()
         self._direct_server = await asyncio.get_running_loop().create_unix_server(
-            factory, str(path))
+            factory, path)
         # Multi-user: every user's processes connect; who they are is the
         # credential, checked against SO_PEERCRED.
         os.chmod(path, 0o666 if self.multi_user else 0o600)
+
+    def _direct_path(self: "Master") -> str:
+        return str(self._direct_dir / "direct.sock")
 
     def _close_direct_socket(self: "Master") -> None:
         if self._direct_server is not None:
@@ -107,8 +110,7 @@ class DirectMixin:
         it and its clients use the TCP port)."""
         if self._direct_dir is None:
             return {}
-        return {"direct_unix": {"path": str(self._direct_dir / "direct.sock"),
-                                "host": host_identity()}}
+        return {"direct_unix": {"path": self._direct_path(), "host": host_identity()}}
 
     def _register_direct(self: "Master", ch: Channel, msg: Message) -> None:
         """A client's ``auth`` with ``role: client``: accept it as the process
@@ -236,5 +238,4 @@ class DirectMixin:
         how many connections it accepted (None: no such socket)."""
         if self._direct_dir is None:
             return None
-        return {"path": str(self._direct_dir / "direct.sock"),
-                "accepted": self.direct_unix_accepted}
+        return {"path": self._direct_path(), "accepted": self.direct_unix_accepted}

@@ -76,8 +76,8 @@ from ..errors import Status
 from ..store import Caller, DataStore, MonotonicClock, StoreParams
 from ..wire import Channel, Message, peer_credentials, refuse, reply
 from . import dataops
-from .credential import ENV as credential_env
 from .auth import host_identity
+from .credential import ENV as credential_env
 from .credential import Voucher
 from .guard import Guardian, die_with_parent, group_alive
 from .metrics import RequestStats, store_sample
