@@ -185,6 +185,19 @@ def test_a_direct_unpublish_skips_the_node_store_only_while_it_holds_nothing_of_
     assert lines(p, "GONE") == ["GONE 30 OF 30 DIRECT True"], p.stdout
 
 
+def test_the_asyncio_clients_direct_unpublish_reaches_the_node_store_when_it_holds_the_uid(dvm):
+    """The asyncio client's unpublish follows the same rule: with a LOCAL item
+    of its uid on b, both stores lose the keys; with none, the master alone
+    answers; both succeed."""
+    p = dvm.run("--host", "b", "-n", "1", *job_script("direct_ops"), "aio_unpub")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert lines(p, "GONE") == ["GONE am PMIX_ERR_NOT_FOUND", "GONE al PMIX_ERR_NOT_FOUND"], \
+        p.stdout
+    assert lines(p, "AIO") == ["AIO direct=True"], p.stdout
+    st = dvm.store()
+    assert st["b"]["items"] == 0 and "am" not in st["master"]["keys"], st
+
+
 def test_direct_data_off_hands_out_no_credential_and_refuses_direct_connections(make_dvm):
     """pydvm_direct_data off: no credential in a job's environment, every
     request goes through the daemon (the master counts none), and a

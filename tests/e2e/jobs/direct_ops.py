@@ -13,6 +13,10 @@ argv[1] is the mode:
   exit at once; other ranks wait for the file GO.
 * ``park``: an asyncio waiting lookup of ``parked-key``; prints
   ``PARKED direct=<bool>`` once sent, then ``ANSWER <value>``.
+* ``aio_unpub``: the asyncio client publishes ``am`` (SESSION) and ``al``
+  (LOCAL), unpublishes both, prints ``GONE <key> <status>`` for each, then
+  unpublishes again (nothing of its uid left on the node) and prints
+  ``AIO direct=<bool>``.
 * ``cancel GO``: an asyncio waiting lookup over the direct connection,
   cancelled; prints ``CANCELLED direct=<bool> pending=<n>`` and holds the
   connection until the file GO exists.
@@ -84,6 +88,25 @@ elif mode == "park":
             out(f"PARKED direct={c.direct}")
             r = await task
             out("ANSWER", r["parked-key"])
+
+    asyncio.run(main())
+
+elif mode == "aio_unpub":
+    import pydvm.aio
+
+    async def main() -> None:
+        async with await pydvm.aio.Client.connect() as c:
+            await c.publish({"am": "1"}, persistence=Persistence.SESSION)
+            await c.publish({"al": "1"}, range=Range.LOCAL, persistence=Persistence.SESSION)
+            await c.unpublish(["am", "al"])  # the node store holds "al": both parts
+            for key, rng in (("am", Range.SESSION), ("al", Range.LOCAL)):
+                try:
+                    await c.lookup([key], range=rng)
+                    out("STILL", key)
+                except PMIxError as exc:
+                    out("GONE", key, exc.status.pmix_name)
+            await c.unpublish(["am"])  # the node store holds nothing now: master only
+            out(f"AIO direct={c.direct}")
 
     asyncio.run(main())
 
