@@ -15,8 +15,9 @@ rendezvous::
     pydvm run -n 1 python server.py : -n 4 python worker.py
 
 On a node served by a daemon the client sends the requests the master
-store serves (every range but LOCAL) straight to the master, on one TCP
-connection opened on the first such request, with the credential its
+store serves (every range but LOCAL) straight to the master, on one
+connection (TCP, or a Unix socket on the master's own machine) opened on
+the first such request, with the credential its
 daemon gave the process at launch (``pydvm_direct_data``; see
 :mod:`pydvm._direct`): one hop instead of two.
 

@@ -160,7 +160,7 @@ REGISTRY: dict[str, Param] = {
               "0 never; never on a one-CPU machine (0..10000)", "microseconds"),
         Param("pydvm_direct_data", _on_off, "on",
               "clients on daemon nodes send their master-store requests straight to the "
-              "master (one TCP connection per client process, vouched for by its daemon); "
+              "master (one connection per client process, vouched for by its daemon); "
               "'off': every request goes through the daemon", "on|off"),
     )
 }

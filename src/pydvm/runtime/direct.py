@@ -3,11 +3,12 @@
 A client on a daemon's node would otherwise reach the master store in two
 hops (client -> daemon -> master and back).  With ``pydvm_direct_data on``
 (the default) its daemon vouches for each process it launches
-(:mod:`pydvm.runtime.credential`) and the client opens one TCP connection
-to the master, on its first request that needs it, for the requests the
+(:mod:`pydvm.runtime.credential`) and the client opens one connection to
+the master, on its first request that needs it, for the requests the
 routing table (:func:`pydvm.runtime.dataops.stores_for`) gives to the
 master store.  LOCAL-range requests stay with the node's daemon; an
-``unpublish`` goes to both (its node-store part to the daemon).
+``unpublish``'s node-store part goes to the daemon too, when the master
+says the node may hold something of the caller's uid (:meth:`_node_holds`).
 
 Who such a connection acts for is settled at its handshake, here:
 
