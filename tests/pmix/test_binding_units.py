@@ -13,7 +13,8 @@ from pydvm.pmix import DataArray, PmixUnavailable, PmixValueError, Proc, Value, 
 from pydvm.pmix import _lib as L
 from pydvm.pmix import constants as C
 from pydvm.pmix.jobinfo import JobLayout, job_info
-from pydvm.pmix.values import build_info, check_key, info_at, value_from_c, value_to_c
+from pydvm.pmix.values import (build_info, check_key, info_at, proc_at, value_from_c,
+                               value_to_c)
 
 
 def test_version_check_accepts_verified_series():
@@ -89,6 +90,45 @@ def test_info_array_round_trip_with_nested_info():
     assert back[0] == ("a", Value(1, C.INT64))
     assert back[1][1].value.items == nested.value.items
     assert arr[1].flags == C.INFO_ARRAY_END
+
+
+def _by_fields(addr: int, n: int) -> list:
+    """The reference reading of an info array: one ctypes field at a time."""
+    out = []
+    for i in (L.pmix_info_t * n).from_address(addr):
+        key = i.key.decode("utf-8", "surrogateescape")
+        try:
+            out.append((key, value_from_c(i.value)))
+        except PmixValueError as e:
+            out.append((key, ("refused", e.status)))
+    return out
+
+
+def test_info_at_reads_every_type_as_the_field_by_field_reading_does():
+    """info_at reads an array from one copy of its bytes; what it returns is
+    what reading each ctypes field gives, for every type, empty values, the
+    longest key and an unsupported type (kept as its refusal)."""
+    keep = []
+    items = [(f"k{n}", v) for n, v in enumerate(ROUND)]
+    items += [("empty-s", Value("", C.STRING)), ("empty-b", Value(b"", C.BYTE_OBJECT)),
+              ("f", Value(False, C.BOOL)), ("k" * C.MAX_KEYLEN, Value("long", C.STRING)),
+              ("t", Value(0, C.UINT64))]
+    arr = build_info(items, keep)
+    arr[len(items) - 1].value.type = C.TIMEVAL   # not supported: refused in place
+    addr = ctypes.addressof(arr)
+    got = [(k, ("refused", v.status) if isinstance(v, PmixValueError) else v)
+           for k, v in info_at(addr, len(items))]
+    assert got == _by_fields(addr, len(items))
+    assert got[-1] == ("t", ("refused", C.ERR_NOT_SUPPORTED))
+    assert [v for _, v in got[:len(ROUND)]] == ROUND
+
+
+@pytest.mark.parametrize("nspace", ["n", "x" * C.MAX_NSLEN])
+def test_proc_at_reads_a_proc_as_its_fields_say(nspace):
+    p = L.pmix_proc_t()
+    p.nspace = nspace.encode()
+    p.rank = 2 ** 32 - 2
+    assert proc_at(ctypes.addressof(p)) == Proc(nspace, 2 ** 32 - 2)
 
 
 @pytest.mark.parametrize("v", [Value(256, C.UINT8), Value(-1, C.UINT32), Value(2 ** 63, C.INT64),

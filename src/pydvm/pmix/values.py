@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,8 +198,16 @@ def proc_from_c(p: L.pmix_proc_t) -> Proc:
     return Proc(_dec(p.nspace), int(p.rank))
 
 
+_PROC_SIZE = ctypes.sizeof(L.pmix_proc_t)
+_RANK_AT = L.pmix_proc_t.rank.offset
+_U32 = struct.Struct("=I")
+
+
 def proc_at(addr: int) -> Proc:
-    return proc_from_c(L.pmix_proc_t.from_address(addr))
+    """The ``pmix_proc_t`` at ``addr``, read in one copy (as :func:`proc_from_c`)."""
+    raw = ctypes.string_at(addr, _PROC_SIZE)
+    end = raw.find(b"\0", 0, _RANK_AT)
+    return Proc(_dec(raw[:end if end >= 0 else _RANK_AT]), _U32.unpack_from(raw, _RANK_AT)[0])
 
 
 def procs_at(addr: int, n: int) -> list[Proc]:
@@ -270,16 +279,60 @@ def _ctype_for(t: int):
     return dict(L._value_data._fields_)[name]
 
 
+# An info array is read from one copy of its bytes: a ctypes field access
+# costs about a microsecond, and an upcall reads several per entry (the
+# progress thread waits meanwhile).  Scalars, strings and byte objects are
+# decoded here; any other type goes through value_from_c.
+_INFO_SIZE = ctypes.sizeof(L.pmix_info_t)
+_KEY_LEN = L.pmix_info_t.flags.offset          # the key field, NUL-padded
+_TYPE_AT = L.pmix_info_t.value.offset + L.pmix_value_t.type.offset
+_DATA_AT = L.pmix_info_t.value.offset + L.pmix_value_t.data.offset
+_U16 = struct.Struct("=H")
+_PTR_SIZE = struct.Struct("@PN")               # a pointer, a size_t (byte object)
+_INT_FORMATS = {8: "b", 16: "h", 32: "i", 64: "q"}
+
+
+def _scalar_readers() -> dict[int, Any]:
+    readers: dict[int, Any] = {}
+    for t, (_name, bits, signed) in _INTS.items():
+        f = _INT_FORMATS[bits]
+        readers[t] = struct.Struct("=" + (f if signed else f.upper()))
+    readers[C.FLOAT] = struct.Struct("=f")
+    readers[C.DOUBLE] = struct.Struct("=d")
+    return readers
+
+
+_SCALARS = _scalar_readers()
+
+
+def _value_in(raw: bytes, base: int, addr: int) -> Value:
+    t = _U16.unpack_from(raw, base + _TYPE_AT)[0]
+    at = base + _DATA_AT
+    reader = _SCALARS.get(t)
+    if reader is not None:
+        return Value(reader.unpack_from(raw, at)[0], t)
+    if t == C.STRING:
+        ptr = _PTR_SIZE.unpack_from(raw, at)[0]
+        return Value(_dec(ctypes.string_at(ptr)) if ptr else "", t)
+    if t == C.BOOL:
+        return Value(raw[at] != 0, t)
+    if t == C.BYTE_OBJECT:
+        ptr, n = _PTR_SIZE.unpack_from(raw, at)
+        return Value(ctypes.string_at(ptr, n) if n and ptr else b"", t)
+    return value_from_c(L.pmix_value_t.from_address(addr + base + _TYPE_AT))
+
+
 def info_at(addr: int, n: int) -> list[tuple[str, Value | PmixValueError]]:
     """Read an info array; a value we cannot convert is kept as its PmixValueError."""
     out: list[tuple[str, Value | PmixValueError]] = []
     if not addr or not n:
         return out
-    arr = (L.pmix_info_t * n).from_address(addr)
-    for i in arr:
-        key = _dec(i.key)
+    raw = ctypes.string_at(addr, n * _INFO_SIZE)
+    for base in range(0, n * _INFO_SIZE, _INFO_SIZE):
+        end = raw.find(b"\0", base, base + _KEY_LEN)
+        key = _dec(raw[base:end if end >= 0 else base + _KEY_LEN])
         try:
-            out.append((key, value_from_c(i.value)))
+            out.append((key, _value_in(raw, base, addr)))
         except PmixValueError as e:
             out.append((key, e))
     return out
