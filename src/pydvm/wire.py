@@ -683,13 +683,6 @@ def stop_polling() -> None:
     _loop_poll = None
 
 
-def arm_poll() -> None:
-    """Arm this process's loop poll, if any: for messages that reach the loop
-    other than through a :class:`Channel` (PMIx upcalls)."""
-    if _loop_poll is not None:
-        _loop_poll.arm()
-
-
 #: How long (µs) a blocking client polls for a reply before it sleeps in
 #: ``recv`` (``PYDVM_CLIENT_SPIN_US``; 0: sleep at once).  On a virtual
 #: machine whose CPUs idle between requests, waking a sleeping process costs
