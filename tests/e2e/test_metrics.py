@@ -169,6 +169,34 @@ def test_every_removal_rule_is_counted_under_its_reason(metrics_dvm):
     assert s.value("pydvm_sessions") == 1
 
 
+UNPUBLISH_TWICE = """
+from pydvm import Client, Persistence, Range
+with Client() as c:
+    c.publish({"m": 1}, persistence=Persistence.SESSION)
+    c.unpublish(["m"])        # node a holds nothing of this uid: only the master serves it
+    c.publish({"l": 1}, range=Range.LOCAL, persistence=Persistence.SESSION)
+    c.unpublish(["l"])        # now it does: node a's store serves it too
+    print("DIRECT", c.direct)
+"""
+
+
+@pytest.mark.parametrize("direct", ["on", "off"])
+def test_a_node_store_serves_an_unpublish_only_when_it_holds_something_of_the_uid(
+        metrics_dvm, direct):
+    """Whichever way an unpublish reaches the master -- straight from the client
+    or through the daemon -- node a's store counts it only when it holds an
+    item of the caller's uid (it would remove nothing otherwise)."""
+    dvm, url = metrics_dvm("a,b", pydvm_direct_data=direct)
+    p = dvm.run("--host", "a", "-n", "1", sys.executable, "-c", UNPUBLISH_TWICE)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert lines(p, "DIRECT") == [f"DIRECT {direct == 'on'}"], p.stdout
+    s = scrape(url)
+    assert s.by("pydvm_store_requests_total", "op", store="a",
+                status="PMIX_SUCCESS") == {"publish": 1, "unpublish": 1}
+    assert s.by("pydvm_store_requests_total", "op", store="master",
+                status="PMIX_SUCCESS") == {"publish": 1, "unpublish": 2}
+
+
 def test_a_flood_at_a_small_cap_shows_as_evictions_and_bytes_within_the_cap(metrics_dvm):
     """50 publishes of 232-byte items at a 2000-byte cap: the uid keeps 8, so 42
     items (and keys) are counted evicted, its bytes stay under the cap, and

@@ -597,7 +597,8 @@ class NodeServer:
         client's, or a PMIx client's (:mod:`pydvm.runtime.pmixhost`): admit
         it, then serve it where :func:`dataops.stores_for` says: the node
         store for LOCAL, the router for every other range, ``unpublish``
-        both -- or only the node store when marked ``node_only`` (a direct
+        both (the node store only if it holds something of the caller's
+        uid) -- or only the node store when marked ``node_only`` (a direct
         client sends the master's part itself).  Exactly one answer goes to
         the session."""
         refusal = session.admit(msg)
@@ -608,7 +609,10 @@ class NodeServer:
         t = msg["t"]
         stores = dataops.stores_for(t, dataops.request_range(msg))
         to_master = dataops.MASTER in stores and not (t == "unpublish" and msg.get("node_only"))
-        if dataops.NODE in stores:
+        here = dataops.NODE in stores
+        if here and to_master and t == "unpublish" and not self.store.holds(session.caller.uid):
+            here = False  # it would remove nothing here; the master's answer is the answer
+        if here:
             out = self.request_stats.apply(self.store, session.caller, msg, (session, rid))
             if not to_master:
                 if out is None:
