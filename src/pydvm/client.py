@@ -178,11 +178,11 @@ class Client:
         with self._lock:
             dch = self._direct_channel() if to_master else None
             if dch is None:
-                return self._exchange([(self._ch, build(self._envelope))])[0]
-            master = self._exchange([(dch, build(False))])[0]
+                return self._exchange(self._ch, build(self._envelope))
+            master = self._exchange(dch, build(False))
             if not to_node or not _proto.node_part_needed(master):
                 return master
-            node = self._exchange([(self._ch, build(self._envelope, True))])[0]
+            node = self._exchange(self._ch, build(self._envelope, True))
             return _proto.combined(master, node)
 
     def _direct_channel(self) -> BlockingChannel | None:
@@ -202,32 +202,27 @@ class Client:
 
     def _call(self, msg: Message) -> Message:
         with self._lock:
-            return self._exchange([(self._ch, msg)])[0]
+            return self._exchange(self._ch, msg)
 
-    def _exchange(self, pairs: list[tuple[BlockingChannel, Message]]) -> list[Message]:
-        """Send each request on its connection, then wait for every answer."""
-        for ch, msg in pairs:
-            msg["id"] = next(self._ids)
-            try:
-                ch.send(msg)
-            except TypeError as exc:  # a value msgpack cannot encode
-                raise BadParamError(f"cannot encode request: {exc}") from None
-            except OSError as exc:
-                raise self._lost(ch, f"connection lost: {exc}") from None
-        answers: list[Message] = []
+    def _exchange(self, ch: BlockingChannel, msg: Message) -> Message:
+        """Send one request on ``ch`` and wait for its answer."""
+        msg["id"] = rid = next(self._ids)
         try:
-            for ch, msg in pairs:
-                answers.append(self._answer(ch, msg["id"]))
+            ch.send(msg)
+        except TypeError as exc:  # a value msgpack cannot encode
+            raise BadParamError(f"cannot encode request: {exc}") from None
+        except OSError as exc:
+            raise self._lost(ch, f"connection lost: {exc}") from None
+        try:
+            return self._answer(ch, rid)
         except (KeyboardInterrupt, SystemExit):
             # Abandoned while waiting (Ctrl-C in a waiting lookup): withdraw
             # it, so it does not stay parked in the store.
-            for ch, msg in pairs[len(answers):]:
-                try:
-                    ch.send({"t": "cancel", "ref": msg["id"]})
-                except OSError:
-                    pass
+            try:
+                ch.send({"t": "cancel", "ref": rid})
+            except OSError:
+                pass
             raise
-        return answers
 
     def _answer(self, ch: BlockingChannel, rid: int) -> Message:
         while True:

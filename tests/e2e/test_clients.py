@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import subprocess
 import sys
 
-from dvmkit import PYDVM, job_script, start_dvm
+import pytest
+
+from dvmkit import PYDVM, LineReader, finish, job_script, start_dvm, wait_for
 
 
 def test_asyncio_client_serves_concurrent_requests_on_one_connection(dvm):
@@ -65,3 +70,46 @@ def test_info_lists_every_parameter_with_its_value_and_source(tmp_path):
         assert "plm_ssh_agent" in rows
     finally:
         d.stop()
+
+
+INTERRUPTED_LOOKUP = """
+import os, sys, time
+from pydvm import Client
+with Client() as c:
+    print("PID", os.getpid(), flush=True)
+    try:
+        c.lookup(["never-published"], wait=True)
+    except KeyboardInterrupt:
+        print("INTERRUPTED", flush=True)
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.05)
+    print("STILL-SERVED", c.lookup(["after"])["after"], flush=True)
+"""
+
+
+@pytest.mark.parametrize("host", ["head", "b"])
+def test_ctrl_c_in_a_waiting_lookup_withdraws_it_and_the_client_goes_on(make_dvm, tmp_path,
+                                                                         host):
+    """SIGINT while the blocking client waits in a lookup: the lookup leaves
+    the master store (nothing stays parked), and the same client then gets
+    answers -- on the head node and over a daemon node's direct path."""
+    head = socket.gethostname()
+    dvm = make_dvm(f"{head},b")
+    go = tmp_path / "go"
+    job = dvm.run_bg("--host", head if host == "head" else "b", "-n", "1", sys.executable,
+                     "-c", INTERRUPTED_LOOKUP, str(go))
+    reader = LineReader(job.stdout)
+    try:
+        pid = int(reader.wait_line("PID").split()[1])
+        wait_for(lambda: dvm.store()["master"]["parked"] == 1, what="the lookup to park")
+        os.kill(pid, signal.SIGINT)
+        assert reader.wait_line("INTERRUPTED") == "INTERRUPTED"
+        wait_for(lambda: dvm.store()["master"]["parked"] == 0, what="the lookup to be withdrawn")
+        p = dvm.run("-n", "1", "pydvm", "publish", "after=1", "--persistence", "session")
+        assert p.returncode == 0, p.stderr
+        go.touch()
+        assert reader.wait_line("STILL-SERVED") == "STILL-SERVED 1"
+        assert finish(job) == 0
+    finally:
+        go.touch()
+        finish(job)
