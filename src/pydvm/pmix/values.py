@@ -194,17 +194,13 @@ def cstr(addr: int | None) -> str | None:
     return _dec(ctypes.string_at(addr))
 
 
-def proc_from_c(p: L.pmix_proc_t) -> Proc:
-    return Proc(_dec(p.nspace), int(p.rank))
-
-
 _PROC_SIZE = ctypes.sizeof(L.pmix_proc_t)
 _RANK_AT = L.pmix_proc_t.rank.offset
 _U32 = struct.Struct("=I")
 
 
 def proc_at(addr: int) -> Proc:
-    """The ``pmix_proc_t`` at ``addr``, read in one copy (as :func:`proc_from_c`)."""
+    """The ``pmix_proc_t`` at ``addr``, read in one copy of its bytes."""
     raw = ctypes.string_at(addr, _PROC_SIZE)
     end = raw.find(b"\0", 0, _RANK_AT)
     return Proc(_dec(raw[:end if end >= 0 else _RANK_AT]), _U32.unpack_from(raw, _RANK_AT)[0])
@@ -213,8 +209,7 @@ def proc_at(addr: int) -> Proc:
 def procs_at(addr: int, n: int) -> list[Proc]:
     if not addr or not n:
         return []
-    arr = (L.pmix_proc_t * n).from_address(addr)
-    return [proc_from_c(p) for p in arr]
+    return [proc_at(addr + i * _PROC_SIZE) for i in range(n)]
 
 
 def value_from_c(v: L.pmix_value_t) -> Value:
