@@ -89,6 +89,12 @@ class Dvm:
         return subprocess.Popen(PYDVM + ["run", *args], env=e, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
 
+    def secret(self) -> bytes:
+        """This DVM's secret, as its owner's tools read it from the state directory."""
+        dvmid = self.uri.rsplit("/", 1)[1]
+        return bytes.fromhex((Path(self.env["PYDVM_STATE_DIR"]) / f"{dvmid}.secret")
+                             .read_text().strip())
+
     def store(self) -> dict:
         p = self.cmd("store", "--json", check=True)
         return {s["store"]: s for s in json.loads(p.stdout)["stores"]}

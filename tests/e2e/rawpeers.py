@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dvmkit import pid_alive
 
-from pydvm.runtime.auth import DvmUri, mac, read_secret
+from pydvm.runtime.auth import DvmUri, mac
 from pydvm.wire import HEADER, MAX_FRAME, FrameDecoder, pack
 
 BAD_PARAM = -27
@@ -339,14 +339,9 @@ def master_peer(dvm) -> tuple[Peer, dict]:
     return peer, challenge
 
 
-def secret_of(dvm, monkeypatch) -> bytes:
-    monkeypatch.setenv("PYDVM_STATE_DIR", dvm.env["PYDVM_STATE_DIR"])
-    return read_secret(master_uri(dvm).dvmid)
-
-
-def tool(dvm, monkeypatch) -> Peer:
+def tool(dvm) -> Peer:
     """A raw TCP connection to the master, authenticated as a tool."""
-    secret = secret_of(dvm, monkeypatch)
+    secret = dvm.secret()
     peer, challenge = master_peer(dvm)
     r = peer.call({"t": "auth", "role": "tool", "mac": mac(secret, challenge["nonce"], "tool")})
     assert r["status"] == 0, r

@@ -46,7 +46,6 @@ from rawpeers import (
     master_uri,
     oversized_header,
     parked,
-    secret_of,
     tool,
     truncated_frame,
 )
@@ -345,10 +344,10 @@ def test_garbage_before_handshake_on_master_port_closes_and_is_logged(dvm, held)
     logs.check()
 
 
-def test_wrong_mac_on_master_port_is_refused_with_no_permissions_and_logged(dvm, held, monkeypatch):
+def test_wrong_mac_on_master_port_is_refused_with_no_permissions_and_logged(dvm, held):
     """An auth with a wrong MAC gets NO_PERMISSIONS (same id), a close and a logged refusal."""
     logs = LogCheck(dvm)
-    secret = secret_of(dvm, monkeypatch)
+    secret = dvm.secret()
     peer, challenge = master_peer(dvm)
     wrong = bytearray(mac(secret, challenge["nonce"], "tool"))
     wrong[0] ^= 1
@@ -372,10 +371,10 @@ def test_wrong_mac_on_master_port_is_refused_with_no_permissions_and_logged(dvm,
     logs.check()
 
 
-def test_malformed_auth_on_master_port_is_refused_and_logged(dvm, held, monkeypatch):
+def test_malformed_auth_on_master_port_is_refused_and_logged(dvm, held):
     """A first message that is no valid auth, or a daemon for a node already up, is refused and logged."""
     logs = LogCheck(dvm)
-    secret = secret_of(dvm, monkeypatch)
+    secret = dvm.secret()
     cases = [
         (lambda n: {"t": "info"}, r"expected an auth message"),
         (lambda n: {"t": "auth", "role": "admin", "mac": mac(secret, n, "admin")}, r"unknown role"),
@@ -401,9 +400,9 @@ def test_malformed_auth_on_master_port_is_refused_and_logged(dvm, held, monkeypa
     logs.check()
 
 
-def test_unknown_message_from_tool_gets_bad_param_and_connection_stays_usable(dvm, held, monkeypatch):
+def test_unknown_message_from_tool_gets_bad_param_and_connection_stays_usable(dvm, held):
     """After a tool handshake, an unknown type gets BAD_PARAM with the same id and the tool keeps working."""
-    peer = tool(dvm, monkeypatch)
+    peer = tool(dvm)
     for rid, t in [(5, "bogus"), ("str-id", "bogus"), (6, "auth"), (7, "launch"), (8, "exited")]:
         r = peer.call({"t": t, "id": rid})
         assert r["status"] == BAD_PARAM, (t, r)
@@ -420,12 +419,12 @@ def test_unknown_message_from_tool_gets_bad_param_and_connection_stays_usable(dv
     assert_others_still_served(dvm, held)
 
 
-def test_oversized_frame_on_master_port_closes_only_that_connection(dvm, held, monkeypatch):
+def test_oversized_frame_on_master_port_closes_only_that_connection(dvm, held):
     """A header over MAX_FRAME, before or after the handshake, is refused naming the limit, closed and logged."""
     logs = LogCheck(dvm)
-    bystander = tool(dvm, monkeypatch)
+    bystander = tool(dvm)
     for when, connect in [("before the handshake", lambda: master_peer(dvm)[0]),
-                          ("as a tool", lambda: tool(dvm, monkeypatch))]:
+                          ("as a tool", lambda: tool(dvm))]:
         peer = connect()
         who = peer.log_name + ": " if when.startswith("before") else TOOL
         peer.send_raw(oversized_header())
@@ -440,11 +439,11 @@ def test_oversized_frame_on_master_port_closes_only_that_connection(dvm, held, m
     logs.check()
 
 
-def test_truncated_frame_on_master_port_is_logged(dvm, held, monkeypatch):
+def test_truncated_frame_on_master_port_is_logged(dvm, held):
     """A connection ending inside a frame, before or after the handshake, is closed and logged."""
     logs = LogCheck(dvm)
     for when, connect in [("before the handshake", lambda: master_peer(dvm)[0]),
-                          ("as a tool", lambda: tool(dvm, monkeypatch))]:
+                          ("as a tool", lambda: tool(dvm))]:
         peer = connect()
         who = peer.log_name + ": " if when.startswith("before") else TOOL
         peer.send_raw(truncated_frame())
@@ -501,11 +500,11 @@ def test_silent_peer_on_master_port_is_closed_after_the_handshake_timeout(tmp_pa
 # ---------------------------------------------------------------------------
 
 
-def test_dvm_keeps_serving_after_bad_input_on_every_socket(dvm, held, monkeypatch):
+def test_dvm_keeps_serving_after_bad_input_on_every_socket(dvm, held):
     """After garbage, truncation, oversize, bad hellos and bad handshakes everywhere, the DVM still serves."""
     peers: list[Peer] = []
     # Connections opened before the abuse, kept open through it.
-    keep_client, keep_tool = client(held), tool(dvm, monkeypatch)
+    keep_client, keep_tool = client(held), tool(dvm)
     # Every daemon's client socket, not only the held job's.
     sockets = daemon_sockets(dvm)
     assert set(sockets) == {"a", "b", "c"} and sockets[held.node] == held.server, sockets
@@ -534,10 +533,10 @@ def test_dvm_keeps_serving_after_bad_input_on_every_socket(dvm, held, monkeypatc
     p, _ = master_peer(dvm)
     assert p.call({"t": "auth", "role": "tool", "mac": b"\x00" * 32})["status"] == NO_PERMISSIONS
     peers.append(p)
-    p = tool(dvm, monkeypatch)
+    p = tool(dvm)
     p.send_raw(oversized_header())
     peers.append(p)
-    p = tool(dvm, monkeypatch)               # a tool's waiting lookup, abandoned
+    p = tool(dvm)               # a tool's waiting lookup, abandoned
     p.send({"t": "lookup", "id": 1, "keys": ["never"], "wait": 0, "timeout": None})
     wait_for(lambda: parked(dvm, "master") >= 1, timeout=STORE_TIMEOUT, what="master: parked")
     peers.append(p)

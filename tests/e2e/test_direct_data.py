@@ -211,7 +211,7 @@ def test_direct_data_off_hands_out_no_credential_and_refuses_direct_connections(
     assert "GONE d-other" in p.stdout, p.stdout
     assert direct_counts(dvm) == {"open": 0, "accepted": 0, "refused": 0, "requests": 0}
     dvmid = dvm.uri.rsplit("/", 1)[1]
-    secret = bytes.fromhex((Path(dvm.env["PYDVM_STATE_DIR"]) / f"{dvmid}.secret").read_text())
+    secret = dvm.secret()
     token = Voucher(secret, dvmid, "b", dvm.uri).environment(
         f"pydvm-{dvmid}@1", 0, os.getuid(), os.getgid(), 0, 0)["PYDVM_DIRECT_CRED"]
     got = handshake(dvm, token, f"pydvm-{dvmid}@1", 0)
@@ -320,8 +320,7 @@ def test_the_direct_data_socket_admits_direct_clients_only(dvm):
     from pydvm.wire import BlockingChannel
 
     path = master_info(dvm)["direct_unix"]["path"]
-    dvmid = dvm.uri.rsplit("/", 1)[1]
-    secret = bytes.fromhex((Path(dvm.env["PYDVM_STATE_DIR"]) / f"{dvmid}.secret").read_text())
+    secret = dvm.secret()
     s = socket.socket(socket.AF_UNIX)
     s.connect(path)
     ch = BlockingChannel(s)

@@ -50,7 +50,6 @@ import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import msgpack
 import pytest
@@ -407,9 +406,7 @@ def fz(tmp_path_factory):
         held.rank = int(rank)
         assert held.node == "a"
         uri = master_uri(dvm)
-        secret = bytes.fromhex(
-            (Path(dvm.env["PYDVM_STATE_DIR"]) / f"{uri.dvmid}.secret").read_text().strip())
-        yield Fuzzed(dvm, held, secret, uri.host, uri.port)
+        yield Fuzzed(dvm, held, dvm.secret(), uri.host, uri.port)
     finally:
         go.touch()
         if held is not None:
