@@ -11,6 +11,7 @@ result to OUT.
 """
 
 import json
+import os
 import sys
 import time
 
@@ -40,8 +41,6 @@ if side == "ompi":
     def done() -> None:
         MPI.Finalize()
 else:
-    import os
-
     from pydvm import Client
 
     client = Client()
@@ -72,6 +71,14 @@ else:
 
     def done() -> None:
         client.close()
+
+
+def cpu_ticks() -> tuple[int, int]:
+    """Machine-wide CPU ticks so far: (busy, stolen by the hypervisor)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = v[:8]
+    return user + nice + system + irq + softirq, steal
 
 
 def median_us(samples: list[float]) -> float:
@@ -107,6 +114,7 @@ if mode == "latency":
 else:
     seconds, out = float(sys.argv[3]), sys.argv[4]
     barrier()
+    cpu0 = cpu_ticks()
     ops = 0
     end = time.perf_counter() + seconds
     i = 0
@@ -117,9 +125,13 @@ else:
         unpublish(name)
         ops += 3
         i += 1
+    cpu1 = cpu_ticks()
     n = total(ops)
     if rank == 0:
+        busy, steal = (b - a for a, b in zip(cpu0, cpu1))
+        tick = os.sysconf("SC_CLK_TCK")
         with open(out, "w") as f:
-            json.dump({"ops_per_s": n / seconds}, f)
+            json.dump({"ops_per_s": n / seconds, "cpu_us_per_op": busy / tick / n * 1e6,
+                       "steal": steal / tick / seconds}, f)
     barrier()
     done()

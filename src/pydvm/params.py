@@ -154,7 +154,7 @@ REGISTRY: dict[str, Param] = {
         Param("pydvm_max_outstanding", _cap, 1024,
               "requests (waiting lookups included) one client or tool connection may have "
               "outstanding; beyond it PMIX_ERR_OUT_OF_RESOURCE (1..1000000)", "int"),
-        Param("pydvm_master_poll_us", _poll_us, 50.0,
+        Param("pydvm_master_poll_us", _poll_us, 200.0,
               "microseconds the master keeps polling for the next request after each one "
               "instead of sleeping (a sleeping process's wake-up costs tens of µs on a VM); "
               "0 never; never on a one-CPU machine (0..10000)", "microseconds"),
