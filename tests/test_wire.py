@@ -530,7 +530,7 @@ import socket  # noqa: E402
 import threading  # noqa: E402
 
 from pydvm import wire as wire_mod  # noqa: E402
-from pydvm.wire import SPIN_BACKOFF, BlockingChannel  # noqa: E402
+from pydvm.wire import SPIN_BACKOFF_MAX, BlockingChannel  # noqa: E402
 
 
 @pytest.mark.parametrize("text,us", [("", 100.0), ("0", 0.0), ("250", 250.0), ("junk", 100.0),
@@ -540,10 +540,16 @@ def test_the_spin_window_comes_from_the_environment(monkeypatch, text, us):
     assert wire_mod._client_spin() == pytest.approx(us / 1e6)
 
 
+def _late(b, msg, after=0.03):
+    t = threading.Timer(after, lambda: b.sendall(pack(msg)))
+    t.start()
+    return t
+
+
 def test_a_reply_is_read_whether_it_comes_during_the_poll_or_after_it(monkeypatch):
     """A reply already there is read by the poll; one that comes later than the
-    window is read by the sleeping recv; an empty poll makes the next waits sleep
-    at once, and they still get their replies."""
+    window is read by the sleeping recv; an empty poll makes the next wait
+    sleep at once, and it still gets its reply."""
     monkeypatch.setenv("PYDVM_CLIENT_SPIN_US", "2000")
     a, b = socket.socketpair()
     try:
@@ -551,14 +557,61 @@ def test_a_reply_is_read_whether_it_comes_during_the_poll_or_after_it(monkeypatc
         b.sendall(pack({"t": "reply", "id": 1}))
         assert ch.recv() == {"t": "reply", "id": 1}
         assert ch._sleepy == 0
-        late = threading.Timer(0.05, lambda: b.sendall(pack({"t": "reply", "id": 2})))
-        late.start()
+        late = _late(b, {"t": "reply", "id": 2})
         assert ch.recv() == {"t": "reply", "id": 2}  # after the 2 ms poll: asleep
         late.join()
-        assert ch._sleepy == SPIN_BACKOFF
+        assert ch._sleepy == 1
         b.sendall(pack({"t": "reply", "id": 3}))
-        assert ch.recv() == {"t": "reply", "id": 3}
-        assert ch._sleepy == SPIN_BACKOFF - 1
+        assert ch.recv() == {"t": "reply", "id": 3}  # slept at once
+        assert ch._sleepy == 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_empty_polls_in_a_row_double_the_sleeps_and_an_answered_poll_resets_them(monkeypatch):
+    """One late answer (a hiccup) costs one sleeping wait; a peer that keeps
+    answering late (more clients than cores) is polled ever more rarely, up
+    to one poll per SPIN_BACKOFF_MAX + 1 waits; once a poll is answered, the
+    next empty one again costs a single sleeping wait."""
+    monkeypatch.setenv("PYDVM_CLIENT_SPIN_US", "1000")
+    a, b = socket.socketpair()
+    polls = []
+    try:
+        ch = BlockingChannel(a)
+        real_poll = ch._poll
+
+        def counting_poll():
+            if not ch._sleepy:
+                polls.append(ch._backoff)
+            return real_poll()
+        ch._poll = counting_poll
+        sleeps = []
+        for i in range(1, 8):  # every answer late: empty polls in a row
+            late = _late(b, {"t": "reply", "id": i}, after=0.005)
+            assert ch.recv() == {"t": "reply", "id": i}
+            late.join()
+            sleeps.append(ch._sleepy)
+            while ch._sleepy:  # the sleeping waits, answered at once
+                b.sendall(pack({"t": "reply", "id": 0}))
+                ch.recv()
+        assert sleeps == [1, 2, 4, 8, 16, 32, 64]
+        assert len(polls) == 7
+        b.sendall(pack({"t": "reply", "id": 100}))
+        assert ch.recv()["id"] == 100  # an answered poll
+        assert ch._backoff == 1
+        late = _late(b, {"t": "reply", "id": 101}, after=0.005)
+        ch.recv()
+        late.join()
+        assert ch._sleepy == 1
+        ch._backoff = SPIN_BACKOFF_MAX
+        late = _late(b, {"t": "reply", "id": 102}, after=0.005)
+        b.sendall(pack({"t": "reply", "id": 0}))
+        ch.recv()  # the one sleeping wait
+        ch.recv()  # polls, finds nothing: the longest backoff
+        late.join()
+        assert ch._sleepy == SPIN_BACKOFF_MAX
+        assert ch._backoff == SPIN_BACKOFF_MAX
     finally:
         a.close()
         b.close()

@@ -691,9 +691,13 @@ def stop_polling() -> None:
 #: answers sooner; past that it sleeps as before (a waiting lookup costs at
 #: most this much CPU once).  MPI libraries poll for the same reason.
 CLIENT_SPIN_US_DEFAULT = 100.0
-#: After a poll that timed out, this many waits sleep at once before the next
-#: poll is tried.
-SPIN_BACKOFF = 32
+#: After a poll that found nothing, the next waits sleep at once: one after
+#: a single such poll, twice as many after each further one in a row, up to
+#: this many; an answered poll starts the count again.  One late answer (a
+#: hiccup of the peer or of the host) then costs one sleeping wait, while a
+#: peer that keeps answering late -- more clients than cores -- is polled
+#: about once per this many waits.
+SPIN_BACKOFF_MAX = 256
 
 
 def _client_spin() -> float:
@@ -722,6 +726,8 @@ class BlockingChannel:
         #: found nothing (the peer is slow or the CPUs are oversubscribed, as
         #: with many clients per core; polling would only steal their time).
         self._sleepy = 0
+        #: how many waits the next empty poll makes sleep (SPIN_BACKOFF_MAX)
+        self._backoff = 1
 
     def send(self, msg: Message) -> None:
         self.sock.sendall(pack(msg))
@@ -730,7 +736,7 @@ class BlockingChannel:
         """Read without sleeping for up to :attr:`spin` seconds; None if
         nothing came (only on a blocking socket: one with a timeout would
         wait in ``poll`` instead).  A poll that comes back empty-handed
-        makes the next :data:`SPIN_BACKOFF` waits sleep at once."""
+        makes the next waits sleep at once (:data:`SPIN_BACKOFF_MAX`)."""
         if not self.spin or self._timeout is not None:
             return None
         if self._sleepy:
@@ -739,11 +745,15 @@ class BlockingChannel:
         end = time.perf_counter() + self.spin
         while True:
             try:
-                return self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
+                data = self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 if time.perf_counter() >= end:
-                    self._sleepy = SPIN_BACKOFF
+                    self._sleepy = self._backoff
+                    self._backoff = min(2 * self._backoff, SPIN_BACKOFF_MAX)
                     return None
+            else:
+                self._backoff = 1
+                return data
 
     def recv(self, timeout: float | None = None) -> Message:
         """Next message; raises ConnectionError on EOF, socket.timeout on timeout."""
