@@ -627,3 +627,72 @@ def test_a_closed_peer_is_seen_during_the_poll(monkeypatch):
         ch.recv()
     assert time.monotonic() - t0 < 0.05  # EOF ends the poll at once
     a.close()
+
+
+# ---------------------------------------------------------------------------
+# packb: one reusable Packer per thread
+# ---------------------------------------------------------------------------
+
+
+def test_packb_from_many_threads_at_once_matches_msgpack():
+    import sys
+
+    from pydvm.store.model import Typed
+    from pydvm.wire import unpackb
+
+    errors = []
+    done = []
+
+    def worker(k):
+        try:
+            for i in range(2000):
+                m = {"t": "publish", "id": i, "pairs": {f"k{k}-{i}": "v" * (i % 50)},
+                     "typed": Typed(i, 7)}
+                if unpackb(wire_mod.packb(m)) != m:
+                    errors.append((k, i))
+            if wire_mod.packb({"k": k}) != msgpack.packb({"k": k}, use_bin_type=True):
+                errors.append((k, "plain"))
+            done.append(k)
+        except Exception as exc:
+            errors.append((k, repr(exc)))
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch inside a pack's Typed hook
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert sorted(done) == [0, 1, 2, 3]
+
+
+def test_packb_reentered_on_one_thread_keeps_both_encodings(monkeypatch):
+    """A pack started while another is under way on the same thread (a
+    signal handler's) must not write into the first one's buffer."""
+
+    class Hook:
+        pass
+
+    inner = {}
+    real = wire_mod._default
+
+    def default(obj):
+        if isinstance(obj, Hook):
+            inner["bytes"] = wire_mod.packb({"inner": [1, 2, 3], "pad": "y" * 300})
+            return "hooked"
+        return real(obj)
+
+    monkeypatch.setattr(wire_mod, "_default", default)
+    wire_mod._packers.p = None  # the next Packer made calls the hook above
+    try:
+        out = wire_mod.packb({"a": Hook(), "b": "x" * 100})
+        assert msgpack.unpackb(out) == {"a": "hooked", "b": "x" * 100}
+        assert msgpack.unpackb(inner["bytes"]) == {"inner": [1, 2, 3], "pad": "y" * 300}
+        again = wire_mod.packb({"a": Hook()})  # the reused Packer is still sound
+        assert msgpack.unpackb(again) == {"a": "hooked"}
+    finally:
+        wire_mod._packers.p = None  # drop the Packer holding the test's hook

@@ -114,7 +114,7 @@ def publish_msg(
     replace: bool,
     envelope: bool = True,
 ) -> Message:
-    if not isinstance(data, Mapping):
+    if data.__class__ is not dict and not isinstance(data, Mapping):
         raise BadParamError("publish takes a mapping of key to value")
     return _envelope("publish", int(range), {
         "pairs": dict(data),
@@ -176,13 +176,16 @@ def status_of(r: Message) -> Status:
 
 def check(r: Message) -> None:
     """Raise the matching PMIxError unless ``r`` reports success."""
+    if r.get("status") == 0 and r["status"].__class__ is int:
+        return  # SUCCESS: no Status to build
     st = status_of(r)
     if st is not Status.SUCCESS:
         raise error_for(st, str(r.get("msg") or ""))
 
 
 def lookup_result(r: Message) -> LookupResult:
-    st = status_of(r)
+    st = Status.SUCCESS if r.get("status") == 0 and r["status"].__class__ is int \
+        else status_of(r)
     if st not in (Status.SUCCESS, Status.ERR_PARTIAL_SUCCESS):
         raise error_for(st, str(r.get("msg") or ""))
     found = {}

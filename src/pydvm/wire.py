@@ -27,6 +27,7 @@ import logging
 import os
 import socket
 import struct
+import threading
 import time
 from typing import Any, Callable
 
@@ -88,9 +89,25 @@ def _ext_hook(code: int, data: bytes) -> Any:
     return msgpack.ExtType(code, data)
 
 
+_packers = threading.local()
+
+
 def packb(obj: Any) -> bytes:
-    """msgpack encoding used on every connection (Typed values as extensions)."""
-    return msgpack.packb(obj, use_bin_type=True, default=_default)
+    """msgpack encoding used on every connection (Typed values as extensions).
+
+    Each thread reuses one ``Packer`` (``msgpack.packb`` builds a new one per
+    call, which costs as much as the packing).  It is taken out while in
+    use, so a pack re-entered on the same thread (a signal handler's) makes
+    its own instead of writing into the first one's buffer."""
+    p = getattr(_packers, "p", None)
+    if p is None:
+        p = msgpack.Packer(use_bin_type=True, default=_default)
+    else:
+        _packers.p = None
+    try:
+        return p.pack(obj)
+    finally:
+        _packers.p = p
 
 
 def unpackb(data) -> Any:
