@@ -91,10 +91,10 @@ def _envelope(t: str, rng: int | None, fields: dict, envelope: bool = True) -> M
     is passed on) the same fields go as one plain map: one decode fewer.
     """
     if not envelope:
-        plain: Message = {"t": t, **fields}
+        fields["t"] = t  # the callers' own fresh map
         if rng is not None:
-            plain["range"] = rng
-        return plain
+            fields["range"] = rng
+        return fields
     try:
         payload = pack_payload(fields)
     except (TypeError, ValueError, OverflowError) as exc:  # a value msgpack cannot encode

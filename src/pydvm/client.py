@@ -174,8 +174,10 @@ class Client:
         has answered, unless the master says this node's store holds
         nothing of this uid).  Without a direct connection everything goes
         to the daemon, which routes it itself."""
-        to_master, to_node = _direct.master_part(t, rng)
         with self._lock:
+            if self._direct_state == _direct.OFF:  # a head-node client, or no credential
+                return self._exchange(self._ch, build(self._envelope))
+            to_master, to_node = _direct.master_part(t, rng)
             dch = self._direct_channel() if to_master else None
             if dch is None:
                 return self._exchange(self._ch, build(self._envelope))

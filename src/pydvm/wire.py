@@ -783,7 +783,10 @@ class BlockingChannel:
                 data = self.sock.recv(1 << 16)
             if not data:
                 raise ConnectionError("server closed the connection")
-            self._queue.extend(self._decoder.feed(data))
+            msgs = self._decoder.feed(data)
+            if len(msgs) == 1:
+                return msgs[0]  # the usual case: one answer, nothing queued
+            self._queue.extend(msgs)
         return self._queue.pop(0)
 
     def close(self) -> None:
