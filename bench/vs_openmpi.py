@@ -17,7 +17,7 @@ sends master-store requests straight to the master: one hop), and a daemon
 node of a second DVM started with ``pydvm_direct_data off`` (every request
 through the daemon: two hops).
 Then the aggregate throughput of 8 concurrent clients (publish + lookup +
-unpublish loops) on each side: three runs each, alternating, medians
+unpublish loops) on each side: five runs each, alternating, medians
 compared (with the machine's CPU time per operation, from /proc/stat).
 
 Prints one row per (operation, names held) with both figures and
@@ -44,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 PROBE = str(HERE / "_ns_probe.py")
 PYDVM = [sys.executable, "-m", "pydvm"]
 SYSTEM_PYTHON = "/usr/bin/python3"
-TP_ROUNDS = 3
+TP_ROUNDS = 5
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
           "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]
 
