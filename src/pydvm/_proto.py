@@ -174,18 +174,23 @@ def status_of(r: Message) -> Status:
         return Status.ERR_BAD_PARAM
 
 
+def _succeeded(r: Message) -> bool:
+    """``r`` reports SUCCESS (checked without building a Status: the usual case)."""
+    st = r.get("status")
+    return st == 0 and st.__class__ is int
+
+
 def check(r: Message) -> None:
     """Raise the matching PMIxError unless ``r`` reports success."""
-    if r.get("status") == 0 and r["status"].__class__ is int:
-        return  # SUCCESS: no Status to build
+    if _succeeded(r):
+        return
     st = status_of(r)
     if st is not Status.SUCCESS:
         raise error_for(st, str(r.get("msg") or ""))
 
 
 def lookup_result(r: Message) -> LookupResult:
-    st = Status.SUCCESS if r.get("status") == 0 and r["status"].__class__ is int \
-        else status_of(r)
+    st = Status.SUCCESS if _succeeded(r) else status_of(r)
     if st not in (Status.SUCCESS, Status.ERR_PARTIAL_SUCCESS):
         raise error_for(st, str(r.get("msg") or ""))
     found = {}
