@@ -42,16 +42,39 @@ class LookupResult(Mapping[str, Any]):
 
     def __init__(self, status: Status, found: dict[str, Found]) -> None:
         self.status = status
-        self.found = found
+        self._found: dict[str, Found] | None = found
+        #: key -> (value as answered, nspace, rank), until ``found`` is made
+        self._rows: dict[str, tuple[Any, str, int]] | None = None
+
+    @classmethod
+    def _of_rows(cls, status: Status, rows: dict[str, tuple[Any, str, int]]) -> "LookupResult":
+        """A result whose :class:`Found` records are made on first use of
+        ``found``: most callers only read values, and a record costs more
+        than the rest of reading the answer."""
+        res = cls.__new__(cls)
+        res.status, res._found, res._rows = status, None, rows
+        return res
+
+    @property
+    def found(self) -> dict[str, Found]:
+        """key -> :class:`Found`, for every key found."""
+        if self._found is None:
+            self._found = {key: _found(key, *row) for key, row in self._rows.items()}
+            self._rows = None
+        return self._found
 
     def __getitem__(self, key: str) -> Any:
-        return self.found[key].value
+        rows = self._rows
+        if rows is None:
+            return self.found[key].value
+        value = rows[key][0]
+        return value.value if value.__class__ is Typed else value
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.found)
+        return iter(self.found if self._rows is None else self._rows)
 
     def __len__(self) -> int:
-        return len(self.found)
+        return len(self.found if self._rows is None else self._rows)
 
     @property
     def partial(self) -> bool:
@@ -61,6 +84,9 @@ class LookupResult(Mapping[str, Any]):
     def publisher(self, key: str) -> tuple[str, int]:
         """``(nspace, rank)`` of the process that published ``key``;
         KeyError if ``key`` was not found."""
+        if self._rows is not None:
+            _, nspace, rank = self._rows[key]
+            return (nspace, rank)
         f = self.found[key]
         return (f.nspace, f.rank)
 
@@ -193,12 +219,15 @@ def lookup_result(r: Message) -> LookupResult:
     st = Status.SUCCESS if _succeeded(r) else status_of(r)
     if st not in (Status.SUCCESS, Status.ERR_PARTIAL_SUCCESS):
         raise error_for(st, str(r.get("msg") or ""))
-    found = {}
+    rows = {}
     for key, value, ns, rank in r.get("found") or ():
-        if value.__class__ is Typed:
-            found[key] = Found(key, value.value, ns, rank, value.type_name)
-        else:
-            code = DEFAULT_TYPES.get(value.__class__)
-            found[key] = Found(key, value, ns, rank,
-                               "PMIX_" + TYPE_NAMES[code] if code is not None else "")
-    return LookupResult(st, found)
+        rows[key] = (value, ns, rank)
+    return LookupResult._of_rows(st, rows)
+
+
+def _found(key: str, value: Any, ns: str, rank: int) -> Found:
+    """The record of one answered key (a Typed value: its PMIx type)."""
+    if value.__class__ is Typed:
+        return Found(key, value.value, ns, rank, value.type_name)
+    code = DEFAULT_TYPES.get(value.__class__)
+    return Found(key, value, ns, rank, "PMIX_" + TYPE_NAMES[code] if code is not None else "")
