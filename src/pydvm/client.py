@@ -175,9 +175,10 @@ class Client:
         nothing of this uid).  Without a direct connection everything goes
         to the daemon, which routes it itself."""
         with self._lock:
-            if self._direct_state == _direct.OFF:  # a head-node client, or no credential
-                return self._exchange(self._ch, build(self._envelope))
-            to_master, to_node = _direct.master_part(t, rng)
+            # A head-node client, or one without a credential, never looks
+            # at the routing table: everything goes to its node server.
+            to_master, to_node = (False, False) if self._direct_state == _direct.OFF \
+                else _direct.master_part(t, rng)
             dch = self._direct_channel() if to_master else None
             if dch is None:
                 return self._exchange(self._ch, build(self._envelope))

@@ -177,13 +177,11 @@ class DirectMixin:
                 session.send(refusal)
                 return
             self.direct_counts["requests"] += 1
-            if t == "unpublish":
-                # Its node part is needed only if the node store holds
-                # something of this uid (see _node_holds).
-                self._data_op(session, msg, session.caller, node=self._node_may_hold(
-                    session.caller.node, session.caller.uid))
-            else:
-                self._data_op(session, msg, session.caller)
+            # An unpublish's answer says whether its node part is needed: only
+            # if the node store may hold something of this uid (_node_holds).
+            extra = {"node": self._node_may_hold(session.caller.node, session.caller.uid)} \
+                if t == "unpublish" else {}
+            self._data_op(session, msg, session.caller, **extra)
         elif t == "cancel":
             self._cancel(session, msg.get("ref"))
         else:
