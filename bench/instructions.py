@@ -98,9 +98,13 @@ def _total(out_file: Path) -> int:
     raise RuntimeError(f"no instruction total in {out_file}")
 
 
-def _callgrind(argv: list[str], out: Path, env: dict | None = None) -> int:
-    p = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *argv],
-                       capture_output=True, text=True, env=env, timeout=1800)
+def _under_callgrind(argv: list[str], out: Path) -> list[str]:
+    return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *argv]
+
+
+def _callgrind(argv: list[str], out: Path) -> int:
+    p = subprocess.run(_under_callgrind(argv, out), capture_output=True, text=True,
+                       timeout=1800)
     if p.returncode != 0:
         raise RuntimeError(f"valgrind {argv[:3]} failed: {p.stderr[-2000:]}")
     return _total(out)
@@ -134,8 +138,7 @@ def master_side(tmp: Path, base: int, calls: int) -> float:
         uri_file = tmp / f"uri-{n}"
         with open(uri_file, "w") as uf:
             master = subprocess.Popen(
-                ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-                 *PYDVM, "start", "--hosts", f"{host}:2"],
+                _under_callgrind(PYDVM + ["start", "--hosts", f"{host}:2"], out),
                 stdout=uf, stderr=subprocess.DEVNULL, env=env)
         try:
             deadline = time.monotonic() + 300
