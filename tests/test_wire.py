@@ -573,10 +573,15 @@ def test_empty_polls_in_a_row_double_the_sleeps_and_an_answered_poll_resets_them
     """One late answer (a hiccup) costs one sleeping wait; a peer that keeps
     answering late (more clients than cores) is polled ever more rarely, up
     to one poll per SPIN_BACKOFF_MAX + 1 waits; once a poll is answered, the
-    next empty one again costs a single sleeping wait."""
+    next empty one again costs a single sleeping wait.
+
+    "Late" is made exact rather than timed: the answer is sent the moment a
+    poll has come back empty, so a loaded machine (a poll descheduled past
+    a timer's send) cannot turn a late answer into a prompt one."""
     monkeypatch.setenv("PYDVM_CLIENT_SPIN_US", "1000")
     a, b = socket.socketpair()
     polls = []
+    late: list[dict] = []
     try:
         ch = BlockingChannel(a)
         real_poll = ch._poll
@@ -584,13 +589,15 @@ def test_empty_polls_in_a_row_double_the_sleeps_and_an_answered_poll_resets_them
         def counting_poll():
             if not ch._sleepy:
                 polls.append(ch._backoff)
-            return real_poll()
+            got = real_poll()
+            if got is None and late:
+                b.sendall(pack(late.pop()))  # answered just after the poll gave up
+            return got
         ch._poll = counting_poll
         sleeps = []
         for i in range(1, 8):  # every answer late: empty polls in a row
-            late = _late(b, {"t": "reply", "id": i}, after=0.005)
+            late.append({"t": "reply", "id": i})
             assert ch.recv() == {"t": "reply", "id": i}
-            late.join()
             sleeps.append(ch._sleepy)
             while ch._sleepy:  # the sleeping waits, answered at once
                 b.sendall(pack({"t": "reply", "id": 0}))
@@ -600,16 +607,14 @@ def test_empty_polls_in_a_row_double_the_sleeps_and_an_answered_poll_resets_them
         b.sendall(pack({"t": "reply", "id": 100}))
         assert ch.recv()["id"] == 100  # an answered poll
         assert ch._backoff == 1
-        late = _late(b, {"t": "reply", "id": 101}, after=0.005)
+        late.append({"t": "reply", "id": 101})
         ch.recv()
-        late.join()
         assert ch._sleepy == 1
         ch._backoff = SPIN_BACKOFF_MAX
-        late = _late(b, {"t": "reply", "id": 102}, after=0.005)
         b.sendall(pack({"t": "reply", "id": 0}))
         ch.recv()  # the one sleeping wait
+        late.append({"t": "reply", "id": 102})
         ch.recv()  # polls, finds nothing: the longest backoff
-        late.join()
         assert ch._sleepy == SPIN_BACKOFF_MAX
         assert ch._backoff == SPIN_BACKOFF_MAX
     finally:
