@@ -64,14 +64,15 @@ class Dvm:
     daemon_pids: dict[str, int] = field(default_factory=dict)
 
     def cmd(self, *args: str, timeout: float = CMD_TIMEOUT, check: bool = False,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        """Run ``pydvm ARGS...`` against this DVM and capture its output."""
+            env: dict[str, str] | None = None,
+            cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+        """Run ``pydvm ARGS...`` against this DVM (in ``cwd``) and capture its output."""
         e = dict(self.env)
         e["PYDVM_URI"] = self.uri
         if env:
             e.update(env)
         p = subprocess.run(PYDVM + list(args), env=e, capture_output=True, text=True,
-                           timeout=timeout)
+                           timeout=timeout, cwd=cwd)
         if check and p.returncode != 0:
             raise AssertionError(f"pydvm {' '.join(args)} exited {p.returncode}\n"
                                  f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}")

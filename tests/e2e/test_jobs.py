@@ -49,6 +49,42 @@ def test_missing_executable_exits_127_naming_it_and_the_dvm_runs_the_next_job(dv
     assert info.count(" up") >= 3, info
 
 
+def test_a_relative_program_path_is_resolved_in_the_jobs_working_directory(dvm, tmp_path):
+    """`pydvm run ./prog` from a directory the DVM was not started in runs
+    ./prog of that directory, on the head node and on daemon nodes; so does a
+    bare name found through a relative PATH entry."""
+    work = tmp_path / "work"
+    (work / "bin").mkdir(parents=True)
+    for path in (work / "prog", work / "bin" / "tool"):
+        path.write_text('#!/bin/sh\necho "$0 ran in $(pwd) as rank $PYDVM_RANK"\n')
+        path.chmod(0o755)
+    assert Path.cwd() != work
+    p = dvm.run("--host", "a,b", "-n", "2", "./prog", cwd=work)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert sorted(p.stdout.splitlines()) == [f"./prog ran in {work} as rank 0",
+                                             f"./prog ran in {work} as rank 1"]
+    p = dvm.run("--host", "c", "-n", "1", "tool", cwd=work,
+                env={"PATH": "bin" + os.pathsep + os.environ["PATH"]})
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.strip().endswith(f"ran in {work} as rank 0")
+
+
+def test_a_program_that_exists_but_cannot_be_run_exits_126_saying_why(dvm, tmp_path):
+    """Not executable, or a directory: a message saying so and exit 126, as a shell
+    gives; a name found nowhere stays 127."""
+    (tmp_path / "data.txt").write_text("not a program\n")
+    (tmp_path / "adir").mkdir()
+    p = dvm.run("--host", "b", "-n", "1", "./data.txt", cwd=tmp_path)
+    assert p.returncode == 126, p.stdout + p.stderr
+    assert "./data.txt" in p.stderr and "not executable" in p.stderr, p.stderr
+    p = dvm.run("-n", "1", "./adir", cwd=tmp_path)
+    assert p.returncode == 126, p.stdout + p.stderr
+    assert "is a directory" in p.stderr, p.stderr
+    p = dvm.run("-n", "1", "./missing", cwd=tmp_path)
+    assert p.returncode == 127, p.stdout + p.stderr
+    assert "./missing" in p.stderr and str(tmp_path) in p.stderr, p.stderr
+
+
 def _dvm_processes(dvmid: str) -> list[str]:
     """Command lines of live `pydvm daemon` processes belonging to DVM ``dvmid``."""
     found = []

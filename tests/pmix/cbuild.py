@@ -45,6 +45,31 @@ def pmix_cflags() -> list[str]:
     return []
 
 
+def pmix_builder(build_dir: Path, *source_dirs: Path) -> Callable[[str], str]:
+    """A function building the PMIx C client ``NAME.c`` (first found in
+    ``source_dirs``) with gcc -lpmix, once; it returns the executable's path."""
+    if not shutil.which("gcc"):
+        pytest.skip("gcc not installed (apt-get install gcc)")
+    flags = pmix_cflags()
+    if not flags:
+        pytest.skip("PMIx headers not found (apt-get install libpmix-dev)")
+    built: dict[str, str] = {}
+
+    def build(name: str) -> str:
+        if name not in built:
+            src = next((d / f"{name}.c" for d in source_dirs if (d / f"{name}.c").exists()),
+                       None)
+            assert src is not None, f"no {name}.c in {[str(d) for d in source_dirs]}"
+            exe = build_dir / name
+            r = subprocess.run(["gcc", "-O1", "-Wall", "-o", str(exe), str(src), *flags],
+                               capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+            built[name] = str(exe)
+        return built[name]
+
+    return build
+
+
 def build_pmix_ops(build_dir: Path) -> str:
     """tests/pmix/clients/pmix_ops.c built with gcc -lpmix; the executable's path."""
     if not shutil.which("gcc"):

@@ -22,7 +22,7 @@ sys.path.insert(0, str(HERE.parent / "pmix"))
 import dvmkit  # noqa: E402
 from pmixkit import CLIENTS, FAR, HEAD, PMIX_CLIENTS  # noqa: E402
 from cbuild import (build_pmix_ops, find_mpi4py_python, mpicc_builder,  # noqa: E402
-                    require_libpmix)
+                    pmix_builder, require_libpmix)
 
 
 
@@ -53,6 +53,31 @@ def pmix_ops(libpmix, build_dir):
 def mpicc(libpmix, build_dir):
     """Build an Open MPI C program by name (clients/<name>.c here, else tests/pmix/clients)."""
     return mpicc_builder(build_dir, CLIENTS, PMIX_CLIENTS)
+
+
+@pytest.fixture(scope="session")
+def pmixcc(libpmix, build_dir):
+    """Build a PMIx C client by name (clients/<name>.c here, else tests/pmix/clients)."""
+    return pmix_builder(build_dir, CLIENTS, PMIX_CLIENTS)
+
+
+@pytest.fixture(scope="session")
+def mpirun(libpmix):
+    """Run a program under Open MPI's own ``mpirun``: the reference a test compares
+    pydvm's behaviour with.  ``mpirun(n, *argv, timeout=60)`` -> CompletedProcess."""
+    import os
+    import shutil
+    import subprocess
+    if not shutil.which("mpirun"):
+        pytest.skip("mpirun not installed (apt-get install openmpi-bin)")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYDVM_", "PMIX_", "OMPI_", "SLURM_"))}
+
+    def run(n: int, *argv: str, timeout: float = 60, extra: tuple = ()):
+        return subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", *extra,
+                               "-n", str(n), *argv], env=env, capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import constants as C
-from .values import DataArray, Value
+from .values import DataArray, Proc, Value
 
 
 @dataclass
@@ -35,6 +35,14 @@ class JobLayout:
     universe_size: int | None = None            # default: job size
     jobid: str | None = None                    # default: the namespace
     extra: list[tuple[str, Any]] = field(default_factory=list)   # appended job-level info
+    #: node name -> its node id, the same in every job of the system (PMIX_NODEID);
+    #: default: the node's position in ``nodes``.
+    node_ids: dict[str, int] | None = None
+    #: each application's command line and working directory (PMIX_APP_ARGV, PMIX_WDIR).
+    app_argv: list[list[str]] | None = None
+    app_wdir: list[str] | None = None
+    #: the process that spawned this job (PMIX_SPAWNED, PMIX_PARENT_ID), if any.
+    parent: tuple[str, int] | None = None
 
     @property
     def size(self) -> int:
@@ -45,6 +53,11 @@ class JobLayout:
 
     def local_count(self, node: str) -> int:
         return len(self.nodes.get(node, ()))
+
+    def node_id(self, node: str) -> int:
+        if self.node_ids and node in self.node_ids:
+            return int(self.node_ids[node])
+        return list(self.nodes).index(node)
 
     def check(self) -> None:
         ranks = sorted(r for rs in self.nodes.values() for r in rs)
@@ -72,7 +85,16 @@ def _arr(items: list[tuple[str, Value]]) -> Value:
 
 
 def job_info(layout: JobLayout, this_node: str, *, server=None) -> list[tuple[str, Value]]:
-    """The info list for ``register_nspace`` on the server of ``this_node``."""
+    """The info list for ``register_nspace`` on the server of ``this_node``.
+
+    The order matters to libpmix 4.2: its client-side stores (``ds21``,
+    ``ds12``) file a job-level key such as ``PMIX_UNIV_SIZE`` under the
+    session current when the key is read, so ``PMIX_SESSION_ID`` comes
+    first; then the job's identity, one ``PMIX_NODE_INFO_ARRAY`` per node,
+    the maps, the sizes, one ``PMIX_APP_INFO_ARRAY`` per application and
+    one ``PMIX_PROC_DATA`` per process (rank first) -- the layout PRRTE
+    registers a namespace with.
+    """
     layout.check()
     size = layout.size
     node_names = list(layout.nodes)
@@ -94,20 +116,33 @@ def job_info(layout: JobLayout, this_node: str, *, server=None) -> list[tuple[st
         nmap = ",".join(node_names)
         pmap = ";".join(",".join(str(x) for x in layout.nodes[n]) for n in node_names)
 
-    univ = layout.universe_size or size
-    info: list[tuple[str, Value]] = [
-        (C.JOBID, Value(layout.jobid or layout.nspace, C.STRING)),
-        (C.NODE_MAP, Value(nmap, C.STRING)),
-        (C.PROC_MAP, Value(pmap, C.STRING)),
-        (C.JOB_SIZE, _u32(size)),
-        (C.UNIV_SIZE, _u32(univ)),
-        (C.MAX_PROCS, _u32(univ)),
-        (C.NUM_NODES, _u32(len(node_names))),
-        (C.JOB_NUM_APPS, _u32(len(apps))),
-        (C.NPROC_OFFSET, _rank(0)),
-    ]
+    univ = max(layout.universe_size or size, size)
+    info: list[tuple[str, Value]] = []
     if layout.session_id is not None:
         info.append((C.SESSION_ID, _u32(layout.session_id)))
+    info += [
+        (C.JOBID, Value(layout.jobid or layout.nspace, C.STRING)),
+        (C.NPROC_OFFSET, _rank(0)),
+    ]
+    for name in node_names:
+        rs = layout.nodes[name]
+        node_items = [(C.HOSTNAME, Value(name, C.STRING)),
+                      (C.NODEID, _u32(layout.node_id(name))),
+                      (C.NODE_SIZE, _u32(len(rs))),
+                      (C.LOCAL_SIZE, _u32(len(rs)))]
+        if rs:
+            node_items += [(C.LOCALLDR, _rank(min(rs))),
+                           (C.LOCAL_PEERS, Value(",".join(map(str, rs)), C.STRING))]
+        info.append((C.NODE_INFO_ARRAY, _arr(node_items)))
+    info += [
+        (C.NODE_MAP, Value(nmap, C.STRING)),
+        (C.PROC_MAP, Value(pmap, C.STRING)),
+        (C.NUM_NODES, _u32(len(node_names))),
+        (C.UNIV_SIZE, _u32(univ)),
+        (C.JOB_SIZE, _u32(size)),
+        (C.JOB_NUM_APPS, _u32(len(apps))),
+        (C.MAX_PROCS, _u32(univ)),
+    ]
     if len(apps) == 1:
         info.append((C.APP_SIZE, _u32(apps[0])))
 
@@ -118,37 +153,38 @@ def job_info(layout: JobLayout, this_node: str, *, server=None) -> list[tuple[st
             (C.LOCAL_SIZE, _u32(len(local))),
             (C.LOCALLDR, _rank(min(local))),
             (C.NODE_SIZE, _u32(len(local))),
+            (C.NODEID, _u32(layout.node_id(this_node))),
         ]
 
     for i, n in enumerate(apps):
-        info.append((C.APP_INFO_ARRAY, _arr([
-            (C.APPNUM, _u32(i)), (C.APP_SIZE, _u32(n)), (C.APPLDR, _rank(app_first[i])),
-            (C.MAX_PROCS, _u32(n)),
-        ])))
-
-    for nid, name in enumerate(node_names):
-        rs = layout.nodes[name]
-        node_items = [(C.HOSTNAME, Value(name, C.STRING)), (C.NODEID, _u32(nid)),
-                      (C.LOCAL_SIZE, _u32(len(rs)))]
-        if rs:
-            node_items += [(C.LOCAL_PEERS, Value(",".join(map(str, rs)), C.STRING)),
-                           (C.LOCALLDR, _rank(min(rs)))]
-        info.append((C.NODE_INFO_ARRAY, _arr(node_items)))
+        items = [(C.APPNUM, _u32(i)), (C.APP_SIZE, _u32(n)), (C.APPLDR, _rank(app_first[i])),
+                 (C.MAX_PROCS, _u32(n))]
+        if layout.app_wdir and i < len(layout.app_wdir) and layout.app_wdir[i]:
+            items.append((C.WDIR, Value(layout.app_wdir[i], C.STRING)))
+        if layout.app_argv and i < len(layout.app_argv) and layout.app_argv[i]:
+            items.append((C.APP_ARGV, Value(" ".join(layout.app_argv[i]), C.STRING)))
+        info.append((C.APP_INFO_ARRAY, _arr(items)))
 
     for rank in range(size):
         name = node_of[rank]
         lrank = layout.nodes[name].index(rank)
         app = app_of[rank]
-        info.append((C.PROC_DATA, _arr([
+        items = [
             (C.RANK, _rank(rank)),
             (C.GLOBAL_RANK, _rank(rank)),
             (C.APPNUM, _u32(app)),
             (C.APP_RANK, _rank(rank - app_first[app])),
             (C.LOCAL_RANK, _u16(lrank)),
             (C.NODE_RANK, _u16(lrank)),
-            (C.NODEID, _u32(node_names.index(name))),
+            (C.NODEID, _u32(layout.node_id(name))),
+            (C.REINCARNATION, _u32(0)),
             (C.HOSTNAME, Value(name, C.STRING)),
-        ])))
+        ]
+        if layout.parent is not None:
+            items.append((C.PARENT_ID, Value(Proc(*layout.parent), C.PROC)))
+        info.append((C.PROC_DATA, _arr(items)))
 
+    if layout.parent is not None:
+        info.append((C.SPAWNED, Value(True, C.BOOL)))
     info += [(k, Value.of(v)) for k, v in layout.extra]
     return info

@@ -92,8 +92,17 @@ class CollectivesMixin:
         nodes: dict[str, list[int]] = {}
         for rank in sorted(job.procs):
             nodes.setdefault(job.procs[rank].node, []).append(rank)
+        ids = {name: i for i, name in enumerate(self.nodes)}
+        session = self.sessions.get(job.session_id)
+        slots = sum(h.slots for h in session.hosts) if session is not None else 0
+        if parent is None:
+            parent = job.parent
         return {"nodes": nodes, "apps": [len(a.ranks) for a in job.apps],
-                "parent": list(parent) if parent else None, "session_id": job.session_id}
+                "parent": list(parent) if parent else None, "session_id": job.session_id,
+                "node_ids": {n: ids[n] for n in nodes if n in ids},
+                "univ_size": max(slots, job.size),
+                "argv": [list(a.argv) for a in job.apps],
+                "wdir": [a.cwd for a in job.apps]}
 
     def _pmix_launch_fields(self: "Master", job: JobRecord, per_node: dict[str, list[dict]],
                             parent: tuple[str, int] | None = None) -> dict:
@@ -321,6 +330,9 @@ class CollectivesMixin:
                 extra, app_cwd = app_envs[p["app_idx"]]
                 p["pmix_env"] = extra
                 p["cwd"] = app_cwd
+        for a, (_, app_cwd) in zip(job.apps, app_envs):
+            a.cwd = app_cwd
+        job.parent = (pns, prank)
         ns = job.nspace
         log.info("%s:%d spawns job %s: %s", pns, prank, ns,
                  " : ".join(shlex.join(a["argv"]) for a in apps))

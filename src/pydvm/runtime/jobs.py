@@ -92,6 +92,8 @@ class AppRecord:
     argv: list[str]
     ranks: list[int]
     terminated: int = 0
+    #: working directory its processes start in (the submitter's, or a spawn's).
+    cwd: str = ""
 
     @property
     def done(self) -> bool:
@@ -125,6 +127,8 @@ class JobRecord:
     gid: int | None = None
     #: wall-clock time of submission (display only: ``pydvm ps``).
     started: float = 0.0
+    #: the process that spawned it (PMIx_Spawn), if any.
+    parent: tuple[str, int] | None = None
 
     @property
     def size(self) -> int:

@@ -146,6 +146,8 @@ class LifetimesMixin:
         job.uid, job.gid = msg.get("_uid"), msg.get("_gid")
         job.abort_on_failure = msg.get("abort_on_failure") is True
         job.started = time.time()
+        for a in job.apps:
+            a.cwd = cwd
         per_node: dict[str, list[dict]] = {}
         for p in job.procs.values():
             per_node.setdefault(p.node, []).append({

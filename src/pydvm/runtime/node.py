@@ -82,7 +82,7 @@ from .credential import Voucher
 from .guard import Guardian, die_with_parent, group_alive
 from .metrics import RequestStats, store_sample
 from .peers import ClientSession, route_answer
-from .pmixhost import PmixHost
+from .pmixhost import OMPI_JOB_DIRS, PmixHost
 
 log = logging.getLogger("pydvm.node")
 
@@ -134,6 +134,8 @@ class LocalJob:
     credit_ok: asyncio.Event = field(default_factory=asyncio.Event)
     #: output pumps still running (cancelled at the job's cleanup).
     pumps: set[asyncio.Task] = field(default_factory=set)
+    #: the job's per-node directory (NodeServer.job_dir), if it has one.
+    work_dir: Path | None = None
 
 
 class UplinkRouter:
@@ -198,6 +200,9 @@ class NodeServer:
         self.store: DataStore | None = None
         self.jobs: dict[str, LocalJob] = {}
         self.socket_dir: Path | None = None
+        #: where this node's PMIx jobs keep their shared-memory files, one
+        #: directory per job (made on the first such job; see job_dir).
+        self.shm_dir: Path | None = None
         self.socket_path = ""
         self._server: asyncio.AbstractServer | None = None
         self.done = asyncio.Event()
@@ -267,6 +272,8 @@ class NodeServer:
             s.channel.close("node server stopping")
         if self.socket_dir is not None:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
+        if self.shm_dir is not None:
+            shutil.rmtree(self.shm_dir, ignore_errors=True)
         self.done.set()
 
     def _spawn(self, coro, answer_id=None) -> asyncio.Task:
@@ -370,6 +377,38 @@ class NodeServer:
                 s.channel.close(f"job {job.nspace} ended")
         for task in list(job.pumps):
             task.cancel()
+        if job.work_dir is not None:
+            # the job's shared-memory segments and session files, even
+            # those of processes that crashed and never removed theirs
+            shutil.rmtree(job.work_dir, ignore_errors=True)
+            job.work_dir = None
+
+    def job_dir(self, job: "LocalJob") -> Path:
+        """The job's own directory for what MPI libraries keep per host
+        (shared-memory segments, session files), removed with the job.
+
+        Several nodes of a DVM may run on one machine (local daemons), and
+        Open MPI names such files after the machine's host name: ranks of
+        two nodes would then share a segment name.  A directory per node
+        and job keeps them apart; it is in ``/dev/shm`` where there is one.
+        """
+        if job.work_dir is not None:
+            return job.work_dir
+        if self.shm_dir is None:
+            try:
+                self.shm_dir = make_socket_dir(self.dvmid, f"{self.node}-jobs",
+                                               self.multi_user, root="/dev/shm")
+            except OSError:
+                self.shm_dir = self.socket_dir / "jobs"
+                self.shm_dir.mkdir(mode=0o711 if self.multi_user else 0o700,
+                                   exist_ok=True)
+            self.guardian.remove_on_exit(str(self.shm_dir))
+        d = self.shm_dir / job.nspace.rpartition("@")[2]
+        d.mkdir(mode=0o700, exist_ok=True)
+        if job.uid is not None and job.uid != os.getuid():
+            os.chown(d, job.uid, job.gid if job.gid is not None else -1)
+        job.work_dir = d
+        return d
 
     # ------------------------------------------------------------------
     # processes
@@ -389,13 +428,14 @@ class NodeServer:
             job.uid, job.gid = msg["uid"], msg["gid"]
             if job.uid != os.getuid():
                 switch = _credentials(job.uid, job.gid)
-        # Resolve every executable first: a job either starts here or fails whole.
+        # Resolve every executable first, as a shell would in the process's
+        # working directory: a job either starts here or fails whole.
         for p in procs:
-            path = p["env"].get("PATH", os.defpath)
-            exe = p["argv"][0]
-            if not shutil.which(exe, path=path) and not (os.sep in exe and os.access(exe, os.X_OK)):
-                self.uplink.send(reply(rid, Status.ERR_NOT_FOUND,
-                                       f"{self.node}: executable not found: {exe}", exit=127))
+            why, code = find_program(p["argv"][0], p["env"].get("PATH", os.defpath),
+                                     _workdir(p.get("cwd")))
+            if why:
+                self.uplink.send(reply(rid, Status.ERR_NOT_FOUND, f"{self.node}: {why}",
+                                       exit=code))
                 return
         preexec = _child_setup(os.getpid(), switch)
         layout = msg.get("pmix")
@@ -426,8 +466,11 @@ class NodeServer:
             job.procs[p["rank"]] = lp
             if layout and self.pmix.running:
                 env.update(self.pmix.register_proc(job, p["rank"], p["app_idx"], uid, gid))
+                wd = str(self.job_dir(job))
+                for k in OMPI_JOB_DIRS:
+                    env.setdefault(k, wd)
                 env.update(p.get("pmix_env") or {})
-            cwd = p.get("cwd") if p.get("cwd") and os.path.isdir(p["cwd"]) else None
+            cwd = _workdir(p.get("cwd"))
             try:
                 lp.process = await asyncio.create_subprocess_exec(
                     *p["argv"], env=env, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
@@ -703,6 +746,42 @@ def _child_setup(parent: int, switch: tuple[int, int, list[int]] | None):
     return setup
 
 
+def _workdir(cwd: str | None) -> str | None:
+    """The directory a job process starts in: the job's own where it exists
+    on this node, else (None) the node server's."""
+    return cwd if cwd and os.path.isdir(cwd) else None
+
+
+def find_program(exe: str, path: str, cwd: str | None) -> tuple[str, int]:
+    """Resolve a job's program as a shell does: ``("", 0)`` when it can be
+    run, else a message naming it and the shell's exit status for it (127
+    not found, 126 found but not runnable).
+
+    A name with a ``/`` is taken as a path, relative to ``cwd`` (the job's
+    working directory, not this process's); a bare name is looked up in
+    ``path`` (``PATH``), whose relative entries are relative to ``cwd`` too.
+    """
+    base = cwd or os.getcwd()
+    if "/" in exe:
+        candidates = [os.path.join(base, exe)]
+    else:
+        candidates = [os.path.join(base, d or ".", exe) for d in path.split(os.pathsep)]
+    unrunnable = ""
+    for c in candidates:
+        if not os.path.exists(c):
+            continue
+        if os.path.isdir(c):
+            unrunnable = unrunnable or f"{exe}: is a directory"
+        elif not os.access(c, os.X_OK):
+            unrunnable = unrunnable or f"{exe}: permission denied (the file is not executable)"
+        else:
+            return "", 0
+    if unrunnable:
+        return unrunnable, 126
+    where = f"in {base}" if "/" in exe else "in PATH"
+    return f"executable not found: {exe} (looked {where})", 127
+
+
 def _signal_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
@@ -710,7 +789,8 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
-def make_socket_dir(dvmid: str, label: str, multi_user: bool) -> Path:
+def make_socket_dir(dvmid: str, label: str, multi_user: bool,
+                    root: str | None = None) -> Path:
     """A private directory for a listening Unix socket (a node's client
     socket, the master's direct-data socket), after removing those left by
     processes that died (their ``owner`` process is gone).
@@ -722,11 +802,12 @@ def make_socket_dir(dvmid: str, label: str, multi_user: bool) -> Path:
     (and, on the direct-data socket, a credential) and is checked against
     the job's owner; those live under ``$TMPDIR/pydvm-<uid>-mu`` (0711), a
     base of their own, so that a single-user DVM of the same user never
-    closes it to the others.
+    closes it to the others.  ``root`` replaces ``$TMPDIR`` (``/dev/shm``
+    for the jobs' shared-memory directories).
     """
     mode = 0o711 if multi_user else 0o700
     suffix = "-mu" if multi_user else ""
-    base = Path(tempfile.gettempdir()) / f"pydvm-{os.getuid()}{suffix}"
+    base = Path(root or tempfile.gettempdir()) / f"pydvm-{os.getuid()}{suffix}"
     base.mkdir(mode=mode, exist_ok=True)
     if base.stat().st_mode & 0o777 != mode:
         os.chmod(base, mode)

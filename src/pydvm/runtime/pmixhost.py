@@ -78,6 +78,14 @@ log = logging.getLogger("pydvm.pmix")
 #: and MPI_Init talks to our server (docs/pmix.md).  No resource manager's
 #: variable is set, so no real RM tool can take these processes for its own.
 OMPI_DIRECT_LAUNCH = {"OMPI_MCA_schizo": "^orte"}
+#: Open MPI 4.1 names its shared-memory segments and session directory after
+#: the machine's host name (``vader_segment.<host>.<uid>.<job>.<local rank>``):
+#: two pydvm nodes on one machine (local daemons) would share those names and
+#: crash each other's ranks.  These point them at the node's own directory for
+#: the job (NodeServer.job_dir), removed when the job ends -- crashed ranks'
+#: segments included.  A value the user set in the job's environment wins.
+OMPI_JOB_DIRS = ("OMPI_MCA_btl_vader_backing_directory", "OMPI_MCA_osc_sm_backing_directory",
+                 "OMPI_MCA_orte_tmpdir_base")
 #: How long a node waits for libpmix to hand over a local rank's modex data.
 DMODEX_TIMEOUT = 60.0
 
@@ -252,7 +260,9 @@ class PmixHost:
                 # binding only refuses what no frame could carry (BAD_PARAM).
                 server = PmixServer(max_value_size=MAX_FRAME // 2,
                                     nspace=f"{self.node.dvm_nspace}-{self.node.node}")
-                server.start(tmpdir, asyncio.get_running_loop(), self)
+                from ..pmix import constants as C
+                server.start(tmpdir, asyncio.get_running_loop(), self,
+                             extra_info=[(C.HOSTNAME, self.node.node)])
             except Exception as exc:
                 ok, what = False, f"cannot start the PMIx server: {exc}"
             else:
@@ -482,15 +492,15 @@ def _procs(procs) -> list[list]:
 
 
 def job_layout(nspace: str, layout: dict, session_id: int | None):
-    """The master's layout message (``nodes``, ``apps``, ``parent``) as a JobLayout."""
-    from ..pmix import Proc
-    from ..pmix import constants as C
+    """The master's layout message as a JobLayout: ``nodes`` (node -> ranks),
+    ``apps`` (sizes), ``parent``, and when given ``node_ids``, ``univ_size``,
+    ``argv`` and ``wdir`` (per application)."""
     from ..pmix.jobinfo import JobLayout
-    extra = []
     parent = layout.get("parent")
-    if parent:
-        extra = [(C.SPAWNED, True), (C.PARENT_ID, Proc(parent[0], parent[1]))]
     return JobLayout(nspace, {n: list(r) for n, r in layout["nodes"].items()},
                      apps=list(layout.get("apps") or []) or None,
-                     session_id=session_id, extra=extra)
-
+                     session_id=session_id,
+                     universe_size=layout.get("univ_size"),
+                     node_ids=layout.get("node_ids"),
+                     app_argv=layout.get("argv"), app_wdir=layout.get("wdir"),
+                     parent=(str(parent[0]), int(parent[1])) if parent else None)
