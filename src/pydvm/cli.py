@@ -292,7 +292,7 @@ def parse_run(argv: list[str]) -> dict[str, Any]:
     from .runtime.jobs import parse_hosts
 
     opts: dict[str, Any] = {"dvm": None, "session": None, "mca": [], "tag_output": False,
-                            "abort_on_failure": False, "apps": [], "pmix": False}
+                            "abort_on_failure": None, "apps": [], "pmix": False}
     segments: list[list[str]] = [[]]
     for tok in argv:
         if tok == ":":
@@ -343,8 +343,12 @@ def parse_run(argv: list[str]) -> dict[str, Any]:
                 i += 2
             elif idx == 0 and name == "--tag-output":
                 opts["tag_output"] = True
-            elif idx == 0 and name == "--abort-on-failure":
-                opts["abort_on_failure"] = True
+            elif idx == 0 and name in ("--abort-on-failure", "--no-abort-on-failure"):
+                want = name == "--abort-on-failure"
+                if opts["abort_on_failure"] is not None and opts["abort_on_failure"] != want:
+                    raise ValueError("--abort-on-failure and --no-abort-on-failure "
+                                     "contradict each other")
+                opts["abort_on_failure"] = want
             elif idx == 0 and name == "--pmix":
                 opts["pmix"] = True  # refuse the job unless every node of it hosts PMIx
             elif name == "--":

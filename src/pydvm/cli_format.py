@@ -134,10 +134,14 @@ def signal_name(signum: int) -> str:
         return f"SIG{signum}"
 
 
-def _how(status: int, signum: int) -> str:
+def _how(status: int, signum: int, unfinalized: bool = False) -> str:
     if signum:
-        return f"was killed by signal {signal_name(signum)} ({signum})"
-    return f"exited with status {status}"
+        how = f"was killed by signal {signal_name(signum)} ({signum})"
+    else:
+        how = f"exited with status {status}"
+    if unfinalized:
+        how += " without finalizing (it called PMIx_Init or MPI_Init but not the Finalize)"
+    return how
 
 
 def _procs(n: int, other: bool) -> str:
@@ -155,10 +159,12 @@ def job_end_lines(r: dict, interrupted: bool) -> list[str]:
     rows = r.get("failures") or []
     several_apps = (r.get("apps") or 1) > 1
     out = []
-    for rank, app_idx, node, status, signum in rows:
+    for row in rows:
+        rank, app_idx, node, status, signum = row[:5]
+        unfinalized = bool(row[5]) if len(row) > 5 else False
         app = f" (app {app_idx})" if several_apps else ""
         out.append(f"pydvm run: process [{ns},{rank}]{app} on node {node} "
-                   f"{_how(status, signum)}")
+                   f"{_how(status, signum, unfinalized)}")
     failed = r.get("failed") or 0
     if failed > len(rows):
         out.append(f"pydvm run: {ns}: ... and {failed - len(rows)} more failed processes")

@@ -85,7 +85,8 @@ value as base64 text."""
 
 RUN_HELP = """\
 usage: pydvm run [--dvm URI] [--session ID] [--mca N V]... [--tag-output]
-                 [--abort-on-failure] [--pmix] [--host H[:SLOTS],...] -n N CMD ARGS...
+                 [--abort-on-failure | --no-abort-on-failure] [--pmix]
+                 [--host H[:SLOTS],...] -n N CMD ARGS...
                  [: [--host H[:SLOTS],...] -n M CMD2 ARGS...]...
 
 Run one job and exit with its status: the first non-zero exit of its
@@ -105,10 +106,17 @@ options of the whole job (before the first command):
                       a persistent DVM takes them on 'pydvm start'
   --tag-output        prefix each output line with [NSPACE,RANK]
   --abort-on-failure  kill the rest of the job when one process fails
-                      (default: a failing process does not abort its siblings)
+  --no-abort-on-failure
+                      never: a failing process does not end its siblings
+                      (default: as mpirun for an MPI/PMIx job -- one run with
+                      --pmix, or a failing process that called PMIx_Init --
+                      and never for other jobs; their PMIx processes that
+                      asked are told of the failure first)
   --pmix              the job needs PMIx: refuse it unless every node it runs
                       on hosts a PMIx server (see 'pydvm info'); without it,
-                      PMIx clients are served wherever libpmix is available
+                      PMIx clients are served wherever libpmix is available.
+                      A process of it that exits non-zero, is killed, or
+                      ends without finalizing PMIx ends the job
 
 options of each app context (before its command; ':' starts the next):
   -n N, --np N        number of processes (default 1)

@@ -91,15 +91,16 @@ def _status_name(st: Any) -> str:
 
 async def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output: bool,
                   env: dict[str, str] | None = None, cwd: str | None = None,
-                  abort_on_failure: bool = False, pmix: bool = False) -> int:
+                  abort_on_failure: bool | None = None, pmix: bool = False) -> int:
     """Submit a job and forward its output; return its exit status.
 
     Ctrl-C (SIGINT) or SIGTERM asks the master to kill the job; the tool then
     waits for the job's end and exits with 128 + the signal number.  When
     the job has ended, the processes that failed and who ended it (if it was
     killed) are reported on stderr (:func:`pydvm.cli_format.job_end_lines`).
-    With ``abort_on_failure`` the master kills the rest of the job at the
-    first failure.
+    ``abort_on_failure``: True, the master kills the rest of the job at the
+    first failure; False, never; None, as ``mpirun`` would for an MPI job
+    (run with ``pmix``, or a failing process that used PMIx), else never.
     """
     out = sys.stdout.buffer
     err = sys.stderr.buffer

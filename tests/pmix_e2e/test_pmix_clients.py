@@ -137,12 +137,16 @@ def test_a_publish_over_the_cap_is_out_of_resource_and_the_cap_evicts_pmix_items
 def test_a_process_that_exits_without_finalize_is_deregistered_and_its_proc_items_purged(
         pdvm, pmix_ops, where):
     """No upcall tells the host that a client died without PMIx_Finalize: its reaping
-    does -- its PROC item goes while its sibling still runs, and the node goes on."""
+    does -- its PROC item goes while its sibling still runs (kept running by
+    --no-abort-on-failure), and the node goes on.  Ending without finalizing is
+    a failure: the job exits 1, as under mpirun."""
     node = NODES[where]
     k = f"nofin-{where}"
-    p = pdvm.run("--host", node, "-n", "1", pmix_ops, f"pubd:persist=persist/2:{k}:string:v",
-                 "nofin", ":", "--host", node, "-n", "1", pmix_ops, "sleep:1500", f"look:{k}")
-    assert p.returncode == 0, p.stdout + p.stderr
+    p = pdvm.run("--no-abort-on-failure", "--host", node, "-n", "1", pmix_ops,
+                 f"pubd:persist=persist/2:{k}:string:v", "nofin", ":", "--host", node, "-n",
+                 "1", pmix_ops, "sleep:1500", f"look:{k}")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "without finalizing" in p.stderr, p.stderr
     assert statuses(p.stdout, "PUBLISH") == [0]
     assert statuses(p.stdout, "LOOKUP") == [ERR_NOT_FOUND]
     assert p.stdout.count("FINALIZE status=0") == 1

@@ -163,6 +163,8 @@ lookup_cbfunc_t = ctypes.CFUNCTYPE(None, pmix_status_t, ctypes.c_void_p, ctypes.
 spawn_cbfunc_t = ctypes.CFUNCTYPE(None, pmix_status_t, ctypes.c_char_p, ctypes.c_void_p)
 dmodex_response_fn_t = ctypes.CFUNCTYPE(None, pmix_status_t, ctypes.c_void_p,
                                         ctypes.c_size_t, ctypes.c_void_p)
+info_cbfunc_t = ctypes.CFUNCTYPE(None, pmix_status_t, ctypes.c_void_p, ctypes.c_size_t,
+                                 ctypes.c_void_p, release_cbfunc_t, ctypes.c_void_p)
 
 _P = ctypes.c_void_p
 _S = ctypes.c_size_t
@@ -185,6 +187,8 @@ UPCALL_TYPES: dict[str, tuple[int, object]] = {
     "deregister_events": (12, ctypes.CFUNCTYPE(pmix_status_t, _P, _S, _P, _P)),
     "notify_event": (14, ctypes.CFUNCTYPE(pmix_status_t, pmix_status_t, _P, ctypes.c_uint8,
                                           _P, _S, _P, _P)),
+    "group": (25, ctypes.CFUNCTYPE(pmix_status_t, ctypes.c_int, ctypes.c_char_p, _P, _S, _P,
+                                   _S, _P, _P)),
     "client_connected2": (27, ctypes.CFUNCTYPE(pmix_status_t, _P, _P, _P, _S, _P, _P)),
 }
 MODULE_SLOTS = 28
@@ -254,8 +258,11 @@ class Lib:
         self.generate_ppn = _proto(f.PMIx_generate_ppn, pmix_status_t,
                                    [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)])
         self.error_string = _proto(f.PMIx_Error_string, ctypes.c_char_p, [pmix_status_t])
+        self.notify_event = _proto(f.PMIx_Notify_event, pmix_status_t,
+                                   [pmix_status_t, P, ctypes.c_uint8, P, S, op_cbfunc_t, P])
         self.libc = ctypes.CDLL(None)
         self.free = _proto(self.libc.free, None, [P])
+        self.malloc = _proto(self.libc.malloc, P, [S])
 
 
 def _proto(fn, restype, argtypes):

@@ -33,6 +33,14 @@ ERR_PARTIAL_SUCCESS = -52
 ERR_DUPLICATE_KEY = -53
 ERR_PARAM_VALUE_NOT_SUPPORTED = -59
 ERR_LOST_CONNECTION = -61
+ERR_PROC_ABORTED = -7          # (a deprecated name in 4.2; Open MPI 4.1's event for a failed process)
+ERR_PROC_REQUESTED_ABORT = -8
+EVENT_JOB_END = -145           # also PMIX_ERR_JOB_TERMINATED
+ERR_PROC_TERM_WO_SYNC = -200
+EVENT_PROC_TERMINATED = -201
+ERR_PROC_ABORTED_BY_SIG = -402
+GROUP_CONSTRUCT_ABORT = -165
+ERR_EXIT_NONZERO_TERM = -404
 OPERATION_IN_PROGRESS = -156
 OPERATION_SUCCEEDED = -157   # a blocking server call completed
 
@@ -203,6 +211,24 @@ GRPID = "pmix.egid"
 COLLECT_DATA = "pmix.collect"
 ACCESS_USERIDS = "pmix.auids"
 ACCESS_GRPIDS = "pmix.agids"
+
+# events
+EVENT_AFFECTED_PROC = "pmix.evproc"
+EVENT_AFFECTED_PROCS = "pmix.evaffected"
+EVENT_CUSTOM_RANGE = "pmix.evrange"
+EVENT_NON_DEFAULT = "pmix.evnondef"
+EVENT_DO_NOT_CACHE = "pmix.evnocache"
+EVENT_TEXT_MESSAGE = "pmix.evtext"
+EXIT_CODE = "pmix.exit.code"
+JOB_TERM_STATUS = "pmix.job.term.status"
+PROC_TERM_STATUS = "pmix.proc.term.status"
+SERVER_INTERNAL_NOTIFY = "pmix.srvr.internal.notify"
+
+# groups
+GROUP_CONTEXT_ID = "pmix.grp.ctxid"
+GROUP_ENDPT_DATA = "pmix.grp.endpt"
+GROUP_ASSIGN_CONTEXT_ID = "pmix.grp.actxid"
+GROUP_LOCAL_ONLY = "pmix.grp.lcl"
 
 # info directive flags
 INFO_REQD = 0x1

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .values import Proc, Value
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .server import LookupReply, ModexReply, OpReply, SpawnReply
+    from .server import InfoReply, LookupReply, ModexReply, OpReply, SpawnReply
 
 
 @dataclass(eq=False)
@@ -202,9 +202,73 @@ class Disconnect(Request):
     kind = "disconnect"
 
 
+@dataclass(eq=False)
+class RegisterEvents(Request):
+    """A client registered an event handler for ``codes`` (empty: every event).
+
+    Informational: the host may use it to route events; answering SUCCESS
+    is enough, libpmix itself keeps the handlers and filters events."""
+
+    codes: list[int]
+    info: dict[str, Value]
+    reply: "OpReply" = field(repr=False, default=None)
+    kind = "register_events"
+
+
+@dataclass(eq=False)
+class DeregisterEvents(Request):
+    """A client removed its handlers for ``codes``."""
+
+    codes: list[int]
+    reply: "OpReply" = field(repr=False, default=None)
+    kind = "deregister_events"
+
+
+@dataclass(eq=False)
+class NotifyEvent(Request):
+    """``PMIx_Notify_event`` by a local client, with a range beyond this node.
+
+    libpmix has already delivered it to this server's own clients in
+    ``range``; the host passes it to the servers of the other nodes in
+    range, which deliver it with ``PmixServer.notify_event``.  ``info`` is
+    the event's info, in order (``PMIX_EVENT_CUSTOM_RANGE``,
+    ``PMIX_EVENT_AFFECTED_PROC``...), minus entries the binding cannot copy.
+    """
+
+    code: int
+    source: Proc
+    range: int
+    info: list[tuple[str, Value]]
+    reply: "OpReply" = field(repr=False, default=None)
+    kind = "notify_event"
+
+
+@dataclass(eq=False)
+class Group(Request):
+    """``PMIx_Group_construct`` / ``_destruct``: every local member arrived.
+
+    ``op``: ``"construct"`` or ``"destruct"``; ``grpid`` the group's name;
+    ``procs`` its members.  ``directives`` are the first local caller's
+    (``PMIX_GROUP_ASSIGN_CONTEXT_ID``, ``PMIX_TIMEOUT``, and this server's
+    contribution as the bytes of ``PMIX_GROUP_ENDPT_DATA``).  A collective
+    like :class:`Fence`: reply once every server hosting members has
+    contributed, with ``(status, info)`` -- for a construct, the
+    concatenation of every server's ``PMIX_GROUP_ENDPT_DATA`` bytes and, if
+    asked, a ``PMIX_GROUP_CONTEXT_ID``.
+    """
+
+    op: str
+    grpid: str
+    procs: list[Proc]
+    directives: dict[str, Value]
+    reply: "InfoReply" = field(repr=False, default=None)
+    kind = "group"
+
+
 def info_dict(items) -> dict[str, Any]:
     return {k: v for k, v in items}
 
 
 REQUEST_TYPES = (ClientConnected, ClientFinalized, Abort, Fence, DirectModex, Publish,
-                 Lookup, Unpublish, Spawn, Connect, Disconnect)
+                 Lookup, Unpublish, Spawn, Connect, Disconnect, RegisterEvents,
+                 DeregisterEvents, NotifyEvent, Group)

@@ -41,8 +41,9 @@ from typing import Any, Callable, Iterable
 
 from . import _lib as L
 from . import constants as C
-from .requests import (Abort, App, ClientConnected, ClientFinalized, Connect, DirectModex,
-                       Disconnect, Fence, Lookup, Publish, Request, Spawn, Unpublish)
+from .requests import (Abort, App, ClientConnected, ClientFinalized, Connect,
+                       DeregisterEvents, DirectModex, Disconnect, Fence, Group, Lookup,
+                       NotifyEvent, Publish, RegisterEvents, Request, Spawn, Unpublish)
 from .values import (PmixValueError, Proc, Value, argv_at, build_info, check_key,
                      check_nspace, cstr, info_at, proc_at, proc_to_c, procs_at, validate,
                      value_to_c, PUBLISHABLE_TYPES)
@@ -208,6 +209,58 @@ class ModexReply(_Reply):
 
     def fail(self, status: int) -> bool:
         return self(status, b"")
+
+
+class InfoReply(_Reply):
+    """Answer for group operations: ``reply(status, info=())``.
+
+    ``info`` is a list of ``(key, Value or native)`` pairs, held until
+    libpmix releases them (its release callback)."""
+
+    __slots__ = ()
+
+    def __call__(self, status: int = C.SUCCESS, info: Iterable = ()) -> bool:
+        if not self._claim():
+            return self._late() if self._server._running else False
+        items = list(info)
+        if items:
+            keep: list = []
+            arr = build_info(items, keep)
+            # libpmix takes the bytes of a byte object it is handed here
+            # (its buffer adopts them and frees them later): they must come
+            # from malloc, and are ours to free only if it left them.
+            lib = self._server.lib
+            for entry in arr[:len(items)]:
+                if entry.value.type == C.BYTE_OBJECT and entry.value.data.bo.size:
+                    bo = entry.value.data.bo
+                    mem = lib.malloc(bo.size)
+                    ctypes.memmove(mem, bo.bytes, bo.size)
+                    bo.bytes = mem
+            token = self._server._hold(_Adopted(lib, arr, len(items), keep))
+            self._cb(int(status), ctypes.addressof(arr), len(items), self._cbdata,
+                     self._server._release_c, token)
+        else:
+            self._cb(int(status), None, 0, self._cbdata, self._server._release_c, None)
+        return True
+
+    def fail(self, status: int) -> bool:
+        return self(status, ())
+
+
+class _Adopted:
+    """An info array handed to libpmix whose byte objects it may adopt: at
+    its release, the bytes it did not take (still set) are freed."""
+
+    __slots__ = ("lib", "arr", "n", "keep")
+
+    def __init__(self, lib, arr, n: int, keep: list) -> None:
+        self.lib, self.arr, self.n, self.keep = lib, arr, n, keep
+
+    def release(self) -> None:
+        for entry in self.arr[:self.n]:
+            if entry.value.type == C.BYTE_OBJECT and entry.value.data.bo.bytes:
+                self.lib.free(entry.value.data.bo.bytes)
+                entry.value.data.bo.bytes = None
 
 
 class SpawnReply(_Reply):
@@ -542,7 +595,9 @@ class PmixServer:
         return token
 
     def _release(self, cbdata):
-        self._held.pop(int(cbdata or 0), None)
+        held = self._held.pop(int(cbdata or 0), None)
+        if isinstance(held, _Adopted):
+            held.release()
 
     # -- libpmix -> host -------------------------------------------------
 
@@ -560,6 +615,10 @@ class PmixServer:
             "spawn": self._up_spawn,
             "connect": self._up_connect,
             "disconnect": self._up_disconnect,
+            "register_events": self._up_register_events,
+            "deregister_events": self._up_deregister_events,
+            "notify_event": self._up_notify_event,
+            "group": self._up_group,
         }
         for name, fn in impls.items():
             slot, proto = L.UPCALL_TYPES[name]
@@ -720,6 +779,74 @@ class PmixServer:
         req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
         return self._post(req)
 
+    def _up_register_events(self, codes, ncodes, info, ninfo, cbfunc, cbdata):
+        req = RegisterEvents(_codes_at(codes, ncodes), _lenient(info, ninfo))
+        req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
+        return self._post(req)
+
+    def _up_deregister_events(self, codes, ncodes, cbfunc, cbdata):
+        req = DeregisterEvents(_codes_at(codes, ncodes))
+        req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
+        return self._post(req)
+
+    def _up_notify_event(self, code, source, rng, info, ninfo, cbfunc, cbdata):
+        items = [(k, v) for k, v in info_at(info, ninfo)
+                 if not isinstance(v, PmixValueError) and k not in _CLAIMS]
+        req = NotifyEvent(int(code), proc_at(source), int(rng), items)
+        # Answered here, not by the host: libpmix 4.2.2 counts this upcall as
+        # pending only if it returns PMIX_OPERATION_IN_PROGRESS, and frees
+        # its callback data at once on PMIX_SUCCESS -- a later callback then
+        # writes into freed memory.  The client's PMIx_Notify_event needs no
+        # more than local delivery (done), so the host's passing the event
+        # to other nodes is a notification it does not answer.
+        req.reply = OpReply(self, None, None, L.op_cbfunc_t, req.kind)
+        rc = self._post(req)
+        return C.OPERATION_SUCCEEDED if rc == C.SUCCESS else rc
+
+    def _up_group(self, op, grp, procs, nprocs, directives, ndirs, cbfunc, cbdata):
+        req = Group("destruct" if op == GROUP_DESTRUCT else "construct",
+                    grp.decode("utf-8", "replace") if grp else "", procs_at(procs, nprocs),
+                    _lenient(directives, ndirs))
+        req.reply = InfoReply(self, cbfunc, cbdata, L.info_cbfunc_t, req.kind)
+        return self._post(req)
+
+    # -- host -> libpmix: events ------------------------------------------
+
+    def notify_event(self, code: int, source: Proc, rng: int,
+                     info: Iterable[tuple[str, Any]] = ()) -> "asyncio.Future[int]":
+        """``PMIx_Notify_event``: deliver an event to this server's clients in
+        range (libpmix filters by each handler's codes and affected procs).
+
+        Returns a future of libpmix's completion status, set on the loop
+        this is called from once libpmix has passed the event on.
+        """
+        lib = self._need()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+        keep: list = []
+        items = [(k, v) for k, v in info if k != C.SERVER_INTERNAL_NOTIFY]
+        arr = build_info(items, keep) if items else None
+        src = L.pmix_proc_t()
+        proc_to_c(source, src)
+        keep.append(src)
+        token = next(self._tokens)
+
+        def done(status, _cbdata):
+            # progress thread (or this one, when libpmix completes at once)
+            self._sync_cbs.pop(token, None)
+            loop.call_soon_threadsafe(_set_result, fut, int(status))
+
+        cfunc = L.op_cbfunc_t(done)
+        self._sync_cbs[token] = (cfunc, keep)
+        rc = lib.notify_event(int(code), ctypes.addressof(src), int(rng) & 0xFF,
+                              ctypes.addressof(arr) if arr is not None else None,
+                              len(items), cfunc, None)
+        if rc != C.SUCCESS:
+            self._sync_cbs.pop(token, None)
+            if not fut.done():
+                fut.set_result(C.SUCCESS if rc == C.OPERATION_SUCCEEDED else int(rc))
+        return fut
+
 
 def _set_result(fut: asyncio.Future, value) -> None:
     if not fut.done():
@@ -756,6 +883,23 @@ def _directives(info, ninfo) -> dict[str, Value]:
             raise val
         out[key] = val
     return out
+
+
+#: pmix_group_operation_t
+GROUP_CONSTRUCT = 0
+GROUP_DESTRUCT = 1
+
+
+def _codes_at(addr, n) -> list[int]:
+    if not addr or not n:
+        return []
+    return [int(x) for x in (ctypes.c_int * n).from_address(addr)]
+
+
+def _lenient(info, ninfo) -> dict[str, Value]:
+    """Info array -> dict, minus identity claims and entries the binding cannot copy."""
+    return {k: v for k, v in info_at(info, ninfo)
+            if not isinstance(v, PmixValueError) and k not in _CLAIMS}
 
 
 def _int_of(v: Value, what: str) -> int:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Status
+from ..pmix import constants as PC
 from ..wire import Message, reply
 from .jobs import JobRecord, ProcState
 from .nodes import LOST_STATUS
@@ -51,8 +52,16 @@ log = logging.getLogger("pydvm.master")
 
 #: PMIx's wildcard rank: the whole namespace.
 RANK_WILDCARD = 0xFFFFFFFE
-COLLECTIVES = frozenset({"fence", "connect", "disconnect"})
-PMIX_REQUESTS = COLLECTIVES | {"dmodex", "abort", "spawn"}
+COLLECTIVES = frozenset({"fence", "connect", "disconnect", "group"})
+PMIX_REQUESTS = COLLECTIVES | {"dmodex", "abort", "spawn", "notify"}
+
+
+def _lost_status(key: tuple) -> int:
+    """The status a collective ends with when a participant is gone: PMIx's
+    for a group construct (as PRRTE answers it), else PMIX_ERR_UNREACH."""
+    if key[0] == "group" and key[2] == "construct":
+        return PC.GROUP_CONSTRUCT_ABORT
+    return Status.ERR_UNREACH
 
 
 @dataclass
@@ -66,6 +75,8 @@ class Collective:
     #: node -> (its session, its request id, its data).
     contributed: dict[str, tuple[DaemonSession, Any, bytes]] = field(default_factory=dict)
     collect: bool = False
+    #: a group construct asked for a context id (PMIX_GROUP_ASSIGN_CONTEXT_ID).
+    ctxid: bool = False
     timer: asyncio.TimerHandle | None = None
 
 
@@ -144,6 +155,8 @@ class CollectivesMixin:
                 self._abort(session, msg)
             elif t == "spawn":
                 self._spawn(self._spawn_job(session, msg), (session.channel, rid))
+            elif t == "notify":
+                self._spawn(self._client_event(session, msg), (session.channel, rid))
         except (ValueError, TypeError, KeyError) as exc:
             session.send(reply(rid, Status.ERR_BAD_PARAM, f"malformed {t}: {exc}"))
 
@@ -183,13 +196,18 @@ class CollectivesMixin:
         if not procs:
             raise ValueError("no participants")
         kind = msg["t"]
-        key = (kind, procs)
+        key: tuple = (kind, procs)
+        if kind == "group":
+            op = msg["op"]
+            if op not in ("construct", "destruct"):
+                raise ValueError(f"unknown group operation {op!r}")
+            key = (kind, procs, op, str(msg["grpid"]))
         coll = self._collectives.get(key)
         if coll is None:
             gone = self._ended_participant(procs)
             if gone:
                 # it can never contribute: answer now rather than wait forever
-                session.send(reply(msg.get("id"), Status.ERR_UNREACH,
+                session.send(reply(msg.get("id"), _lost_status(key),
                                    f"{kind}: participant {gone} has ended"))
                 return
             coll = Collective(kind, procs, self._participant_nodes(procs))
@@ -204,7 +222,8 @@ class CollectivesMixin:
                                f"node {session.node} is not expected in this {kind}"))
             return
         data = msg.get("data") or b""
-        coll.collect = coll.collect or bool(msg.get("collect"))
+        coll.collect = coll.collect or bool(msg.get("collect")) or kind == "group"
+        coll.ctxid = coll.ctxid or bool(msg.get("ctxid"))
         coll.contributed[session.node] = (session, msg.get("id"), bytes(data))
         if len(coll.contributed) == len(coll.expected):
             self._complete(key)
@@ -214,9 +233,12 @@ class CollectivesMixin:
         if coll.timer is not None:
             coll.timer.cancel()
         extra: dict[str, Any] = {}
-        if coll.kind == "fence":
+        if coll.kind in ("fence", "group"):
             extra["data"] = b"".join(d for _, _, d in coll.contributed.values()) \
                 if coll.collect else b""
+        if coll.ctxid and key[2] == "construct":
+            self._next_ctxid += 1
+            extra["ctxid"] = self._next_ctxid
         elif coll.kind == "connect":
             extra["layouts"] = {ns: self._pmix_layout(self.jobs[ns])
                                 for ns in {p[0] for p in coll.procs} if ns in self.jobs}
@@ -239,7 +261,7 @@ class CollectivesMixin:
         """A process ended: a collective it takes part in can no longer complete."""
         for key, coll in list(self._collectives.items()):
             if any(ns == nspace and r in (rank, RANK_WILDCARD) for ns, r in coll.procs):
-                self._fail_collective(key, Status.ERR_UNREACH,
+                self._fail_collective(key, _lost_status(key),
                                       f"participant {nspace}:{rank} ended")
         job = self.jobs.get(nspace)
         if job is not None and job.done:
@@ -248,7 +270,54 @@ class CollectivesMixin:
     def _collectives_node_gone(self: "Master", node: str) -> None:
         for key, coll in list(self._collectives.items()):
             if node in coll.expected:
-                self._fail_collective(key, Status.ERR_UNREACH, f"node {node} was lost")
+                self._fail_collective(key, _lost_status(key), f"node {node} was lost")
+
+    # ------------------------------------------------------------------
+    # events a client raised
+    # ------------------------------------------------------------------
+
+    async def _client_event(self: "Master", session: DaemonSession, msg: Message) -> None:
+        """A client's ``PMIx_Notify_event`` beyond its node: libpmix there has
+        delivered it to that node's clients; pass it to the other nodes in
+        its range (and answer the origin once they have)."""
+        rid = msg.get("id")
+        code, rng = int(msg["code"]), int(msg["range"])
+        ns, rank = str(msg["source"][0]), int(msg["source"][1])
+        job = self.jobs.get(ns)
+        if job is None or job.procs.get(rank) is None or job.procs[rank].node != session.node:
+            session.send(reply(rid, Status.ERR_NO_PERMISSIONS,
+                               f"{ns}:{rank} is not a running process of node {session.node}"))
+            return
+        info = list(msg.get("info") or [])
+        nodes = self._event_nodes(job, rng, info) - {session.node}
+        await self._notify_nodes(nodes, code, (ns, rank), rng, info)
+        session.send(reply(rid, Status.SUCCESS))
+
+    def _event_nodes(self: "Master", job: JobRecord, rng: int, info: list) -> set[str]:
+        """The nodes whose processes an event of ``job``'s with range ``rng`` may reach."""
+        if rng in (PC.RANGE_LOCAL, PC.RANGE_PROC_LOCAL):
+            return set()
+        if rng == PC.RANGE_NAMESPACE:
+            return job.nodes()
+        if rng == PC.RANGE_SESSION:
+            return {n for j in self.jobs.values() if j.session_id == job.session_id
+                    for n in j.nodes()}
+        if rng == PC.RANGE_CUSTOM:
+            nodes: set[str] = set()
+            for key, t, v in info:
+                if key != PC.EVENT_CUSTOM_RANGE:
+                    continue
+                procs = [v] if t == PC.PROC else v[1] if t == PC.DATA_ARRAY and v else []
+                for p in procs:
+                    target = self.jobs.get(str(p[0]))
+                    if target is None:
+                        continue
+                    if int(p[1]) == RANK_WILDCARD:
+                        nodes |= target.nodes()
+                    elif int(p[1]) in target.procs:
+                        nodes.add(target.procs[int(p[1])].node)
+            return nodes
+        return {n for n, rec in self.nodes.items() if rec.up}  # GLOBAL, RM, UNDEF
 
     # ------------------------------------------------------------------
     # direct modex, abort
@@ -333,6 +402,9 @@ class CollectivesMixin:
         for a, (_, app_cwd) in zip(job.apps, app_envs):
             a.cwd = app_cwd
         job.parent = (pns, prank)
+        # a spawned job fails as its parent does (MPI_Comm_spawn's children are MPI)
+        job.abort_on_failure = parent.abort_on_failure
+        job.pmix_required = parent.pmix_required
         ns = job.nspace
         log.info("%s:%d spawns job %s: %s", pns, prank, ns,
                  " : ".join(shlex.join(a["argv"]) for a in apps))

@@ -13,7 +13,15 @@ failures are recorded for its ``pydvm run`` to report:
 * a process that had been started and ends after its job was killed
   (``pydvm kill``, ``session end``, ``stop``, ``--abort-on-failure``, a
   lost node, a launch error) counts in ``killed_procs`` only: the one line
-  naming who ended the job (``kill_reason``) explains all of them.
+  naming who ended the job (``kill_reason``) explains all of them;
+* a process that called ``PMIx_Init`` and ended without ``PMIx_Finalize``
+  ended abnormally whatever its status: with status 0 it fails, and the
+  job's status is 1 (as under ``mpirun``).
+
+Whether a failure ends the whole job is :meth:`JobRecord.ends_at_failure`:
+always with ``--abort-on-failure``, never with ``--no-abort-on-failure``,
+and by default when the job was run with ``--pmix`` or the process that
+failed had connected to PMIx -- an MPI job, which ``mpirun`` would end.
 """
 
 from __future__ import annotations
@@ -84,6 +92,14 @@ class ProcRecord:
     exit_status: int | None = None
     #: the signal that ended it (0: it exited, or we do not know).
     signal: int = 0
+    #: what it did with PMIx, as its node saw it: None, "connected"
+    #: (PMIx_Init) or "finalized" (PMIx_Finalize too).
+    pmix: str | None = None
+
+    @property
+    def unfinalized(self) -> bool:
+        """It connected to PMIx and ended without finalizing."""
+        return self.pmix == "connected"
 
 
 @dataclass
@@ -116,8 +132,12 @@ class JobRecord:
     killed: bool = False
     #: who or what killed the job, in words (the first reason given wins).
     kill_reason: str = ""
-    #: kill the rest of the job at the first failure (``--abort-on-failure``).
-    abort_on_failure: bool = False
+    #: kill the rest of the job at the first failure: True
+    #: (``--abort-on-failure``), False (``--no-abort-on-failure``), None (the
+    #: default: see :meth:`ends_at_failure`).
+    abort_on_failure: bool | None = None
+    #: run with ``--pmix`` (every node hosts PMIx): an MPI job.
+    pmix_required: bool = False
     #: ranks that failed on their own, in the order their ends were learned.
     failures: list[int] = field(default_factory=list)
     #: processes that had started and ended after the job was killed.
@@ -141,6 +161,17 @@ class JobRecord:
     @property
     def exit_status(self) -> int:
         return self.first_failure or 0
+
+    @property
+    def is_mpi(self) -> bool:
+        """Run with ``--pmix``, or one of its ended processes had used PMIx."""
+        return self.pmix_required or any(p.pmix for p in self.procs.values())
+
+    def ends_at_failure(self, rank: int) -> bool:
+        """Whether the failure of ``rank`` ends the whole job (module docstring)."""
+        if self.abort_on_failure is not None:
+            return self.abort_on_failure
+        return self.pmix_required or self.procs[rank].pmix is not None
 
     def nodes(self) -> set[str]:
         return {p.node for p in self.procs.values()}
@@ -167,11 +198,11 @@ class JobRecord:
         return out
 
     def proc_ended(self, rank: int, status: int, signal: int = 0,
-                   launched: bool = True) -> tuple[bool, bool]:
+                   launched: bool = True, pmix: str | None = None) -> tuple[bool, bool]:
         """Record that ``rank`` ended with ``status`` (``signal``: the signal
         that ended it, 0 if none or unknown; ``launched``: False for a
-        process its node never started).  See the module docstring for how
-        a failure is classified.
+        process its node never started; ``pmix``: what it did with PMIx).
+        See the module docstring for how a failure is classified.
 
         Returns ``(app_done, job_done)``; both False if the rank had
         already ended (a duplicate report is ignored).
@@ -182,12 +213,15 @@ class JobRecord:
         p.state = ProcState.ENDED
         p.exit_status = status
         p.signal = signal
-        if status != 0 and self.first_failure is None:
-            self.first_failure = status
+        p.pmix = pmix
+        # a PMIx process that never finalized failed, even with status 0
+        failed = status != 0 or p.unfinalized
+        if failed and self.first_failure is None:
+            self.first_failure = status or 1
         if self.killed:
             if launched:
                 self.killed_procs += 1
-        elif status != 0:
+        elif failed:
             self.failures.append(rank)
         app = self.apps[p.app_idx]
         app.terminated += 1

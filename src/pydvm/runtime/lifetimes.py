@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..enums import Persistence
 from ..errors import Status
+from ..pmix import constants as PC
 from ..wire import Message, reply
 from .jobs import HostSpec, JobRecord, ProcState, SessionRecord, build_job
 from .nodes import ACK_TIMEOUT, LOST_STATUS
@@ -57,6 +58,11 @@ log = logging.getLogger("pydvm.master")
 
 DEFAULT_SESSION = 0
 
+#: Seconds a failed process's PMIx event is given to reach its job's
+#: handlers before the job is killed (and twice that, at most, for the
+#: nodes to pass it on).
+EVENT_GRACE = 1.0
+
 #: Failed processes named one by one in a run's final reply; the count of
 #: the rest is given.
 FAILURE_REPORT_LIMIT = 20
@@ -65,7 +71,7 @@ FAILURE_REPORT_LIMIT = 20
 def failure_report(job: JobRecord) -> dict[str, Any]:
     """The fields of a run's final reply that say why the job failed.
 
-    ``failures``: ``[rank, app_idx, node, status, signal]`` of the first
+    ``failures``: ``[rank, app_idx, node, status, signal, unfinalized]`` of the first
     :data:`FAILURE_REPORT_LIMIT` processes that failed on their own, first
     failure first; ``failed``: how many failed on their own; ``killed``: how
     many started processes were ended by a kill; ``apps``: the job's app
@@ -74,7 +80,7 @@ def failure_report(job: JobRecord) -> dict[str, Any]:
     rows = []
     for rank in job.failures[:FAILURE_REPORT_LIMIT]:
         p = job.procs[rank]
-        rows.append([rank, p.app_idx, p.node, p.exit_status, p.signal])
+        rows.append([rank, p.app_idx, p.node, p.exit_status, p.signal, p.unfinalized])
     return {"failures": rows, "failed": len(job.failures), "killed": job.killed_procs,
             "apps": len(job.apps)}
 
@@ -144,7 +150,9 @@ class LifetimesMixin:
         self._next_job += 1
         job = build_job(nspace, sid, specs)
         job.uid, job.gid = msg.get("_uid"), msg.get("_gid")
-        job.abort_on_failure = msg.get("abort_on_failure") is True
+        abort = msg.get("abort_on_failure")
+        job.abort_on_failure = abort if isinstance(abort, bool) else None
+        job.pmix_required = msg.get("pmix") is True
         job.started = time.time()
         for a in job.apps:
             a.cwd = cwd
@@ -227,15 +235,15 @@ class LifetimesMixin:
         sig = msg.get("signal")
         if not isinstance(sig, int) or isinstance(sig, bool) or not 0 < sig < 128:
             sig = 0
-        self._proc_ended(job, rank, status, sig)
+        pmix = msg.get("pmix")
+        self._proc_ended(job, rank, status, sig,
+                         pmix=pmix if pmix in ("connected", "finalized") else None)
 
     def _proc_ended(self: "Master", job: JobRecord, rank: int, status: int, signal: int = 0,
-                    launched: bool = True) -> None:
-        app_done, job_done = job.proc_ended(rank, status, signal, launched)
-        if (job.abort_on_failure and not job_done and job.failures
-                and job.failures[-1] == rank and not job.killed):
-            self._kill_job(job.nspace, f"aborted because process [{job.nspace},{rank}] failed "
-                                       "(--abort-on-failure)")
+                    launched: bool = True, pmix: str | None = None) -> None:
+        app_done, job_done = job.proc_ended(rank, status, signal, launched, pmix)
+        if not job_done and job.failures and job.failures[-1] == rank and not job.killed:
+            self._spawn(self._proc_failed(job, rank))
         store = self.store
         app_idx = job.procs[rank].app_idx
         self._forget_callers(job.nspace)
@@ -252,6 +260,51 @@ class LifetimesMixin:
         if job_done:
             self._spawn(self._job_ended(job))
 
+    async def _proc_failed(self: "Master", job: JobRecord, rank: int) -> None:
+        """``rank`` failed on its own while the rest of its job runs.
+
+        The job's PMIx processes that asked to hear of it are told first
+        (``PMIX_ERR_PROC_ABORTED``, the failed process as the affected one,
+        on every node of the job, as ``mpirun`` does); then, if this failure
+        ends the job (:meth:`JobRecord.ends_at_failure`), the rest is killed
+        and the job's report says why.
+        """
+        ends = job.ends_at_failure(rank)
+        p = job.procs[rank]
+        info = [[PC.EVENT_AFFECTED_PROC, PC.PROC, [job.nspace, rank]],
+                [PC.EVENT_CUSTOM_RANGE, PC.PROC, [job.nspace, PC.RANK_WILDCARD]],
+                [PC.EXIT_CODE, PC.INT, p.exit_status or (1 if p.unfinalized else 0)]]
+        sent = await self._notify_nodes(job.nodes(), PC.ERR_PROC_ABORTED, (job.nspace, rank),
+                                        PC.RANGE_CUSTOM, info)
+        if sent and ends and not job.done and job.is_mpi:
+            # let the handlers run before their processes are signalled
+            await asyncio.sleep(EVENT_GRACE)
+        if ends and not job.done:
+            how = "(--abort-on-failure)" if job.abort_on_failure else \
+                "(an MPI/PMIx job ends at its first failure, as under mpirun; " \
+                "--no-abort-on-failure keeps the others running)"
+            self._kill_job(job.nspace, f"aborted because process [{job.nspace},{rank}] "
+                                       f"failed {how}")
+
+    async def _notify_nodes(self: "Master", nodes: set[str], code: int,
+                            source: tuple[str, int], rng: int, info: list) -> bool:
+        """Deliver a PMIx event through the PMIx servers of ``nodes`` (those
+        hosting PMIx), each to its clients in range; returns once each has
+        passed it on, or after :data:`EVENT_GRACE` x 2 at most.  False when
+        none of ``nodes`` hosts PMIx."""
+        targets = {n for n in nodes if (self._pmix_nodes.get(n) or [False])[0]}
+        if not targets:
+            return False
+        msg = {"t": "event", "code": code, "source": list(source), "range": rng,
+               "info": info}
+        try:
+            await asyncio.wait_for(self._broadcast(msg, targets, what="event"),
+                                   2 * EVENT_GRACE)
+        except asyncio.TimeoutError:
+            log.warning("event %d from %s:%s not passed on by every node within %.0fs",
+                        code, source[0], source[1], 2 * EVENT_GRACE)
+        return True
+
     async def _app_ended(self: "Master", job: JobRecord, app_idx: int) -> None:
         """The application notice: the nodes that ran ``app_idx`` purge its
         APP (and PROC) items from their own stores, and acknowledge."""
@@ -266,8 +319,21 @@ class LifetimesMixin:
             # Reported only once applied by the data server, or queued for
             # re-send because it is unreachable (relay.py).
             await self.relay.purge(Persistence.NSPACE, job.nspace)
+        # With the namespace purge, each node's PMIx server tells the processes
+        # that asked (a spawning parent, a monitor; not a default handler) that
+        # the job has ended: PMIX_EVENT_JOB_END (alias PMIX_ERR_JOB_TERMINATED).
+        end_event = {"code": PC.EVENT_JOB_END, "source": [job.nspace, PC.RANK_WILDCARD],
+                     "range": PC.RANGE_GLOBAL, "info": [
+                         [PC.EVENT_AFFECTED_PROC, PC.PROC, [job.nspace, PC.RANK_WILDCARD]],
+                         [PC.JOB_TERM_STATUS, PC.STATUS,
+                          PC.SUCCESS if job.exit_status == 0 else PC.ERROR],
+                         [PC.EXIT_CODE, PC.INT, job.exit_status],
+                         [PC.EVENT_NON_DEFAULT, PC.BOOL, True],
+                         # not kept for processes that register later: a job
+                         # started tomorrow must not hear of today's ends
+                         [PC.EVENT_DO_NOT_CACHE, PC.BOOL, True]]}
         await self._broadcast({"t": "purge", "horizon": int(Persistence.NSPACE),
-                               "nspace": job.nspace, "session_id": None},
+                               "nspace": job.nspace, "session_id": None, "event": end_event},
                               what="namespace purge")
         self.jobs.pop(job.nspace, None)
         self._forget_callers(job.nspace)

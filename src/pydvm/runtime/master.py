@@ -154,6 +154,8 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
         self._peers: set[Channel] = set()
         self._callers: dict[str, dict[tuple, Any]] = {}
         self._collectives: dict[tuple, Any] = {}
+        #: the last PMIx group context id handed out (unique in the DVM's life).
+        self._next_ctxid = 0
         self._pmix_nodes: dict[str, list] = {}
         self._job_launch: dict[str, tuple[dict, str]] = {}
         self._children: dict[str, list[asyncio.Future]] = {}

@@ -314,11 +314,26 @@ class NodeServer:
             if job is not None:
                 self._spawn(self._kill_procs(list(job.procs.values()), KILL_GRACE))
         elif t == "purge":
-            self._apply_purge(msg)
+            if isinstance(msg.get("event"), dict) and self.pmix.running:
+                async def purge_after_event() -> None:
+                    # the job's end reaches its watchers before its namespace goes
+                    try:
+                        await self.pmix.deliver_event(msg["event"])
+                    except Exception as exc:
+                        log.warning("job-end event of %s not delivered: %r",
+                                    msg.get("nspace"), exc)
+                    self._apply_purge(msg)
+                self._spawn(purge_after_event(), rid)
+            else:
+                self._apply_purge(msg)
         elif t == "dmodex":
             async def dmodex() -> None:
                 ch.send(await self.pmix.dmodex(msg))
             self._spawn(dmodex(), rid)
+        elif t == "event":
+            async def event() -> None:
+                ch.send(reply(rid, await self.pmix.deliver_event(msg)))
+            self._spawn(event(), rid)
         elif t == "stats":
             uid = msg.get("uid")
             uid = uid if isinstance(uid, int) else -1
@@ -501,10 +516,16 @@ class NodeServer:
         rc = await proc.wait()
         await self._drain(pumps, states)
         status = 128 - rc if rc < 0 else rc  # -N means killed by signal N
+        # what it did with PMIx (None, "connected", "finalized"): one that
+        # connected and never finalized ended abnormally whatever its status
+        pmix = self.pmix.client_state(lp.nspace, lp.rank)
         self._reaped(job, lp)
         if not self.uplink.closed:
-            self.uplink.send({"t": "exited", "nspace": lp.nspace, "rank": lp.rank,
-                              "status": status, "signal": -rc if rc < 0 else 0})
+            msg = {"t": "exited", "nspace": lp.nspace, "rank": lp.rank,
+                   "status": status, "signal": -rc if rc < 0 else 0}
+            if pmix:
+                msg["pmix"] = pmix
+            self.uplink.send(msg)
 
     async def _drain(self, pumps: list[asyncio.Task], states: list[PumpState]) -> None:
         """Wait for an exited process's pipes to reach end of file, so its

@@ -86,6 +86,8 @@ OMPI_DIRECT_LAUNCH = {"OMPI_MCA_schizo": "^orte"}
 #: segments included.  A value the user set in the job's environment wins.
 OMPI_JOB_DIRS = ("OMPI_MCA_btl_vader_backing_directory", "OMPI_MCA_osc_sm_backing_directory",
                  "OMPI_MCA_orte_tmpdir_base")
+#: How long a node waits for libpmix to pass an event on to its clients.
+EVENT_TIMEOUT = 5.0
 #: How long a node waits for libpmix to hand over a local rank's modex data.
 DMODEX_TIMEOUT = 60.0
 
@@ -150,6 +152,9 @@ class PmixSession(PeerSession):
         self.caller = caller
         self.pending: dict[int, Any] = {}
         self._next = 0
+        #: what the process has done with PMIx: None (nothing yet),
+        #: "connected" (PMIx_Init), "finalized" (PMIx_Finalize).
+        self.pmix_state: str | None = None
 
     @property
     def proc_key(self) -> tuple[str, int]:
@@ -378,10 +383,82 @@ class PmixHost:
         return fn(req)
 
     def _up_client_connected(self, req) -> None:
+        s = self.sessions.get((req.proc.nspace, req.proc.rank))
+        if s is not None:
+            s.pmix_state = "connected"
         req.reply()
 
     def _up_client_finalized(self, req) -> None:
+        s = self.sessions.get((req.proc.nspace, req.proc.rank))
+        if s is not None:
+            s.pmix_state = "finalized"
         req.reply(Status.SUCCESS)
+
+    def client_state(self, nspace: str, rank: int) -> str | None:
+        """What a local process did with PMIx before it ended (see PmixSession)."""
+        s = self.sessions.get((nspace, rank))
+        return s.pmix_state if s is not None else None
+
+    # -- events --------------------------------------------------------------
+
+    def _up_register_events(self, req) -> None:
+        # libpmix keeps each client's handlers and filters what it delivers;
+        # the master sends an event to every node in its range, so there is
+        # nothing to record here.
+        req.reply(Status.SUCCESS)
+
+    def _up_deregister_events(self, req) -> None:
+        req.reply(Status.SUCCESS)
+
+    def _up_notify_event(self, req) -> None:
+        """A local client's PMIx_Notify_event beyond this node: libpmix has
+        delivered it here; the master passes it to the other nodes in range."""
+        def answered(r: Message) -> None:
+            if r.get("status") != Status.SUCCESS:
+                log.warning("event %d of %s not passed on: %s", req.code, req.source,
+                            r.get("msg"))
+        self._ask_master({"t": "notify", "code": req.code,
+                          "source": [req.source.nspace, req.source.rank], "range": req.range,
+                          "info": info_to_wire(req.info)}, answered)
+
+    async def deliver_event(self, msg: Message) -> int:
+        """The master's ``event``: deliver it to this node's clients in range."""
+        from ..pmix import Proc
+        if self.server is None:
+            return Status.ERR_NOT_SUPPORTED
+        src = msg["source"]
+        fut = self.server.notify_event(int(msg["code"]), Proc(str(src[0]), int(src[1])),
+                                       int(msg["range"]), info_from_wire(msg.get("info") or []))
+        try:
+            return await asyncio.wait_for(fut, EVENT_TIMEOUT)
+        except asyncio.TimeoutError:
+            return Status.ERR_TIMEOUT
+
+    # -- groups --------------------------------------------------------------
+
+    def _up_group(self, req) -> None:
+        from ..pmix import Value
+        from ..pmix import constants as C
+        d = req.directives
+        endpt = d.get(C.GROUP_ENDPT_DATA)
+        data = endpt.value if endpt is not None and isinstance(endpt.value, bytes) else b""
+        ctx = d.get(C.GROUP_ASSIGN_CONTEXT_ID)
+        t = d.get(C.TIMEOUT)
+
+        def answered(r: Message) -> None:
+            status = r.get("status", Status.ERR_UNREACH)
+            info = []
+            if status == Status.SUCCESS and req.op == "construct":
+                if r.get("data"):
+                    info.append((C.GROUP_ENDPT_DATA, Value(bytes(r["data"]), C.BYTE_OBJECT)))
+                if isinstance(r.get("ctxid"), int):
+                    info.append((C.GROUP_CONTEXT_ID, Value(r["ctxid"], C.SIZE)))
+            req.reply(status, info)
+        self._ask_master({"t": "group", "op": req.op, "grpid": req.grpid,
+                          "procs": _procs(req.procs), "data": data,
+                          "ctxid": bool(ctx is not None and ctx.value),
+                          "timeout": t.value if t is not None and isinstance(t.value, int)
+                          else None}, answered)
 
     def _session_of(self, req) -> PmixSession | None:
         s = self.sessions.get((req.proc.nspace, req.proc.rank))
@@ -485,6 +562,54 @@ class PmixHost:
             return reply(msg.get("id"), Status.ERR_TIMEOUT,
                          f"{ns}:{rank} posted no modex data within {DMODEX_TIMEOUT:.0f}s")
         return reply(msg.get("id"), status, data=blob)
+
+
+def info_to_wire(items) -> list[list]:
+    """An event's info as msgpack can carry it: ``[key, type, value]`` each,
+    a proc as ``[nspace, rank]``, a data array as ``[type, [items]]``."""
+    return [[k, v.type, _plain(v.type, v.value)] for k, v in items]
+
+
+def info_from_wire(rows) -> list[tuple[str, Any]]:
+    """The inverse of :func:`info_to_wire` (entries it cannot read are dropped)."""
+    from ..pmix import Value
+    out = []
+    for row in rows:
+        try:
+            k, t, x = row
+            out.append((str(k), Value(_unplain(int(t), x), int(t))))
+        except (TypeError, ValueError):
+            log.warning("dropping a malformed event info entry %r", row)
+    return out
+
+
+def _plain(t: int, x):
+    from ..pmix import constants as C
+    if t == C.PROC:
+        return [x.nspace, x.rank]
+    if t == C.DATA_ARRAY:
+        if x is None:
+            return None
+        if x.type == C.INFO:
+            return [x.type, [[k, v.type, _plain(v.type, v.value)] for k, v in x.items]]
+        return [x.type, [_plain(x.type, i) for i in x.items]]
+    return x
+
+
+def _unplain(t: int, x):
+    from ..pmix import DataArray, Proc, Value
+    from ..pmix import constants as C
+    if t == C.PROC:
+        return Proc(str(x[0]), int(x[1]))
+    if t == C.DATA_ARRAY:
+        if x is None:
+            return None
+        et, items = int(x[0]), x[1]
+        if et == C.INFO:
+            return DataArray(et, tuple((str(k), Value(_unplain(int(vt), v), int(vt)))
+                                       for k, vt, v in items))
+        return DataArray(et, tuple(_unplain(et, i) for i in items))
+    return x
 
 
 def _procs(procs) -> list[list]:
