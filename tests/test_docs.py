@@ -100,3 +100,77 @@ def _undocumented() -> list[str]:
 def test_every_public_name_of_the_api_has_a_docstring():
     """Modules, classes, functions, methods and properties of the public API."""
     assert _undocumented() == []
+
+
+# ----------------------------------------------------------------------
+# what `pip install .` brings is what the documented commands need
+# ----------------------------------------------------------------------
+
+
+def _norm(name: str) -> str:
+    """A distribution name as PEP 503 compares them."""
+    import re
+
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _requirement_name(req: str) -> str:
+    import re
+
+    return _norm(re.match(r"\s*([A-Za-z0-9._-]+)", req).group(1))
+
+
+def _pyproject() -> dict:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def _third_party_imports() -> set[str]:
+    """Top-level modules outside the standard library that pydvm's code imports,
+    however lazily (inside a function, after a flag)."""
+    import ast
+
+    mods: set[str] = set()
+    for f in (REPO / "src" / "pydvm").rglob("*.py"):
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, ast.Import):
+                mods |= {a.name.split(".")[0] for a in n.names}
+            elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module:
+                mods.add(n.module.split(".")[0])
+    return {m for m in mods if m not in sys.stdlib_module_names and m != "pydvm"}
+
+
+def test_every_package_pydvm_imports_is_an_ordinary_dependency():
+    """`pip install .` (the README's set-up) brings whatever any command needs:
+    the Slurm launcher's python-hostlist and --metrics' prometheus_client
+    included, so no documented command stops on a missing extra.  The old
+    extras stay as aliases, so `pip install 'pydvm[slurm]'` keeps working."""
+    import importlib.metadata as md
+
+    project = _pyproject()["project"]
+    base = {_requirement_name(r) for r in project["dependencies"]}
+    owners = md.packages_distributions()
+    needed = {m: {_norm(d) for d in owners.get(m, [m])} for m in _third_party_imports()}
+    assert {"hostlist", "prometheus_client"} <= set(needed), needed
+    missing = {m: d for m, d in needed.items() if not d & base}
+    assert not missing, f"imported by pydvm but only in an extra, or not declared: {missing}"
+    extras = project["optional-dependencies"]
+    assert {"slurm", "metrics"} <= set(extras)
+    for name in ("slurm", "metrics"):
+        assert {_requirement_name(r) for r in extras[name]} <= base, name
+
+
+def test_the_docs_name_only_extras_that_exist_and_files_that_exist():
+    """Every `pydvm[EXTRA]` the README, the guide or pyproject.toml mention is an
+    extra pyproject.toml defines, and every docs/*.md file they cite exists."""
+    import re
+
+    extras = set(_pyproject()["project"]["optional-dependencies"])
+    for path in (REPO / "README.md", REPO / "docs" / "guide.md", REPO / "pyproject.toml"):
+        text = path.read_text()
+        for m in re.finditer(r"pydvm\[([^\]]*)\]", text):
+            named = {e.strip() for e in m.group(1).split(",")}
+            assert named <= extras, f"{path.name}: {m.group(0)} names an unknown extra"
+        for m in re.finditer(r"(?<![\w/])docs/[\w.-]+\.md", text):
+            assert (REPO / m.group(0)).exists(), f"{path.name} cites {m.group(0)}, which is missing"

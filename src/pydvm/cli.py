@@ -692,8 +692,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the DVM's id (1-32 letters, digits, '-', '_'); reusing one keeps the "
                         "URI across restarts; refused while a DVM of that id runs")
     s.add_argument("--metrics", type=_metrics_address, metavar="ADDR:PORT",
-                   help="serve Prometheus metrics at http://ADDR:PORT/metrics "
-                        "(needs pydvm[metrics])")
+                   help="serve Prometheus metrics at http://ADDR:PORT/metrics")
     s.set_defaults(func=cmd_start)
 
     s = sub.add_parser("run", help="run one job (see 'pydvm run --help')", add_help=False)
