@@ -31,9 +31,13 @@ def _subparsers(parser: argparse.ArgumentParser, path=()):
                 yield from _subparsers(sub, (*path, name))
 
 
-def _pydvm(*args: str, tmp_path, stdin: str = "") -> subprocess.CompletedProcess:
+def _pydvm(*args: str, tmp_path, stdin: str = "",
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    extra = env or {}
     env = {k: v for k, v in os.environ.items()
-           if k not in ("PYDVM_URI", "PYDVM_SERVER", "PYDVM_NSPACE", "PYDVM_RANK")}
+           if k not in ("PYDVM_URI", "PYDVM_SERVER", "PYDVM_NSPACE", "PYDVM_RANK")
+           and not k.startswith("PRTE_MCA_")}
+    env.update(extra)
     env["PYDVM_STATE_DIR"] = str(tmp_path / "state")
     return subprocess.run(PYDVM + list(args), env=env, capture_output=True, text=True,
                           timeout=60, input=stdin, cwd=tmp_path)
@@ -122,3 +126,61 @@ def test_verbose_range_is_0_to_2_and_documented_in_its_help():
     with pytest.raises(P.ParamError, match="between 0 and 2"):
         P.resolve([("prte_data_server_verbose", "3")])
     assert "(0..2)" in P.REGISTRY["prte_data_server_verbose"].help
+
+
+# ----------------------------------------------------------------------
+# parameters: what a bad one looks like, and names that are not pydvm's
+# ----------------------------------------------------------------------
+
+
+def _one_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("cmd", [("start",), ("run", "-n", "1", "true")])
+def test_a_malformed_size_says_what_a_size_looks_like(cmd, tmp_path):
+    """`--mca prte_data_server_max_size 10x`: one line naming the parameter and the
+    form of a size, not Python's int() complaint."""
+    args = (*cmd[:1], "--mca", "prte_data_server_max_size", "10x", *cmd[1:])
+    p = _pydvm(*args, tmp_path=tmp_path)
+    assert p.returncode == 2, p.stderr
+    line = _one_line(p.stderr)
+    assert "prte_data_server_max_size" in line and "'10x'" in line, line
+    assert "k, m or g" in line and "16m" in line, line
+    assert "invalid literal" not in line and "base 0" not in line, line
+
+
+@pytest.mark.parametrize("cmd", [("start",), ("run", "-n", "1", "true")])
+def test_an_open_mpi_parameter_on_mca_is_pointed_at_its_environment_variable(cmd, tmp_path):
+    """`--mca btl self,tcp` is not pydvm's: the error says where Open MPI's own
+    parameters go (the job inherits pydvm run's environment)."""
+    args = (*cmd[:1], "--mca", "btl", "self,tcp", *cmd[1:])
+    p = _pydvm(*args, tmp_path=tmp_path)
+    assert p.returncode == 2, p.stderr
+    line = _one_line(p.stderr)
+    assert "unknown parameter 'btl'" in line and "OMPI_MCA_btl=self,tcp" in line, line
+
+
+def test_a_misspelt_mca_name_gets_the_name_it_is_close_to(tmp_path):
+    p = _pydvm("start", "--mca", "prte_data_server_timeuot", "9", tmp_path=tmp_path)
+    assert p.returncode == 2, p.stderr
+    line = _one_line(p.stderr)
+    assert "did you mean prte_data_server_timeout?" in line and "OMPI_MCA" not in line, line
+
+
+def test_a_misspelt_prte_mca_variable_is_warned_about_and_prrte_ones_are_not(tmp_path):
+    """PRTE_MCA_prte_data_server_timeuot (a typo) is ignored, and says so in one
+    stderr line naming the closest name; PRTE_MCA_ras_base_verbose -- one of
+    PRRTE's own many parameters -- is left alone, silently."""
+    env = {"PRTE_MCA_prte_data_server_timeuot": "9", "PRTE_MCA_ras_base_verbose": "5"}
+    p = _pydvm("info", tmp_path=tmp_path, env=env)
+    assert p.returncode == 0, p.stderr
+    line = _one_line(p.stderr)
+    assert "PRTE_MCA_prte_data_server_timeuot" in line and "ignored" in line, line
+    assert "did you mean PRTE_MCA_prte_data_server_timeout?" in line, line
+    assert any(ln.split()[:3] == ["prte_data_server_timeout", "300.0", "(default)"]
+               for ln in p.stdout.splitlines()), p.stdout  # indeed not taken
+    q = _pydvm("info", tmp_path=tmp_path, env={"PRTE_MCA_ras_base_verbose": "5"})
+    assert q.returncode == 0 and q.stderr == "", q.stderr

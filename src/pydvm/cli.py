@@ -100,7 +100,15 @@ def _hosts(text: str | None):
 
 
 def _resolve_params(mca: list[list[str]] | None) -> dict[str, P.Resolved]:
+    _warn_ignored_env()
     return P.resolve([(n, v[1:] if v.startswith(" -") else v) for n, v in (mca or [])])
+
+
+def _warn_ignored_env() -> None:
+    """One stderr line per ``PRTE_MCA_*`` variable that looks meant for pydvm
+    but names none of its parameters (:func:`pydvm.params.ignored_env_warnings`)."""
+    for line in P.ignored_env_warnings():
+        sys.stderr.write(f"pydvm: {line}\n")
 
 
 def _mca_values_verbatim(argv: list[str]) -> list[str]:
@@ -583,6 +591,7 @@ def cmd_info(a: argparse.Namespace) -> int:
         _print_pmix(r.get("pmix"))
         rows = [(k, v[0], v[1], v[2]) for k, v in r["params"].items()]
     else:
+        _warn_ignored_env()
         try:
             res = P.resolve()
         except ValueError as exc:
