@@ -66,7 +66,8 @@ PUBLISH_VALUES_HELP = """\
 values: K=V stores V as a str, whatever it holds.  With --files, K=@FILE stores
 the bytes of FILE and K=- the bytes piped to standard input (one K=- per
 publish; a terminal or /dev/null is refused); such values are bytes, kept as
-bytes.
+bytes.  Without --files, K=- and K=@FILE of an existing FILE are published as
+the strings written, with a note on stderr saying so.
 
 output: 'PUBLISHED K' per key once the store accepted the publish, then
 'STATUS <PMIx name>'; exit 0 on PMIX_SUCCESS, 1 otherwise."""
