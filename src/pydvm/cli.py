@@ -811,7 +811,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--wait-count", type=count, metavar="N",
                    help="wait until N of the keys are published (0: all)")
     s.add_argument("--timeout", type=seconds, metavar="S",
-                   help="give up waiting after S seconds (PMIX_ERR_TIMEOUT; default: never)")
+                   help="give up waiting after S seconds (PMIX_ERR_TIMEOUT); 0, as PMIx's "
+                        "PMIX_TIMEOUT 0, means no limit, the default (not to wait, leave "
+                        "out --wait)")
     _json_option(s, "the answer")
     s.set_defaults(func=cmd_lookup)
 

