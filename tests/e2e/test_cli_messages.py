@@ -52,3 +52,30 @@ def test_lookup_timeout_0_means_no_limit_as_help_and_readme_say(dvm):
             waiter.kill()
     out = waiter.stdout.read()
     assert "FOUND late now from " in out and "STATUS PMIX_SUCCESS" in out, out
+
+
+def _job_failed(dvm) -> int:
+    jobs = json.loads(dvm.cmd("ps", "--json", check=True).stdout)["jobs"]
+    return max((j.get("failed") or 0 for j in jobs), default=0)
+
+
+def test_ctrl_c_after_failures_reports_the_status_it_exits_with(dvm):
+    """Two ranks die by SIGSEGV, a third runs on; Ctrl-C then ends the job and pydvm run
+    exits 130 -- and its summary line says 130, not the first failure's 139."""
+    script = 'if [ "$PYDVM_RANK" -lt 2 ]; then kill -SEGV $$; fi; exec sleep 60'
+    proc = dvm.run_bg("-n", "3", "sh", "-c", script)
+    try:
+        wait_for(lambda: _job_failed(dvm) == 2 or proc.poll() is not None, timeout=30,
+                 what="two ranks to fail")
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        code = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read()
+    assert code == 130, err
+    summary = [ln for ln in err.splitlines() if "of the job's processes failed" in ln]
+    assert len(summary) == 1, err
+    assert summary[0].endswith("so it exits with status 130"), summary
+    assert "SIGINT" in summary[0] and "exits with status 139" not in err, err
