@@ -184,3 +184,27 @@ def test_a_misspelt_prte_mca_variable_is_warned_about_and_prrte_ones_are_not(tmp
                for ln in p.stdout.splitlines()), p.stdout  # indeed not taken
     q = _pydvm("info", tmp_path=tmp_path, env={"PRTE_MCA_ras_base_verbose": "5"})
     assert q.returncode == 0 and q.stderr == "", q.stderr
+
+
+# ----------------------------------------------------------------------
+# commands that need a DVM, given none; pydvm run given nothing to run
+# ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [("ps",), ("stop",), ("store",), ("kill", "pydvm-x@1"),
+                                  ("session", "new"), ("session", "end", "1")])
+def test_a_command_that_needs_a_dvm_says_how_to_find_or_start_one(args, tmp_path):
+    """No --dvm, no PYDVM_URI: one line naming both, 'pydvm dvms' and how to start one."""
+    p = _pydvm(*args, tmp_path=tmp_path)
+    assert p.returncode == 1, p.stderr
+    line = _one_line(p.stderr)
+    assert line.startswith("pydvm: no DVM given:") and "--dvm URI" in line, line
+    assert "PYDVM_URI" in line and "'pydvm dvms'" in line and "pydvm start" in line, line
+
+
+def test_run_with_nothing_to_run_says_so_before_the_usage(tmp_path):
+    p = _pydvm("run", tmp_path=tmp_path)
+    assert p.returncode == 2 and p.stdout == ""
+    first, *rest = p.stderr.splitlines()
+    assert first.startswith("pydvm run: nothing to run: give a command"), first
+    assert rest and rest[0].startswith("usage: pydvm run"), p.stderr

@@ -374,7 +374,8 @@ def cmd_run(argv: list[str]) -> int:
         if argv:
             print(RUN_HELP)
             return 0
-        sys.stderr.write(f"{RUN_USAGE}\n")
+        sys.stderr.write("pydvm run: nothing to run: give a command, such as "
+                         f"'pydvm run -n 2 hostname' ('pydvm run --help' says more)\n{RUN_USAGE}\n")
         return 2
     try:
         opts = parse_run(argv)

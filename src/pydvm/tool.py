@@ -35,7 +35,10 @@ class DvmUnreachable(ToolError):
 def resolve_uri(text: str | None) -> DvmUri:
     text = text or os.environ.get("PYDVM_URI")
     if not text:
-        raise ToolError("no DVM given: use --dvm URI or set PYDVM_URI")
+        from .cli_dvms import START_HINT
+
+        raise ToolError("no DVM given: use --dvm URI or set PYDVM_URI ('pydvm dvms' lists your "
+                        f"running DVMs; '{START_HINT}' starts one)")
     return DvmUri.parse(text)
 
 
