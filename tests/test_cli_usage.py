@@ -208,3 +208,65 @@ def test_run_with_nothing_to_run_says_so_before_the_usage(tmp_path):
     first, *rest = p.stderr.splitlines()
     assert first.startswith("pydvm run: nothing to run: give a command"), first
     assert rest and rest[0].startswith("usage: pydvm run"), p.stderr
+
+
+# ----------------------------------------------------------------------
+# the README's synopsis against the parsers
+# ----------------------------------------------------------------------
+
+
+def _readme_synopsis() -> dict[str, str]:
+    """The README's "Command line" synopsis: each subcommand's entry (its line and
+    continuation lines), by the names it covers (``stop | store ...`` covers four)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = text.split("## Command line", 1)[1].split("```", 2)[1]
+    entries: list[str] = []
+    for ln in block.splitlines():
+        if ln.startswith("pydvm "):
+            entries.append(ln)
+        elif ln.startswith(" ") and entries:
+            entries[-1] += " " + ln.strip()
+    out: dict[str, str] = {}
+    for e in entries:
+        body = e.split("  (")[0]  # drop a trailing explanation
+        for part in body[len("pydvm "):].split(" | "):
+            words = part.split()
+            if words and re.fullmatch(r"[a-z]+", words[0]):
+                name = words[0] if words[0] != "session" else " ".join(words[:2])
+                out[name] = body
+    return out
+
+
+def test_the_readme_synopsis_shows_every_option_of_every_command():
+    """Each subcommand's options (long or short form) appear in its README entry."""
+    syn = _readme_synopsis()
+    missing = []
+    for path, sub in _subparsers(build_parser()):
+        name = " ".join(path)
+        if name in ("run", "session"):
+            continue  # run: below; session: its two actions have entries
+        assert name in syn, f"no README synopsis entry for pydvm {name}"
+        for action in sub._actions:
+            if isinstance(action, argparse._HelpAction) or not action.option_strings:
+                continue
+            if not any(o in syn[name].replace("[", " ").replace("]", " ").split()
+                       for o in action.option_strings):
+                missing.append(f"pydvm {name} {'/'.join(action.option_strings)}")
+    assert not missing, missing
+
+
+def test_run_synopsis_shows_every_option_and_n_as_optional():
+    """`-n` defaults to 1: the README and `pydvm run --help` show it in brackets."""
+    import re
+
+    run = _readme_synopsis()["run"]
+    for opt in ("--dvm", "--session", "--mca", "--tag-output", "--abort-on-failure", "--pmix",
+                "--host"):
+        assert f"[{opt}" in run, opt
+    assert re.search(r"\[-n N\] CMD", run) and " -n N CMD" not in run, run
+    usage = RUN_HELP.split("\n\n", 1)[0]
+    assert "[-n N] CMD" in usage and " -n N CMD" not in usage, usage
+    assert "number of processes (default 1)" in RUN_HELP

@@ -177,3 +177,14 @@ def test_the_docs_name_only_extras_that_exist_and_files_that_exist():
             assert named <= extras, f"{path.name}: {m.group(0)} names an unknown extra"
         for m in re.finditer(r"(?<![\w/])docs/[\w.-]+\.md", text):
             assert (REPO / m.group(0)).exists(), f"{path.name} cites {m.group(0)}, which is missing"
+
+
+def test_the_guide_says_where_a_daemonized_dvm_logs():
+    """A --daemonize'd DVM without --log-dir logs to $PYDVM_STATE_DIR/logs/<id>
+    (runtime.launch.default_log_dir); the guide's "Where the logs are" says so (its
+    snippet, run by tests/e2e/test_snippets.py, lists the files there)."""
+    text = (REPO / "docs" / "guide.md").read_text()
+    section = text.split("### Where the logs are", 1)[1].split("\n### ", 1)[0]
+    flat = " ".join(section.split())
+    assert "`$PYDVM_STATE_DIR/logs/<dvm id>`" in flat, flat
+    assert "keeps nothing" not in flat and "pydvm info" in flat, flat
