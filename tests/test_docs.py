@@ -188,3 +188,17 @@ def test_the_guide_says_where_a_daemonized_dvm_logs():
     flat = " ".join(section.split())
     assert "`$PYDVM_STATE_DIR/logs/<dvm id>`" in flat, flat
     assert "keeps nothing" not in flat and "pydvm info" in flat, flat
+
+
+def test_the_readme_says_to_make_a_venv_before_its_two_set_up_commands():
+    """Debian 12's Python refuses `pip install .` outside a virtual environment
+    (PEP 668): the line before the README's set-up commands says to make one,
+    and the two commands stay the set-up."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    first_cmd = next(i for i, ln in enumerate(lines) if ln.startswith("    pip install"))
+    before = [ln for ln in lines[1:first_cmd] if ln.strip()]
+    assert len(before) == 1, before
+    assert "python3 -m venv .venv && . .venv/bin/activate" in before[0]
+    assert "externally-managed-environment" in before[0]
+    assert lines[first_cmd].strip().startswith("pip install . && pydvm run ")
+    assert lines[first_cmd + 1].strip() == "pip install -e '.[test]' && python -m pytest -q"
