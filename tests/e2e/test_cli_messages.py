@@ -1,10 +1,10 @@
 """What the command line says in the places a first-time user stumbles on.
 
-Each test runs the real ``pydvm`` and checks what it prints and how it
-exits: a lookup's ``--timeout 0`` (as PMIx: no limit), the line of a Ctrl-C'd
-run that reports an earlier failure, the commands that need a DVM and got
-none, ``pydvm run`` with nothing to run, and a misspelt ``PRTE_MCA_``
-variable on a one-shot run.
+Each test runs the real ``pydvm`` on real DVMs and checks what it prints
+and how it exits: a lookup's ``--timeout 0`` (as PMIx: no limit), the
+summary of a Ctrl-C'd run whose processes had failed, and a misspelt
+``PRTE_MCA_`` variable on a one-shot run.  (What needs no DVM -- usage
+errors, commands given no DVM -- is in ``tests/test_cli_usage.py``.)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dvmkit import PYDVM, CMD_TIMEOUT, finish, lines, wait_for
+from dvmkit import CMD_TIMEOUT, PYDVM, finish, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -79,3 +79,17 @@ def test_ctrl_c_after_failures_reports_the_status_it_exits_with(dvm):
     assert len(summary) == 1, err
     assert summary[0].endswith("so it exits with status 130"), summary
     assert "SIGINT" in summary[0] and "exits with status 139" not in err, err
+
+
+def test_a_one_shot_run_warns_about_a_misspelt_prte_mca_variable(tmp_path):
+    """PRTE_MCA_prte_data_server_timeuot=9 on a one-shot run: the job runs (the value
+    is ignored) and stderr says so in one line naming the closest name."""
+    env = {k: v for k, v in os.environ.items()
+           if k != "PYDVM_URI" and not k.startswith("PRTE_MCA_")}
+    env.update(PYDVM_STATE_DIR=str(tmp_path / "state"), PRTE_MCA_prte_data_server_timeuot="9")
+    p = subprocess.run(PYDVM + ["run", "-n", "1", "echo", "ran"], env=env, capture_output=True,
+                       text=True, timeout=CMD_TIMEOUT)
+    assert p.returncode == 0 and p.stdout == "ran\n", p.stderr
+    (line,) = [ln for ln in p.stderr.splitlines() if "PRTE_MCA_" in ln]
+    assert "is not a pydvm parameter and is ignored" in line, line
+    assert line.endswith("did you mean PRTE_MCA_prte_data_server_timeout?"), line
