@@ -62,3 +62,44 @@ def pytest_xdist_make_scheduler(config, log):
             return unit_of(nodeid)
 
     return UnitScheduling(config, log)
+
+
+# ----------------------------------------------------------------------
+# Hypothesis and the per-test timeout: a clock must not make a counterexample
+# ----------------------------------------------------------------------
+
+#: The limit of a pure Hypothesis test (no DVM, no I/O): its run time is
+#: bounded by its example and step counts (seconds on an idle machine), so
+#: the limit only detects a hang; a loaded machine merely stretches it.
+HYPOTHESIS_HANG_LIMIT = 900.0
+
+
+def is_hypothesis_test(item) -> bool:
+    """A ``@given`` test, or the ``runTest`` of a state machine's TestCase
+    (Hypothesis marks both)."""
+    return bool(getattr(getattr(item, "obj", None), "is_hypothesis_test", False))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Hypothesis tests get pytest-timeout's ``thread`` method.
+
+    The default ``signal`` method raises pytest's ``Failed`` in whatever
+    code runs when the limit passes, and Hypothesis catches ``Failed`` as the
+    test failing: a loaded machine then turns a timeout into a "falsifying
+    example" that replays as nothing -- the store's state machine once
+    reported ``state = StoreMachine(); state.teardown()``, an empty step
+    list whose teardown does nothing.  Whether a Hypothesis test passes must
+    depend on its steps only.  With ``thread`` a timeout stops the test's
+    process with a stack dump, reported as a timeout and never shrunk; and a
+    pure Hypothesis test's limit is raised to :data:`HYPOTHESIS_HANG_LIMIT`,
+    so only a hang -- not the machine's load -- can reach it.
+    """
+    for item in items:
+        if not is_hypothesis_test(item):
+            continue
+        own = item.get_closest_marker("timeout")
+        limit = (own.kwargs.get("timeout", own.args[0] if own.args else None)
+                 if own is not None else None)
+        if limit is None and item.get_closest_marker("e2e") is None:
+            limit = max(HYPOTHESIS_HANG_LIMIT, float(config.getini("timeout") or 0))
+        item.add_marker(pytest.mark.timeout(limit, method="thread"))

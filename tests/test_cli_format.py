@@ -172,3 +172,16 @@ def test_store_lines_keep_the_counts_table_and_list_own_keys_after_it():
     assert out[7].split() == ["master", "tok", "first-read", "session", "3.2s", "4m56s", "6",
                               "ns@2:0"]
     assert out[8].startswith("(master holds more of your keys")
+
+
+def test_job_end_after_an_interrupt_names_the_status_pydvm_run_exits_with():
+    """Two processes failed (the first by SIGSEGV, 139), then Ctrl-C: pydvm run exits
+    130, and the summary says so rather than 'the job exits with status 139'."""
+    r = _reply(exit=139, failures=[[0, 0, "a", 139, 11], [1, 0, "b", 1, 0]], failed=2,
+               killed=1, msg="its pydvm run was interrupted (signal 2)")
+    out = job_end_lines(r, interrupted=True, exit_status=130)
+    assert out[-1] == (
+        "pydvm run: ns@4: 2 of the job's processes failed; the first to fail was [ns@4,0] "
+        "(status 139), but pydvm run was interrupted by SIGINT, so it exits with status 130")
+    assert job_end_lines({**r, "msg": ""}, interrupted=False, exit_status=139)[-1].endswith(
+        "the first to fail was [ns@4,0], so the job exits with status 139")

@@ -31,9 +31,13 @@ def _subparsers(parser: argparse.ArgumentParser, path=()):
                 yield from _subparsers(sub, (*path, name))
 
 
-def _pydvm(*args: str, tmp_path, stdin: str = "") -> subprocess.CompletedProcess:
+def _pydvm(*args: str, tmp_path, stdin: str = "",
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    extra = env or {}
     env = {k: v for k, v in os.environ.items()
-           if k not in ("PYDVM_URI", "PYDVM_SERVER", "PYDVM_NSPACE", "PYDVM_RANK")}
+           if k not in ("PYDVM_URI", "PYDVM_SERVER", "PYDVM_NSPACE", "PYDVM_RANK")
+           and not k.startswith("PRTE_MCA_")}
+    env.update(extra)
     env["PYDVM_STATE_DIR"] = str(tmp_path / "state")
     return subprocess.run(PYDVM + list(args), env=env, capture_output=True, text=True,
                           timeout=60, input=stdin, cwd=tmp_path)
@@ -122,3 +126,147 @@ def test_verbose_range_is_0_to_2_and_documented_in_its_help():
     with pytest.raises(P.ParamError, match="between 0 and 2"):
         P.resolve([("prte_data_server_verbose", "3")])
     assert "(0..2)" in P.REGISTRY["prte_data_server_verbose"].help
+
+
+# ----------------------------------------------------------------------
+# parameters: what a bad one looks like, and names that are not pydvm's
+# ----------------------------------------------------------------------
+
+
+def _one_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("cmd", [("start",), ("run", "-n", "1", "true")])
+def test_a_malformed_size_says_what_a_size_looks_like(cmd, tmp_path):
+    """`--mca prte_data_server_max_size 10x`: one line naming the parameter and the
+    form of a size, not Python's int() complaint."""
+    args = (*cmd[:1], "--mca", "prte_data_server_max_size", "10x", *cmd[1:])
+    p = _pydvm(*args, tmp_path=tmp_path)
+    assert p.returncode == 2, p.stderr
+    line = _one_line(p.stderr)
+    assert "prte_data_server_max_size" in line and "'10x'" in line, line
+    assert "k, m or g" in line and "16m" in line, line
+    assert "invalid literal" not in line and "base 0" not in line, line
+
+
+@pytest.mark.parametrize("cmd", [("start",), ("run", "-n", "1", "true")])
+def test_an_open_mpi_parameter_on_mca_is_pointed_at_its_environment_variable(cmd, tmp_path):
+    """`--mca btl self,tcp` is not pydvm's: the error says where Open MPI's own
+    parameters go (the job inherits pydvm run's environment)."""
+    args = (*cmd[:1], "--mca", "btl", "self,tcp", *cmd[1:])
+    p = _pydvm(*args, tmp_path=tmp_path)
+    assert p.returncode == 2, p.stderr
+    line = _one_line(p.stderr)
+    assert "unknown parameter 'btl'" in line and "OMPI_MCA_btl=self,tcp" in line, line
+
+
+def test_a_misspelt_mca_name_gets_the_name_it_is_close_to(tmp_path):
+    p = _pydvm("start", "--mca", "prte_data_server_timeuot", "9", tmp_path=tmp_path)
+    assert p.returncode == 2, p.stderr
+    line = _one_line(p.stderr)
+    assert "did you mean prte_data_server_timeout?" in line and "OMPI_MCA" not in line, line
+
+
+def test_a_misspelt_prte_mca_variable_is_warned_about_and_prrte_ones_are_not(tmp_path):
+    """PRTE_MCA_prte_data_server_timeuot (a typo) is ignored, and says so in one
+    stderr line naming the closest name; PRTE_MCA_ras_base_verbose -- one of
+    PRRTE's own many parameters -- is left alone, silently."""
+    env = {"PRTE_MCA_prte_data_server_timeuot": "9", "PRTE_MCA_ras_base_verbose": "5"}
+    p = _pydvm("info", tmp_path=tmp_path, env=env)
+    assert p.returncode == 0, p.stderr
+    line = _one_line(p.stderr)
+    assert "PRTE_MCA_prte_data_server_timeuot" in line and "ignored" in line, line
+    assert "did you mean PRTE_MCA_prte_data_server_timeout?" in line, line
+    assert any(ln.split()[:3] == ["prte_data_server_timeout", "300.0", "(default)"]
+               for ln in p.stdout.splitlines()), p.stdout  # indeed not taken
+    q = _pydvm("info", tmp_path=tmp_path, env={"PRTE_MCA_ras_base_verbose": "5"})
+    assert q.returncode == 0 and q.stderr == "", q.stderr
+
+
+# ----------------------------------------------------------------------
+# commands that need a DVM, given none; pydvm run given nothing to run
+# ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [("ps",), ("stop",), ("store",), ("kill", "pydvm-x@1"),
+                                  ("session", "new"), ("session", "end", "1")])
+def test_a_command_that_needs_a_dvm_says_how_to_find_or_start_one(args, tmp_path):
+    """No --dvm, no PYDVM_URI: one line naming both, 'pydvm dvms' and how to start one."""
+    p = _pydvm(*args, tmp_path=tmp_path)
+    assert p.returncode == 1, p.stderr
+    line = _one_line(p.stderr)
+    assert line.startswith("pydvm: no DVM given:") and "--dvm URI" in line, line
+    assert "PYDVM_URI" in line and "'pydvm dvms'" in line and "pydvm start" in line, line
+
+
+def test_run_with_nothing_to_run_says_so_before_the_usage(tmp_path):
+    p = _pydvm("run", tmp_path=tmp_path)
+    assert p.returncode == 2 and p.stdout == ""
+    first, *rest = p.stderr.splitlines()
+    assert first.startswith("pydvm run: nothing to run: give a command"), first
+    assert rest and rest[0].startswith("usage: pydvm run"), p.stderr
+
+
+# ----------------------------------------------------------------------
+# the README's synopsis against the parsers
+# ----------------------------------------------------------------------
+
+
+def _readme_synopsis() -> dict[str, str]:
+    """The README's "Command line" synopsis: each subcommand's entry (its line and
+    continuation lines), by the names it covers (``stop | store ...`` covers four)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = text.split("## Command line", 1)[1].split("```", 2)[1]
+    entries: list[str] = []
+    for ln in block.splitlines():
+        if ln.startswith("pydvm "):
+            entries.append(ln)
+        elif ln.startswith(" ") and entries:
+            entries[-1] += " " + ln.strip()
+    out: dict[str, str] = {}
+    for e in entries:
+        body = e.split("  (")[0]  # drop a trailing explanation
+        for part in body[len("pydvm "):].split(" | "):
+            words = part.split()
+            if words and re.fullmatch(r"[a-z]+", words[0]):
+                name = words[0] if words[0] != "session" else " ".join(words[:2])
+                out[name] = body
+    return out
+
+
+def test_the_readme_synopsis_shows_every_option_of_every_command():
+    """Each subcommand's options (long or short form) appear in its README entry."""
+    syn = _readme_synopsis()
+    missing = []
+    for path, sub in _subparsers(build_parser()):
+        name = " ".join(path)
+        if name in ("run", "session"):
+            continue  # run: below; session: its two actions have entries
+        assert name in syn, f"no README synopsis entry for pydvm {name}"
+        for action in sub._actions:
+            if isinstance(action, argparse._HelpAction) or not action.option_strings:
+                continue
+            if not any(o in syn[name].replace("[", " ").replace("]", " ").split()
+                       for o in action.option_strings):
+                missing.append(f"pydvm {name} {'/'.join(action.option_strings)}")
+    assert not missing, missing
+
+
+def test_run_synopsis_shows_every_option_and_n_as_optional():
+    """`-n` defaults to 1: the README and `pydvm run --help` show it in brackets."""
+    import re
+
+    run = _readme_synopsis()["run"]
+    for opt in ("--dvm", "--session", "--mca", "--tag-output", "--abort-on-failure", "--pmix",
+                "--host"):
+        assert f"[{opt}" in run, opt
+    assert re.search(r"\[-n N\] CMD", run) and " -n N CMD" not in run, run
+    usage = RUN_HELP.split("\n\n", 1)[0]
+    assert "[-n N] CMD" in usage and " -n N CMD" not in usage, usage
+    assert "number of processes (default 1)" in RUN_HELP

@@ -39,7 +39,8 @@ def pdoc_command() -> str:
 
 
 def test_the_api_reference_builds_with_the_documented_command(tmp_path):
-    """The guide's command, run as written, writes a page per public module, and the
+    """The guide's command, run as written, writes a page per public module without a
+    warning (an annotation pdoc cannot resolve is shown as a bare string), and the
     pages name the client calls, the exceptions and the store's operations."""
     pytest.importorskip("pdoc")
     cmd = pdoc_command()
@@ -48,6 +49,8 @@ def test_the_api_reference_builds_with_the_documented_command(tmp_path):
     p = subprocess.run(["bash", "-c", f'PATH="{bindir}:$PATH"\n{cmd}'], cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
+    warned = [ln for ln in (p.stdout + p.stderr).splitlines() if "warn" in ln.lower()]
+    assert not warned, "\n".join(warned)
     api = tmp_path / "build" / "api"
     pages = {str(f.relative_to(api)) for f in api.rglob("*.html")}
     assert {"index.html", "pydvm.html", "pydvm/client.html", "pydvm/aio.html",
@@ -100,3 +103,102 @@ def _undocumented() -> list[str]:
 def test_every_public_name_of_the_api_has_a_docstring():
     """Modules, classes, functions, methods and properties of the public API."""
     assert _undocumented() == []
+
+
+# ----------------------------------------------------------------------
+# what `pip install .` brings is what the documented commands need
+# ----------------------------------------------------------------------
+
+
+def _norm(name: str) -> str:
+    """A distribution name as PEP 503 compares them."""
+    import re
+
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _requirement_name(req: str) -> str:
+    import re
+
+    return _norm(re.match(r"\s*([A-Za-z0-9._-]+)", req).group(1))
+
+
+def _pyproject() -> dict:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def _third_party_imports() -> set[str]:
+    """Top-level modules outside the standard library that pydvm's code imports,
+    however lazily (inside a function, after a flag)."""
+    import ast
+
+    mods: set[str] = set()
+    for f in (REPO / "src" / "pydvm").rglob("*.py"):
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, ast.Import):
+                mods |= {a.name.split(".")[0] for a in n.names}
+            elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module:
+                mods.add(n.module.split(".")[0])
+    return {m for m in mods if m not in sys.stdlib_module_names and m != "pydvm"}
+
+
+def test_every_package_pydvm_imports_is_an_ordinary_dependency():
+    """`pip install .` (the README's set-up) brings whatever any command needs:
+    the Slurm launcher's python-hostlist and --metrics' prometheus_client
+    included, so no documented command stops on a missing extra.  The old
+    extras stay as aliases, so `pip install 'pydvm[slurm]'` keeps working."""
+    import importlib.metadata as md
+
+    project = _pyproject()["project"]
+    base = {_requirement_name(r) for r in project["dependencies"]}
+    owners = md.packages_distributions()
+    needed = {m: {_norm(d) for d in owners.get(m, [m])} for m in _third_party_imports()}
+    assert {"hostlist", "prometheus_client"} <= set(needed), needed
+    missing = {m: d for m, d in needed.items() if not d & base}
+    assert not missing, f"imported by pydvm but only in an extra, or not declared: {missing}"
+    extras = project["optional-dependencies"]
+    assert {"slurm", "metrics"} <= set(extras)
+    for name in ("slurm", "metrics"):
+        assert {_requirement_name(r) for r in extras[name]} <= base, name
+
+
+def test_the_docs_name_only_extras_that_exist_and_files_that_exist():
+    """Every `pydvm[EXTRA]` the README, the guide or pyproject.toml mention is an
+    extra pyproject.toml defines, and every docs/*.md file they cite exists."""
+    import re
+
+    extras = set(_pyproject()["project"]["optional-dependencies"])
+    for path in (REPO / "README.md", REPO / "docs" / "guide.md", REPO / "pyproject.toml"):
+        text = path.read_text()
+        for m in re.finditer(r"pydvm\[([^\]]*)\]", text):
+            named = {e.strip() for e in m.group(1).split(",")}
+            assert named <= extras, f"{path.name}: {m.group(0)} names an unknown extra"
+        for m in re.finditer(r"(?<![\w/])docs/[\w.-]+\.md", text):
+            assert (REPO / m.group(0)).exists(), f"{path.name} cites {m.group(0)}, which is missing"
+
+
+def test_the_guide_says_where_a_daemonized_dvm_logs():
+    """A --daemonize'd DVM without --log-dir logs to $PYDVM_STATE_DIR/logs/<id>
+    (runtime.launch.default_log_dir); the guide's "Where the logs are" says so (its
+    snippet, run by tests/e2e/test_snippets.py, lists the files there)."""
+    text = (REPO / "docs" / "guide.md").read_text()
+    section = text.split("### Where the logs are", 1)[1].split("\n### ", 1)[0]
+    flat = " ".join(section.split())
+    assert "`$PYDVM_STATE_DIR/logs/<dvm id>`" in flat, flat
+    assert "keeps nothing" not in flat and "pydvm info" in flat, flat
+
+
+def test_the_readme_says_to_make_a_venv_before_its_two_set_up_commands():
+    """Debian 12's Python refuses `pip install .` outside a virtual environment
+    (PEP 668): the line before the README's set-up commands says to make one,
+    and the two commands stay the set-up."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    first_cmd = next(i for i, ln in enumerate(lines) if ln.startswith("    pip install"))
+    before = [ln for ln in lines[1:first_cmd] if ln.strip()]
+    assert len(before) == 1, before
+    assert "python3 -m venv .venv && . .venv/bin/activate" in before[0]
+    assert "externally-managed-environment" in before[0]
+    assert lines[first_cmd].strip().startswith("pip install . && pydvm run ")
+    assert lines[first_cmd + 1].strip() == "pip install -e '.[test]' && python -m pytest -q"

@@ -100,7 +100,15 @@ def _hosts(text: str | None):
 
 
 def _resolve_params(mca: list[list[str]] | None) -> dict[str, P.Resolved]:
+    _warn_ignored_env()
     return P.resolve([(n, v[1:] if v.startswith(" -") else v) for n, v in (mca or [])])
+
+
+def _warn_ignored_env() -> None:
+    """One stderr line per ``PRTE_MCA_*`` variable that looks meant for pydvm
+    but names none of its parameters (:func:`pydvm.params.ignored_env_warnings`)."""
+    for line in P.ignored_env_warnings():
+        sys.stderr.write(f"pydvm: {line}\n")
 
 
 def _mca_values_verbatim(argv: list[str]) -> list[str]:
@@ -370,7 +378,8 @@ def cmd_run(argv: list[str]) -> int:
         if argv:
             print(RUN_HELP)
             return 0
-        sys.stderr.write(f"{RUN_USAGE}\n")
+        sys.stderr.write("pydvm run: nothing to run: give a command, such as "
+                         f"'pydvm run -n 2 hostname' ('pydvm run --help' says more)\n{RUN_USAGE}\n")
         return 2
     try:
         opts = parse_run(argv)
@@ -587,6 +596,7 @@ def cmd_info(a: argparse.Namespace) -> int:
         _print_pmix(r.get("pmix"))
         rows = [(k, v[0], v[1], v[2]) for k, v in r["params"].items()]
     else:
+        _warn_ignored_env()
         try:
             res = P.resolve()
         except ValueError as exc:
@@ -696,8 +706,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the DVM's id (1-32 letters, digits, '-', '_'); reusing one keeps the "
                         "URI across restarts; refused while a DVM of that id runs")
     s.add_argument("--metrics", type=_metrics_address, metavar="ADDR:PORT",
-                   help="serve Prometheus metrics at http://ADDR:PORT/metrics "
-                        "(needs pydvm[metrics])")
+                   help="serve Prometheus metrics at http://ADDR:PORT/metrics")
     s.set_defaults(func=cmd_start)
 
     s = sub.add_parser("run", help="run one job (see 'pydvm run --help')", add_help=False)
@@ -807,7 +816,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--wait-count", type=count, metavar="N",
                    help="wait until N of the keys are published (0: all)")
     s.add_argument("--timeout", type=seconds, metavar="S",
-                   help="give up waiting after S seconds (PMIX_ERR_TIMEOUT; default: never)")
+                   help="give up waiting after S seconds (PMIX_ERR_TIMEOUT); 0, as PMIx's "
+                        "PMIX_TIMEOUT 0, means no limit, the default (not to wait, leave "
+                        "out --wait)")
     _json_option(s, "the answer")
     s.set_defaults(func=cmd_lookup)
 

@@ -149,12 +149,17 @@ def _procs(n: int, other: bool) -> str:
     return f"{n} {o}process was killed" if n == 1 else f"{n} {o}processes were killed"
 
 
-def job_end_lines(r: dict, interrupted: bool) -> list[str]:
+def job_end_lines(r: dict, interrupted: bool, exit_status: int | None = None) -> list[str]:
     """What ``pydvm run`` prints on stderr when its job has ended (``r`` is
     the master's final reply): one line per process that failed on its own,
     a summary naming the first when several did, and who ended the job when
     it was killed -- unless ``interrupted`` (our own Ctrl-C or closed
-    stdout), which ends the job quietly as before."""
+    stdout), which ends the job quietly as before.
+
+    ``exit_status`` is the status ``pydvm run`` exits with (default: the
+    job's).  When it is not the job's -- an interrupted run exits 128+N for
+    signal N whatever its processes did -- the summary says both, so that
+    the line never names a status the command does not exit with."""
     ns = r.get("nspace")
     rows = r.get("failures") or []
     several_apps = (r.get("apps") or 1) > 1
@@ -169,8 +174,16 @@ def job_end_lines(r: dict, interrupted: bool) -> list[str]:
     if failed > len(rows):
         out.append(f"pydvm run: {ns}: ... and {failed - len(rows)} more failed processes")
     if failed > 1 and rows:
-        out.append(f"pydvm run: {ns}: {failed} of the job's processes failed; the first to "
-                   f"fail was [{ns},{rows[0][0]}], so the job exits with status {r.get('exit')}")
+        first = (f"pydvm run: {ns}: {failed} of the job's processes failed; the first to "
+                 f"fail was [{ns},{rows[0][0]}]")
+        job_status = r.get("exit")
+        if exit_status is None or exit_status == job_status:
+            out.append(f"{first}, so the job exits with status {job_status}")
+        else:
+            why = (f"was interrupted by {signal_name(exit_status - 128)}" if exit_status > 128
+                   else "was interrupted")
+            out.append(f"{first} (status {job_status}), but pydvm run {why}, so it exits with "
+                       f"status {exit_status}")
     msg = r.get("msg")
     if msg and not interrupted:
         killed = r.get("killed") or 0

@@ -66,7 +66,8 @@ PUBLISH_VALUES_HELP = """\
 values: K=V stores V as a str, whatever it holds.  With --files, K=@FILE stores
 the bytes of FILE and K=- the bytes piped to standard input (one K=- per
 publish; a terminal or /dev/null is refused); such values are bytes, kept as
-bytes.
+bytes.  Without --files, K=- and K=@FILE of an existing FILE are published as
+the strings written, with a note on stderr saying so.
 
 output: 'PUBLISHED K' per key once the store accepted the publish, then
 'STATUS <PMIx name>'; exit 0 on PMIX_SUCCESS, 1 otherwise."""
@@ -86,8 +87,8 @@ value as base64 text."""
 RUN_HELP = """\
 usage: pydvm run [--dvm URI] [--session ID] [--mca N V]... [--tag-output]
                  [--abort-on-failure | --no-abort-on-failure] [--pmix]
-                 [--host H[:SLOTS],...] -n N CMD ARGS...
-                 [: [--host H[:SLOTS],...] -n M CMD2 ARGS...]...
+                 [--host H[:SLOTS],...] [-n N] CMD ARGS...
+                 [: [--host H[:SLOTS],...] [-n M] CMD2 ARGS...]...
 
 Run one job and exit with its status: the first non-zero exit of its
 processes (128+N for a process killed by signal N), else 0.  Output is

@@ -71,6 +71,26 @@ def _publish_pairs(texts: list[str], files: bool) -> dict[str, str | bytes]:
     return pairs
 
 
+def _literal_hints(texts: list[str], files: bool) -> list[str]:
+    """Without ``--files``, a value that looks like ``--files`` syntax -- ``@FILE``
+    naming an existing file, or exactly ``-`` -- is still published as the str
+    it is (SPEC 9: scripts rely on it); one hint line per such value says so,
+    in case ``--files`` was meant."""
+    if files:
+        return []
+    out = []
+    for kv in texts:
+        k, _, v = kv.partition("=")
+        if v == "-":
+            out.append(f"note: {F.quote(k)} was published as the literal string '-'; "
+                       "with --files, K=- publishes the bytes piped to standard input")
+        elif v.startswith("@") and os.path.isfile(v[1:]):
+            out.append(f"note: {F.quote(k)} was published as the literal string {v!r}, not "
+                       f"the file's contents; with --files, K=@FILE publishes the bytes "
+                       f"of FILE")
+    return out
+
+
 def _stdin_carries_data() -> bool:
     """True when standard input is a pipe, socket or file (not a terminal,
     not a character device such as /dev/null, not closed)."""
@@ -115,6 +135,9 @@ def cmd_publish(a: argparse.Namespace) -> int:
             for k in pairs:
                 print(f"PUBLISHED {F.quote(k)}")
             _status_line(st)
+            for hint in _literal_hints(a.pairs, a.files):
+                sys.stderr.write(f"pydvm publish: {hint}\n")
+            sys.stderr.flush()
             if a.hold:
                 time.sleep(a.hold)
     except PMIxError as exc:

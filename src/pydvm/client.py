@@ -129,8 +129,8 @@ class Client:
         ``range`` restricts whose items may answer, as seen from this
         process.  ``wait=True`` waits until all keys can be answered,
         ``wait=N`` until N of them can; a waiting lookup consumes nothing
-        until it is answered.  ``timeout`` bounds the wait in seconds (None:
-        no limit).
+        until it is answered.  ``timeout`` bounds the wait in seconds (None
+        or 0: no limit, as PMIx's ``PMIX_TIMEOUT`` 0).
 
         Returns a :class:`LookupResult` (SUCCESS, or PARTIAL_SUCCESS with the
         keys found).  A FIRST_READ key it returns is removed from the store.

@@ -20,14 +20,20 @@ class ParamError(ValueError):
 
 
 def _nonneg_float(text: str) -> float:
-    v = float(text)
+    try:
+        v = float(text)
+    except ValueError:
+        raise ValueError("not a number") from None
     if not v >= 0 or v == float("inf"):
         raise ValueError("must be a finite number >= 0")
     return v
 
 
 def _nonneg_int(text: str) -> int:
-    v = int(text, 0) if isinstance(text, str) else int(text)
+    try:
+        v = int(text, 0) if isinstance(text, str) else int(text)
+    except ValueError:
+        raise ValueError("not a whole number") from None
     if v < 0:
         raise ValueError("must be >= 0")
     return v
@@ -40,7 +46,11 @@ def _size(text: str) -> int:
     if t and t[-1] in "kmg":
         mult = 1024 ** ("kmg".index(t[-1]) + 1)
         t = t[:-1]
-    return _nonneg_int(t) * mult
+    try:
+        return _nonneg_int(t) * mult
+    except ValueError as exc:
+        raise ValueError("not a size" if str(exc) == "not a whole number" else str(exc)) \
+            from None
 
 
 def _verbose(text: str) -> int:
@@ -109,12 +119,19 @@ def _srun_args(text: str) -> str:
     return str(text)
 
 
+#: What a valid value of a seconds or a size parameter looks like.
+SECONDS = "seconds: a number >= 0, such as 300 or 0.5"
+SIZE = ("a size in bytes: a whole number, optionally followed by k, m or g (powers of "
+        "1024), such as 4096, 512k or 16m")
+
+
 @dataclass(frozen=True)
 class Param:
     name: str
     parse: Callable[[str], Any]
     default: Any
     help: str
+    #: what a valid value looks like, for the message that refuses one.
     type_name: str
 
 
@@ -123,13 +140,13 @@ REGISTRY: dict[str, Param] = {
     for p in (
         Param("prte_data_server_timeout", _nonneg_float, 300.0,
               "idle seconds before INDEF and unread FIRST_READ items are removed; 0 disables",
-              "seconds"),
+              SECONDS),
         Param("prte_data_server_max_size", _size, 16 * 1024 * 1024,
               "bytes one uid may hold in one store (k/m/g suffixes); 0 disables the cap",
-              "size"),
+              SIZE),
         Param("prte_data_server_verbose", _verbose, 0,
               "store trace level: 0 off, 1 traces removals (evict, expire, purge), "
-              "2 every operation (0..2)", "int"),
+              "2 every operation (0..2)", "a whole number from 0 to 2"),
         Param("plm_ssh_agent", _nonempty_str, "ssh",
               "command (split on spaces) that runs the daemon on a remote host: "
               "AGENT HOST pydvm daemon ...", "command"),
@@ -141,23 +158,26 @@ REGISTRY: dict[str, Param] = {
               "(default: the master's own sys.executable)", "path"),
         Param("pydvm_heartbeat_interval", _positive_float, 2.0,
               "seconds between master<->daemon (and relay<->data server) heartbeats; "
-              "a peer silent for 3 periods is lost", "seconds"),
+              "a peer silent for 3 periods is lost", "seconds: a number > 0, such as 2 or 0.5"),
         Param("pydvm_head_node", _nonempty_str, "auto",
               "node served by the master process itself (one hop for its clients): 'auto' "
               "(the node named like this machine, if any), 'none', or a node name", "name"),
         Param("pydvm_output_window", _window, 1024 * 1024,
               "bytes of one job's output a node may have in flight to a slow 'pydvm run' "
-              "before it stops reading the job's pipes (k/m suffixes; 64k..1g)", "size"),
+              "before it stops reading the job's pipes (k/m suffixes; 64k..1g)",
+              SIZE.replace("a size", "a size from 64k to 1g", 1)),
         Param("pydvm_pmix", _pmix_mode, "auto",
               "host a PMIx server on every node for PMIx/MPI programs: 'auto' (where "
               "libpmix is usable), 'on' (a node without it fails to start), 'off'", "auto|on|off"),
         Param("pydvm_max_outstanding", _cap, 1024,
               "requests (waiting lookups included) one client or tool connection may have "
-              "outstanding; beyond it PMIX_ERR_OUT_OF_RESOURCE (1..1000000)", "int"),
+              "outstanding; beyond it PMIX_ERR_OUT_OF_RESOURCE (1..1000000)",
+              "a whole number from 1 to 1000000"),
         Param("pydvm_master_poll_us", _poll_us, 200.0,
               "microseconds the master keeps polling for the next request after each one "
               "instead of sleeping (a sleeping process's wake-up costs tens of µs on a VM); "
-              "0 never; never on a one-CPU machine (0..10000)", "microseconds"),
+              "0 never; never on a one-CPU machine (0..10000)",
+              "microseconds: a number from 0 to 10000"),
         Param("pydvm_direct_data", _on_off, "on",
               "clients on daemon nodes send their master-store requests straight to the "
               "master (one connection per client process, vouched for by its daemon); "
@@ -189,8 +209,76 @@ def resolve(
     for name, raw in cli:
         p = REGISTRY.get(name)
         if p is None:
-            raise ParamError(f"unknown parameter {name!r} (see 'pydvm info' for the list)")
+            raise ParamError(_unknown_mca(name, raw))
         out[name] = Resolved(_parse(p, raw, f"--mca {name}"), "command line")
+    return out
+
+
+def _unknown_mca(name: str, value: str) -> str:
+    """The one-line refusal of ``--mca NAME VALUE`` for a name pydvm does not know."""
+    import shlex
+
+    close = closest_name(name)
+    if close is not None:
+        return f"unknown parameter {name!r}: did you mean {close}? ('pydvm info' lists them)"
+    if name.lower().startswith("pydvm_"):
+        return f"unknown parameter {name!r} ('pydvm info' lists them)"
+    return (f"unknown parameter {name!r}: --mca sets pydvm's own parameters only ('pydvm "
+            f"info' lists them); an Open MPI parameter goes in the environment of 'pydvm "
+            f"run', which its processes inherit: OMPI_MCA_{name}={shlex.quote(value)}")
+
+
+#: The most edits (a letter inserted, dropped, changed, or two swapped) that
+#: make a name a near miss of one of pydvm's.
+NEAR_MISS_EDITS = 2
+
+
+def closest_name(name: str) -> str | None:
+    """The registered parameter ``name`` is a near miss of (a typo: at most
+    :data:`NEAR_MISS_EDITS` edits, letter case aside), or None."""
+    low = name.lower()
+    best = min(REGISTRY, key=lambda known: (_edits(low, known), known))
+    return best if _edits(low, best) <= NEAR_MISS_EDITS else None
+
+
+def _edits(a: str, b: str) -> int:
+    """Edit distance counting an adjacent swap as one edit (optimal string alignment)."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        cur = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = a[i - 1] != b[j - 1]
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        prev2, prev = prev, cur
+    return prev[len(b)]
+
+
+def ignored_env_warnings(env: Mapping[str, str] | None = None) -> list[str]:
+    """One warning line per ``PRTE_MCA_*`` variable pydvm ignores although it
+    looks meant for pydvm: a near miss of a pydvm parameter
+    (``PRTE_MCA_prte_data_server_timeuot``), or any unknown ``pydvm_`` name.
+
+    Other unknown ``PRTE_MCA_*`` names are left alone: PRRTE itself has
+    hundreds of parameters under that prefix, and a user who also runs PRRTE
+    may well have some set -- warning about each would be noise on every
+    command, and would teach people to ignore the warning that matters.
+    """
+    env = os.environ if env is None else env
+    out = []
+    for var in sorted(env):
+        if not var.startswith(ENV_PREFIX) or var[len(ENV_PREFIX):] in REGISTRY:
+            continue
+        name = var[len(ENV_PREFIX):]
+        close = closest_name(name)
+        if close is not None:
+            out.append(f"warning: {var} is not a pydvm parameter and is ignored; did you mean "
+                       f"{ENV_PREFIX}{close}?")
+        elif name.lower().startswith("pydvm_"):
+            out.append(f"warning: {var} is not a pydvm parameter and is ignored ('pydvm info' "
+                       "lists them)")
     return out
 
 

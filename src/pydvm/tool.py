@@ -35,7 +35,10 @@ class DvmUnreachable(ToolError):
 def resolve_uri(text: str | None) -> DvmUri:
     text = text or os.environ.get("PYDVM_URI")
     if not text:
-        raise ToolError("no DVM given: use --dvm URI or set PYDVM_URI")
+        from .cli_dvms import START_HINT
+
+        raise ToolError("no DVM given: use --dvm URI or set PYDVM_URI ('pydvm dvms' lists your "
+                        f"running DVMs; '{START_HINT}' starts one)")
     return DvmUri.parse(text)
 
 
@@ -171,13 +174,12 @@ async def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output
     if r.get("status") != 0:
         sys.stderr.write(f"pydvm run: {_status_name(r.get('status'))}: {r.get('msg')}\n")
         return 1
-    report = job_end_lines(r, interrupted=state["signal"] is not None)
+    code = 128 + state["signal"] if state["signal"] is not None else int(r.get("exit") or 0)
+    report = job_end_lines(r, interrupted=state["signal"] is not None, exit_status=code)
     if report and 2 not in closed:
         try:
             sys.stderr.write("".join(f"{ln}\n" for ln in report))
             sys.stderr.flush()
         except BrokenPipeError:
             _silence(2)
-    if state["signal"] is not None:
-        return 128 + state["signal"]
-    return int(r.get("exit") or 0)
+    return code

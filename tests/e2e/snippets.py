@@ -24,6 +24,12 @@ How a document's snippets run (:class:`Scratch`):
   PMIX_ERR_NOT_FOUND``) or an exit status (``# exits 1``).  A failure inside
   ``$(...)`` counts too.  Status 141 does not: it is a command whose reader
   closed the pipe (``pydvm info | head -1``), as harmless as in a terminal.
+* Comment lines right below a command (no blank line between) show lines it
+  prints, on standard output or standard error (:func:`shown_output`);
+  ``…`` or ``...`` stands for any text (a DVM id, a path), and a line that
+  is only that means "and more".  Each shown line must match a whole line
+  the snippet printed (:func:`unshown`).  A trailing comment on the command
+  itself is prose and is not checked.
 * Afterwards no DVM may be left running: one that is, is killed and the
   snippet fails.
 """
@@ -136,6 +142,48 @@ def logical_spans(text: str) -> dict[int, tuple[int, int]]:
                 spans[k + 1] = (start + 1, n + 1)
             start = n + 1
     return spans
+
+
+#: A comment line that is a whole line of output: ``# TEXT``; ``…`` or ``...`` in
+#: TEXT stands for any text.
+_SHOWN = re.compile(r"^\s*#\s?(?P<text>.*)$")
+_ANY = re.compile(r"…|\.\.\.")
+
+
+def shown_output(text: str) -> list[tuple[int, str]]:
+    """``(line, TEXT)`` of each output line a shell snippet shows: the comment
+    lines right below a command (no blank line between), each one line the
+    command prints -- on standard output or standard error, as a terminal
+    shows both.  A comment line that starts a snippet or follows a blank line
+    is prose, not output; so is one that is only ``...``."""
+    out = []
+    after_command = False
+    for n, ln in enumerate(text.splitlines(), 1):
+        if not ln.strip():
+            after_command = False
+            continue
+        m = _SHOWN.match(ln)
+        if not m:
+            after_command = True
+            continue
+        if after_command and _ANY.sub("", m.group("text")).strip():
+            out.append((n, m.group("text").strip()))
+    return out
+
+
+def output_pattern(shown: str) -> re.Pattern:
+    """The regular expression an output line must match in full to be ``shown``
+    (a trailing `` ...`` also matches nothing more: "2.0 ..." matches "2.0")."""
+    shown = re.sub(r"\s*(…|\.\.\.)$", "…", shown)
+    return re.compile(".*".join(re.escape(part) for part in _ANY.split(shown)))
+
+
+def unshown(text: str, outcome: "Outcome") -> list[str]:
+    """The output lines ``text`` shows that nothing printed, as problems."""
+    printed = [ln.strip() for ln in (outcome.stdout + outcome.stderr).splitlines()]
+    return [f"line {n}: shows output nothing printed: {shown!r}"
+            for n, shown in shown_output(text)
+            if not any(output_pattern(shown).fullmatch(p) for p in printed)]
 
 
 @dataclass

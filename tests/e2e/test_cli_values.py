@@ -148,3 +148,26 @@ def test_store_shows_each_own_key_with_persistence_idle_expiry_size_and_publishe
     assert any(ln.split()[:2] == ["your", "keys:"] and "tok" in ln for ln in plain), plain
     (row,) = [ln for ln in plain if ln.startswith("master ") and " tok " in ln]
     assert row.split()[2:4] == ["first-read", "session"] and row.split()[-1] == f"{ns}:0", row
+
+
+def test_without_files_a_value_naming_a_file_or_dash_is_literal_with_a_hint(dvm, tmp_path):
+    """`big=@FILE` of an existing file and `d=-` without --files: still the strings
+    written (SPEC 9), with one stderr note each saying so and naming --files;
+    `k=@nothing-here` (no such file) and --files publishes get no note."""
+    f = tmp_path / "big.bin"
+    f.write_bytes(b"\x00\x01payload")
+    p = dvm.run("-n", "1", "pydvm", "publish", f"big=@{f}", "d=-", "plain=@nothing-here",
+                "--persistence", "session")
+    assert status(p) == "PMIX_SUCCESS" and p.returncode == 0, p.stderr
+    notes = p.stderr.strip().splitlines()
+    assert len(notes) == 2, notes
+    big, dash = notes
+    assert big.startswith("pydvm publish: note: big ") and "literal" in big, big
+    assert f"'@{f}'" in big and "--files" in big, big
+    assert dash.startswith("pydvm publish: note: d ") and "--files" in dash, dash
+    got = _lookup_json(dvm, "big", "d", "plain")["found"]
+    assert got["big"]["value"] == f"@{f}" and got["big"]["type"] == "str"
+    assert got["d"]["value"] == "-" and got["plain"]["value"] == "@nothing-here"
+    q = dvm.run("-n", "1", "pydvm", "publish", "--files", f"raw=@{f}", "--persistence",
+                "session")
+    assert status(q) == "PMIX_SUCCESS" and q.stderr == "", q.stderr

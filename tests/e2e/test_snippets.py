@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from snippets import REPO, Block, Scratch, blocks, no_test_markers
+from snippets import REPO, Block, Scratch, blocks, no_test_markers, shown_output, unshown
 
 pytestmark = pytest.mark.e2e
 
@@ -36,10 +36,11 @@ def scratch(tmp_path_factory):
 @pytest.mark.parametrize("block", RUNNABLE, ids=lambda b: b.id)
 def test_snippet_runs_as_written(scratch, block: Block):
     """The snippet runs in a fresh shell (Python: as a one-process job) without an
-    unexpected failure, and leaves no DVM running."""
+    unexpected failure, prints every output line it shows, and leaves no DVM running."""
     s = scratch(block.path)
     out = s.run_python(block) if block.lang == "python" else s.run_shell(block.text)
-    assert not out.problems(), f"{block.id}: {out.report()}"
+    problems = out.problems() + (unshown(block.text, out) if block.lang != "python" else [])
+    assert not problems, f"{block.id}: {'; '.join(problems)}\n{out.report()}"
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda d: d.name)
@@ -91,6 +92,27 @@ def test_a_failure_its_comment_announces_is_expected(tmp_path):
             "sh -c 'exit 4'   # a plain comment\n")
     out = Scratch(tmp_path).run_shell(text)
     assert out.unexpected == [(4, 4)], out.report()
+
+
+def test_output_a_snippet_shows_must_be_printed(tmp_path):
+    """Comment lines right below a command are lines it prints (stdout or stderr,
+    ``…``/``...`` standing for any text); one that nothing printed is a problem."""
+    text = ("echo 'rank 0 of pydvm-1f2e@3'; echo oops >&2\n"
+            "# rank 0 of pydvm-…@3\n"
+            "# oops\n"
+            "# rank 1 of ...\n"
+            "# ...\n")
+    out = Scratch(tmp_path).run_shell(text)
+    assert shown_output(text) == [(2, "rank 0 of pydvm-…@3"), (3, "oops"),
+                                  (4, "rank 1 of ...")]
+    assert unshown(text, out) == ["line 4: shows output nothing printed: 'rank 1 of ...'"]
+    assert unshown("echo 'rank 0 and more'\n# rank 0\n", out) != []  # whole lines only
+    assert unshown("echo x\n# oops ...\n", out) == []  # a trailing ' ...' may be nothing
+
+
+def test_comments_that_open_a_snippet_or_follow_a_blank_line_are_prose(tmp_path):
+    text = "# start here\necho hi\n\n# then this, which prints nothing\necho bye\n"
+    assert shown_output(text) == []
 
 
 def test_a_dvm_left_running_fails_the_snippet_and_is_stopped(tmp_path):

@@ -526,6 +526,11 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.store.sweep_armed == bool(self.timeout and has_idle)
 
 
+# Nothing here reads a clock: time is the FakeScheduler's, ``deadline=None``
+# turns off Hypothesis's per-example wall-clock limit, and the suite's
+# per-test limit cannot interrupt a step (tests/conftest.py gives Hypothesis
+# tests pytest-timeout's thread method and a pure one a hang-only limit), so
+# a verdict -- teardown included -- depends on the steps alone.
 StoreMachine.TestCase.settings = settings(
     max_examples=200,
     stateful_step_count=100,

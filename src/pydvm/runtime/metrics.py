@@ -45,9 +45,9 @@ Design
   the loop, between two messages, consistently.  The server stops with the
   DVM (:meth:`MetricsServer.stop` in the master's teardown).
 
-``prometheus_client`` is an optional dependency (``pip install
-'pydvm[metrics]'``), imported only when a DVM is started with
-``--metrics``; :func:`require_prometheus` explains what to install.  The
+``prometheus_client`` is a dependency of pydvm, imported only when a DVM
+is started with ``--metrics``; should it be missing (an install without
+dependencies), :func:`require_prometheus` explains what to install.  The
 parts daemons use (:class:`RequestStats`, :func:`store_sample`) import
 nothing from it.
 """
@@ -107,8 +107,8 @@ def require_prometheus() -> None:
         import prometheus_client  # noqa: F401
     except ImportError:
         raise MetricsUnavailable(
-            "--metrics needs the prometheus_client package: "
-            "pip install 'pydvm[metrics]' (or pip install prometheus-client)") from None
+            "--metrics needs the prometheus_client package, a dependency of pydvm missing "
+            "here: pip install prometheus-client (or reinstall pydvm)") from None
 
 
 def parse_address(text: str) -> tuple[str, int]:

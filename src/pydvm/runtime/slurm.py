@@ -14,8 +14,8 @@ the environment:
 ``SLURM_JOB_NODELIST``
     the nodes, as a compressed host list such as ``sn[1-3]`` or
     ``n[01-04,07],login2`` (``SLURM_NODELIST`` is accepted as a fallback).
-    Expanded with the ``python-hostlist`` package (``pip install
-    'pydvm[slurm]'``), in the order given: the allocation order;
+    Expanded with the ``python-hostlist`` package (a dependency of pydvm),
+    in the order given: the allocation order;
 ``SLURM_TASKS_PER_NODE``
     how many tasks each of those nodes may run, in the same order, with runs
     written ``COUNT(xREPEAT)``: ``2(x3),1`` is 2, 2, 2, 1.  These become the
@@ -118,8 +118,8 @@ def _hostlist():
         import hostlist
     except ImportError:  # pragma: no cover - depends on the installation
         raise SlurmEnvError(
-            "reading a Slurm node list needs the python-hostlist package: "
-            "pip install 'pydvm[slurm]'") from None
+            "reading a Slurm node list needs the python-hostlist package, a dependency of "
+            "pydvm missing here: pip install python-hostlist (or reinstall pydvm)") from None
     return hostlist
 
 

@@ -4,8 +4,10 @@ Plain value types with no behaviour of their own, kept apart from
 :mod:`pydvm.store.store` so the store's module holds only its mechanics.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: the NamedTuples' fields
+# must be real types, not strings, because typing.NamedTuple builds their
+# ``__new__`` in a namespace of its own, where the reference generator
+# (pdoc) cannot resolve a string such as 'Value' or 'Status'.
 from dataclasses import dataclass, field
 from typing import Hashable, Mapping, NamedTuple
 
