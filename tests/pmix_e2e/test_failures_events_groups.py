@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from pmixkit import FAR, HEAD
+from pmixkit import CLIENTS, FAR, HEAD
 
 #: (HOW, the job's exit status under mpirun and pydvm)
 FAILURES = [("exit:3", 3), ("nofin", 1), ("abort:5", 5), ("kill", 137)]
@@ -56,6 +56,18 @@ def test_a_failing_mpi_rank_ends_the_job_as_under_mpirun(pdvm, mpicc, mpirun, ho
     if how == "nofin":
         assert "without finalizing" in p.stderr, p.stderr
     assert took < 30, f"the job took {took:.1f}s to end"
+
+
+def test_an_mpi4py_rank_that_raises_ends_the_job_as_under_mpirun(pdvm, mpi4py_python, mpirun):
+    """``python3 -m mpi4py``: an uncaught exception in rank 1 aborts the job, with
+    the same status under mpirun and under pydvm (ranks on two nodes)."""
+    args = ["-m", "mpi4py", str(CLIENTS / "mpi4py_world.py"), "fail", "1"]
+    ref = mpirun(3, mpi4py_python, *args, timeout=60)
+    assert ref.returncode != 0, ref.stdout + ref.stderr
+    p = pdvm.run("--host", f"{HEAD}:1,{FAR}:2", "-n", "3", mpi4py_python, *args, timeout=60)
+    assert p.returncode == ref.returncode, p.stdout + p.stderr
+    assert "SUM" not in p.stdout
+    assert "rank 1 fails on purpose" in p.stderr
 
 
 def test_no_abort_on_failure_keeps_the_others_running(pdvm, pmixcc):

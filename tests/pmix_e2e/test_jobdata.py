@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from pmixkit import FAR, HEAD
+from pmixkit import CLIENTS, FAR, HEAD
 
 #: nodes of the module's DVM in the order it was started with: their node ids.
 NODE_IDS = {HEAD: 0, FAR: 1}
@@ -129,3 +129,22 @@ def test_a_spawned_job_reads_its_own_layout_and_its_parent(pdvm, pmixcc, pmix_op
         assert got[(r, "PROC", "pmix.parent")] != f"{m.group(1)}:0"
         assert got[(r, "PROC", "pmix.grank")] == str(r)
     assert parent is not None
+
+
+def test_mpi4py_reads_its_world_universe_and_app_number_as_under_mpirun(pdvm, mpi4py_python,
+                                                                       mpirun):
+    """MPI_UNIVERSE_SIZE and MPI_APPNUM through Open MPI: under mpirun on this
+    machine, and under pydvm across its two nodes (universe: the DVM's 8 slots)."""
+    script = str(CLIENTS / "mpi4py_world.py")
+    ref = mpirun(2, mpi4py_python, script)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    assert ref.stdout.count("size=2 universe=") == 2, ref.stdout
+    p = pdvm.run("--host", f"{HEAD}:2,{FAR}:2", "-n", "4", mpi4py_python, script)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for r in range(4):
+        assert f"WORLD rank={r} size=4 universe=8 appnum=0" in p.stdout, p.stdout
+        assert f"SUM rank={r} sum=6" in p.stdout, p.stdout
+    p = pdvm.run("--host", FAR, "-n", "1", mpi4py_python, script, ":", "--host", HEAD, "-n",
+                 "1", mpi4py_python, script)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "WORLD rank=1 size=2 universe=8 appnum=1" in p.stdout, p.stdout

@@ -93,3 +93,33 @@ def test_mpi4py_futures_pool_spawns_its_workers(pdvm, mpi4py_python):
     p = pdvm.run("--host", FAR, "-n", "1", mpi4py_python, str(CLIENTS / "mpi4py_futures.py"))
     assert p.returncode == 0, p.stdout + p.stderr
     assert "RESULTS [32, 9, 64]" in p.stdout and "POOL DONE" in p.stdout
+
+
+def _shm() -> set[str]:
+    """Every file under /dev/shm."""
+    import os
+    out = set()
+    for root, _dirs, files in os.walk("/dev/shm"):
+        out |= {os.path.join(root, f) for f in files}
+    return out
+
+
+def test_two_nodes_on_one_machine_share_no_segment_and_leave_none(make_pdvm, mpicc):
+    """The head node and ``far`` run on this one machine, two ranks each: Open MPI
+    derives its shared-memory segment names from the host name, which both nodes
+    share -- yet the allreduce works every time, and no job, not even a killed
+    one, leaves a segment in /dev/shm (nor the DVM, once stopped)."""
+    allreduce, fail = mpicc("mpi_allreduce"), mpicc("mpi_fail")
+    before = _shm()
+    pdvm = make_pdvm()
+    for _ in range(3):
+        p = pdvm.run("--host", f"{HEAD}:2,{FAR}:2", "-n", "4", allreduce, timeout=60)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert p.stdout.count("size=4 sum=6") == 4, p.stdout
+    p = pdvm.run("--host", f"{HEAD}:2,{FAR}:2", "-n", "4", fail, "3", "kill", timeout=60)
+    assert p.returncode == 137, p.stdout + p.stderr
+    left = {f for f in _shm() - before if not f.endswith("/owner")}  # the nodes' own
+    assert not left, f"left in /dev/shm by the jobs: {sorted(left)}"
+    pdvm.stop()
+    left = _shm() - before
+    assert not left, f"left in /dev/shm by the DVM: {sorted(left)}"
