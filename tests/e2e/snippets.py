@@ -17,6 +17,9 @@ How a document's snippets run (:class:`Scratch`):
   hello.py ...``) is that file: it is written to the scratch directory, and a
   shell block of the same document runs it.  Any other Python block runs as
   a one-process job on a one-shot DVM (``pydvm run -n 1 python3 FILE``).
+  A C block whose first line is a comment naming a file (``// prog.c``) is
+  written the same way, for a shell block to compile; a shell block that
+  needs a compiler or MPI library this machine lacks is skipped, naming it.
 * Each shell block runs in a fresh ``bash``; nothing carries over from one
   block to the next but the files.  A command that fails fails the
   snippet -- unless the command's own trailing comment shows the failure
@@ -57,6 +60,8 @@ RUN_TAGS = SHELL_TAGS | {"python"}
 _FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`\s]*)")
 _NO_TEST = re.compile(r"^\s*<!--\s*no-test:(?P<reason>.*?)-->\s*$")
 _FILE_LINE = re.compile(r"^#\s*(?P<name>[\w.-]+\.py)\b")
+#: A C block that is a file names it in a comment on its first line.
+_C_FILE_LINE = re.compile(r"^(?://|/\*)\s*(?P<name>[\w.-]+\.c)\b")
 #: The status of a command whose output pipe was closed early (128 + SIGPIPE).
 SIGPIPE_STATUS = 128 + signal.SIGPIPE
 #: A trailing comment that says the command is expected to fail.
@@ -77,16 +82,21 @@ class Block:
 
     @property
     def filename(self) -> str | None:
-        """For a Python block that names its file on its first line: that name."""
-        if self.lang != "python":
+        """For a Python or C block that names its file on its first line: that name."""
+        pattern = {"python": _FILE_LINE, "c": _C_FILE_LINE}.get(self.lang)
+        if pattern is None:
             return None
         first = self.text.lstrip("\n").splitlines()[0] if self.text.strip() else ""
-        m = _FILE_LINE.match(first)
+        m = pattern.match(first)
         return m.group("name") if m else None
 
     @property
     def runnable(self) -> bool:
-        return self.lang in RUN_TAGS and self.no_test is None
+        """Run (a shell or Python block), or written for a shell block to use
+        (a Python or C file); a C block that is not a file is text."""
+        if self.no_test is not None:
+            return False
+        return self.lang in RUN_TAGS or (self.lang == "c" and self.filename is not None)
 
     @property
     def id(self) -> str:

@@ -7,6 +7,9 @@ run, and how one that cannot run here is marked, is in ``snippets.py``.
 
 from __future__ import annotations
 
+import re
+import shutil
+
 import pytest
 
 from snippets import REPO, Block, Scratch, blocks, no_test_markers, shown_output, unshown
@@ -16,6 +19,9 @@ pytestmark = pytest.mark.e2e
 DOCS = [REPO / "README.md", REPO / "docs" / "guide.md"]
 ALL_BLOCKS = {doc: blocks(doc) for doc in DOCS}
 RUNNABLE = [b for doc in DOCS for b in ALL_BLOCKS[doc] if b.runnable and not b.filename]
+#: Programs a snippet may need that are system packages: without them here,
+#: the snippet is skipped saying which (CI installs them; there a skip fails).
+NEEDS = (("mpicc", "libopenmpi-dev openmpi-bin"), ("gcc", "gcc"))
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +43,9 @@ def scratch(tmp_path_factory):
 def test_snippet_runs_as_written(scratch, block: Block):
     """The snippet runs in a fresh shell (Python: as a one-process job) without an
     unexpected failure, prints every output line it shows, and leaves no DVM running."""
+    for tool, package in NEEDS:
+        if re.search(rf"(^|\s){re.escape(tool)}\s", block.text) and not shutil.which(tool):
+            pytest.skip(f"{block.id} needs {tool} (apt-get install {package})")
     s = scratch(block.path)
     out = s.run_python(block) if block.lang == "python" else s.run_shell(block.text)
     problems = out.problems() + (unshown(block.text, out) if block.lang != "python" else [])
