@@ -329,6 +329,60 @@ echo "AFTER $(squeue --steps --noheader -j $SLURM_JOB_ID --format=%j | sort | tr
     assert {"master.log", "b.log", "c.log"} <= {f.name for f in logs.iterdir()}
 
 
+# -- MPI programs inside an allocation ---------------------------------------------------
+
+MPI4PY_WORLD = Path(__file__).parents[1] / "pmix_e2e" / "clients" / "mpi4py_world.py"
+
+
+def _mpi4py_python() -> str:
+    sys.path.insert(0, str(Path(__file__).parents[1] / "pmix"))
+    from cbuild import find_mpi4py_python, require_libpmix
+    require_libpmix()
+    return find_mpi4py_python()
+
+
+def test_an_mpi_job_in_salloc_is_one_job_on_pydvms_pmix_server(slurm, tmp_path):
+    """`pydvm run --pmix -n 3 python3 allreduce.py` inside salloc: one MPI world of 3
+    across the nodes, not three singletons (Open MPI's Slurm component would take
+    the allocation's SLURM_* variables for a step of its own); the ranks see no
+    resource manager's variable; Slurm lists no step but the daemons'."""
+    py = _mpi4py_python()
+    with salloc_env(slurm, tmp_path) as (job, env):
+        d = start(tmp_path, env)
+        try:
+            p = d.run("--pmix", "-n", "3", py, str(MPI4PY_WORLD), timeout=90)
+            assert p.returncode == 0, p.stdout + p.stderr
+            for r in range(3):
+                assert f"WORLD rank={r} size=3" in p.stdout, p.stdout
+                assert f"SUM rank={r} sum=3" in p.stdout, p.stdout
+            p = d.run("--pmix", "-n", "3", "sh", "-c",
+                      'env | grep -E "^(SLURM|SLURMD|SRUN|PMI)_" | wc -l; hostname')
+            assert p.returncode == 0, p.stdout + p.stderr
+            assert sorted(p.stdout.split()) == ["0", "0", "0", "a", "b", "c"], p.stdout
+            assert [s.name for s in our_steps(slurm, job)] == ["pydvm-daemons"]
+        finally:
+            d.stop()
+
+
+def test_an_mpi_job_in_an_sbatch_script_is_one_job_on_pydvms_pmix_server(slurm, tmp_path):
+    py = _mpi4py_python()
+    state = tmp_path / "state"
+    script = f"""#!/bin/sh
+export PYDVM_STATE_DIR={state} PATH={os.path.dirname(sys.executable)}:$PATH
+cd {tmp_path}
+export PYDVM_URI=$(pydvm start --daemonize) || exit 1
+pydvm run --pmix -n 3 {py} {MPI4PY_WORLD}
+echo "RUN $?"
+pydvm stop
+"""
+    r, out = slurm.sbatch_wait(script, "--nodes=3", "--no-kill", timeout=120)
+    assert r.returncode == 0, (r.stderr, out)
+    assert "RUN 0" in out, out
+    for rank in range(3):
+        assert f"WORLD rank={rank} size=3" in out, out
+        assert f"SUM rank={rank} sum=3" in out, out
+
+
 # -- outside an allocation --------------------------------------------------------------
 
 def test_launcher_slurm_outside_an_allocation_is_refused(tmp_path):

@@ -82,7 +82,7 @@ from .credential import Voucher
 from .guard import Guardian, die_with_parent, group_alive
 from .metrics import RequestStats, store_sample
 from .peers import ClientSession, route_answer
-from .pmixhost import OMPI_JOB_DIRS, PmixHost
+from .pmixhost import FOREIGN_LAUNCH_PREFIXES, OMPI_JOB_DIRS, PmixHost
 
 log = logging.getLogger("pydvm.node")
 
@@ -461,6 +461,9 @@ class NodeServer:
         started = 0
         for p in procs:
             env = dict(p["env"])
+            if layout and self.pmix.running:
+                for k in [k for k in env if k.startswith(FOREIGN_LAUNCH_PREFIXES)]:
+                    del env[k]
             env.update({
                 "PYDVM_SERVER": self.socket_path,
                 "PYDVM_NSPACE": ns,

@@ -86,6 +86,16 @@ OMPI_DIRECT_LAUNCH = {"OMPI_MCA_schizo": "^orte"}
 #: segments included.  A value the user set in the job's environment wins.
 OMPI_JOB_DIRS = ("OMPI_MCA_btl_vader_backing_directory", "OMPI_MCA_osc_sm_backing_directory",
                  "OMPI_MCA_orte_tmpdir_base")
+#: Variables of other launchers and resource managers a PMIx-launched process
+#: must not inherit from ``pydvm run``'s environment: inside a Slurm
+#: allocation, Open MPI 4.1's ``schizo/slurm`` sees ``SLURM_JOBID`` and makes
+#: every rank a singleton, and a Slurm tool would take the process for one of
+#: its steps'; a stale ``PMIX_*`` or PMI variable points at another server.
+#: The process sees only what pydvm presents.
+FOREIGN_LAUNCH_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_", "PMI_",
+                           "PMIX_", "PBS_", "FLUX_", "LSB_", "JSM_", "OMPI_COMM_WORLD_",
+                           "OMPI_MCA_orte_", "OMPI_MCA_ess", "OMPI_UNIVERSE_SIZE",
+                           "OMPI_APP_CTX_", "OMPI_FIRST_RANKS", "OMPI_NUM_APP_CTX")
 #: How long a node waits for libpmix to pass an event on to its clients.
 EVENT_TIMEOUT = 5.0
 #: How long a node waits for libpmix to hand over a local rank's modex data.
