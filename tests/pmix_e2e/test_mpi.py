@@ -89,6 +89,18 @@ def test_mpi_comm_spawn_starts_a_child_job_whose_output_reaches_the_parents_run(
     assert pdvm.store()["master"]["items"] == 0
 
 
+def test_a_relative_program_and_its_relative_spawn_resolve_in_the_jobs_directory(pdvm, mpicc):
+    """`pydvm run ./mpi_spawn` from the program's directory (not the DVM's), on the
+    daemon node: the job runs, and its MPI_Comm_spawn("./mpi_spawn") finds the child
+    in the parent's working directory."""
+    from pathlib import Path
+    exe = Path(mpicc("mpi_spawn"))
+    assert Path.cwd() != exe.parent
+    p = pdvm.run("--host", FAR, "-n", "1", "./mpi_spawn", "2", cwd=exe.parent)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "SPAWN rc=0" in p.stdout and p.stdout.count("CHILD rank=") == 2, p.stdout
+
+
 def test_mpi4py_futures_pool_spawns_its_workers(pdvm, mpi4py_python):
     p = pdvm.run("--host", FAR, "-n", "1", mpi4py_python, str(CLIENTS / "mpi4py_futures.py"))
     assert p.returncode == 0, p.stdout + p.stderr

@@ -137,7 +137,7 @@ class pmix_app_t(ctypes.Structure):
 
 
 def _check_sizes() -> None:
-    # The figures gcc reports for PMIx 4.2.2 on x86_64 (see PMIX-NOTES.md).
+    # The figures gcc reports for PMIx 4.2.2 on x86_64 (sizeof / offsetof).
     expect = {pmix_proc_t: 260, pmix_value_t: 32, pmix_info_t: 552, pmix_pdata_t: 808,
               pmix_app_t: 56, pmix_data_array_t: 24, pmix_byte_object_t: 16}
     for cls, size in expect.items():
