@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import Status
@@ -333,6 +334,18 @@ class PmixHost:
             lp.sessions.add(session)
         env = self.server.setup_fork(proc)
         env.update(OMPI_DIRECT_LAUNCH)
+        if uid != os.geteuid():
+            # Another user's process of a multi-user DVM: libpmix 4.2's
+            # shared-memory job store (ds21/ds12) belongs to the server's own
+            # user -- its segments, locks and directory are created for the
+            # uid the server was started as, whatever a namespace registers --
+            # so such a client fails to attach it (printing a PMIX ERROR) and
+            # falls back to the store that copies the job data into the
+            # client at PMIx_Init.  Name that store here: the same data,
+            # without the failed attempt (docs/pmix.md, "Users").  It takes
+            # the client library's own parameter: the server's
+            # PMIX_GDS_MODULE list is only a preference.
+            env["PMIX_MCA_gds"] = "hash"
         return env
 
     def session_closed(self, session: PmixSession | None, reason: str) -> None:

@@ -9,6 +9,7 @@
  *   look:K1,K2                    PMIx_Lookup of keys, no directives
  *   lookd:DIRS:K1,K2              PMIx_Lookup with directives
  *   unpub:K1,K2 | unpub:*         PMIx_Unpublish of keys / of everything
+ *   unpubd:DIRS:K1,K2             PMIx_Unpublish of keys with directives
  *   unpublong:N                   PMIx_Unpublish of one key N bytes long
  *   lookuplong:N                  PMIx_Lookup_nb of one key N bytes long
  *   put:KEY:STRING  commit  fence:COLLECT(0|1)  get:RANK:KEY
@@ -211,6 +212,13 @@ int main(int argc, char **argv)
             char **k = NULL;
             if (strcmp(rest, "*")) k = split(rest, ",", &nk);
             rc = PMIx_Unpublish(k, NULL, 0);
+            printf("UNPUBLISH status=%d\n", rc);
+        } else if (!strcmp(op, "unpubd")) {
+            char *dirs = strtok(rest, ":"), *keys = strtok(NULL, "");
+            pmix_info_t *d = NULL;
+            size_t nd = directives(dirs, &d), nk;
+            char **k = split(keys, ",", &nk);
+            rc = PMIx_Unpublish(k, d, nd);
             printf("UNPUBLISH status=%d\n", rc);
         } else if (!strcmp(op, "unpublong")) {
             char *k[2] = {longkey(atoi(rest)), NULL};
