@@ -197,12 +197,12 @@ async def run(spec: dict) -> dict:
         layout = JobLayout(nspace, nodes, apps=spec.get("apps"), session_id=spec.get("session"))
         info = job_info(layout, node, server=server if spec.get("regex") else None)
         host.local_ranks = set(nodes.get(node, ()))
-        server.register_nspace(nspace, layout.local_count(node), info)
+        await server.register_nspace(nspace, layout.local_count(node), info)
         report["tmpdir"] = server.tmpdir
         procs = []
         for c in clients:
             proc = Proc(nspace, c["rank"])
-            server.register_client(proc, os.getuid(), os.getgid())
+            await server.register_client(proc, os.getuid(), os.getgid())
             env = dict(os.environ)
             env.update(server.setup_fork(proc))
             env.update(spec.get("env", {}))
@@ -230,7 +230,7 @@ async def run(spec: dict) -> dict:
 
         report["clients"] = await asyncio.gather(*(reap(*x) for x in procs))
         await asyncio.sleep(0.05)       # let trailing upcalls (finalize) arrive
-        server.deregister_nspace(nspace)
+        await server.deregister_nspace(nspace)
     finally:
         report["requests"] = host.log
         report["parked"] = len(host.parked)

@@ -2,7 +2,7 @@
 
 >>> lay = JobLayout("pydvm-1@3", {"n0": [0, 1], "n1": [2]}, apps=[2, 1], session_id=4)
 >>> info = job_info(lay, "n0")            # list of (key, Value) pairs
->>> server.register_nspace(lay.nspace, lay.local_count("n0"), info)
+>>> await server.register_nspace(lay.nspace, lay.local_count("n0"), info)
 
 Ranks are numbered across the whole job; application ``i`` holds the next
 ``apps[i]`` ranks (MPMD ``-n 2 a : -n 1 b`` is ``apps=[2, 1]``).  What is

@@ -432,9 +432,9 @@ class PmixServer:
             raise RuntimeError("PmixServer is not running")
         return self.lib
 
-    def register_nspace(self, nspace: str, nlocalprocs: int,
-                        info: Iterable[tuple[str, Any]] = ()) -> None:
-        """``PMIx_server_register_nspace`` (blocking until libpmix has stored it).
+    async def register_nspace(self, nspace: str, nlocalprocs: int,
+                              info: Iterable[tuple[str, Any]] = ()) -> None:
+        """``PMIx_server_register_nspace``; returns once libpmix has stored it.
 
         ``info``: ``(key, Value or native)`` pairs, e.g. from
         :func:`pydvm.pmix.jobinfo.job_info`.
@@ -444,62 +444,62 @@ class PmixServer:
         info = list(info)
         n = len(info)
         arr = build_info(info, keep)
-        rc = self._completed(lambda cb, tok: lib.register_nspace(
+        rc = await self._completed(lambda cb, tok: lib.register_nspace(
             check_nspace(nspace), int(nlocalprocs), ctypes.addressof(arr) if n else None, n,
-            cb, tok))
+            cb, tok), keep)
         if rc not in _DONE:
             raise PmixError(rc, f"register_nspace({nspace})")
 
-    def deregister_nspace(self, nspace: str) -> None:
-        """``PMIx_server_deregister_nspace``: drops the job's data and its clients.
-
-        Returns once libpmix has done it, so that a namespace registered next
-        never races the removal of the last one."""
+    async def deregister_nspace(self, nspace: str) -> None:
+        """``PMIx_server_deregister_nspace``: drops the job's data and its clients;
+        returns once libpmix has done it."""
         lib = self._need()
-        self._completed(lambda cb, tok: lib.deregister_nspace(check_nspace(nspace), cb, tok)
-                        or C.SUCCESS)
+        await self._completed(lambda cb, tok: lib.deregister_nspace(check_nspace(nspace), cb, tok)
+                              or C.SUCCESS)
 
-    def _completed(self, call, timeout: float = 5.0) -> int:
-        """Run a libpmix call that takes (cbfunc, cbdata) and wait for its
-        completion callback; returns its status.
+    async def _completed(self, call, keep: Any = None, timeout: float = 5.0) -> int:
+        """Run a libpmix call that takes (cbfunc, cbdata) and wait -- without
+        blocking the event loop -- for its completion callback; returns its
+        status.
 
-        libpmix finishes some of these calls on its progress thread after
-        returning; without a callback nothing says when, and a client
-        connecting meanwhile (a job launched right after the last one's
-        clean-up) was seen to hang in PMIx_Init.  The loop thread waits here
-        with the GIL released, so upcalls keep flowing.
+        libpmix finishes these calls on its progress thread after returning,
+        and reads the arguments (``keep`` holds them alive) until then;
+        without waiting for the callback, a client connecting meanwhile (a
+        job launched right after the last one's clean-up) was seen to hang
+        in PMIx_Init.  Calls made in order are completed in order (libpmix
+        queues them to its progress thread), so a namespace deregistered
+        before another is registered is gone first.
         """
-        done = threading.Event()
-        result = [C.SUCCESS]
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
         token = next(self._tokens)
 
         def cb(status, cbdata):
-            result[0] = int(status)
-            done.set()
+            # progress thread, or this thread if libpmix completes at once
+            self._sync_cbs.pop(token, None)
+            loop.call_soon_threadsafe(_set_result, fut, int(status))
 
         cfunc = L.op_cbfunc_t(cb)
-        self._sync_cbs[token] = cfunc
-        rc = C.ERROR
-        try:
-            rc = call(cfunc, token)
-            if rc == C.SUCCESS:
-                if not done.wait(timeout):
-                    log.warning("libpmix did not complete a registration within %.0fs", timeout)
-                    return C.ERR_TIMEOUT
-                return result[0]
+        self._sync_cbs[token] = (cfunc, keep)
+        rc = call(cfunc, token)
+        if rc != C.SUCCESS:  # answered at once: no callback will come
+            self._sync_cbs.pop(token, None)
             return rc
-        finally:
-            if done.is_set() or rc != C.SUCCESS:
-                self._sync_cbs.pop(token, None)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.TimeoutError:
+            # the callback may still come: its closure stays registered until then
+            log.warning("libpmix did not complete a registration within %.0fs", timeout)
+            return C.ERR_TIMEOUT
 
-    def register_client(self, proc: Proc, uid: int, gid: int) -> None:
+    async def register_client(self, proc: Proc, uid: int, gid: int) -> None:
         """``PMIx_server_register_client``: libpmix refuses a connecting client whose
-        kernel-reported uid/gid differ from these."""
+        kernel-reported uid/gid differ from these.  Returns once registered."""
         lib = self._need()
         p = L.pmix_proc_t()
         proc_to_c(proc, p)
-        rc = self._completed(lambda cb, tok: lib.register_client(
-            ctypes.addressof(p), int(uid), int(gid), None, cb, tok))
+        rc = await self._completed(lambda cb, tok: lib.register_client(
+            ctypes.addressof(p), int(uid), int(gid), None, cb, tok), p)
         if rc not in _DONE:
             raise PmixError(rc, f"register_client({proc})")
 

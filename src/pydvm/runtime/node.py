@@ -377,7 +377,14 @@ class NodeServer:
             job = self.jobs.pop(msg.get("nspace"), None)
             if job is not None:
                 self._clean_up_job(job)
-            self.pmix.job_ended(msg.get("nspace"))
+            if self.pmix.running:
+                # acknowledged once libpmix has dropped the namespace, so that
+                # nothing of it is left when the job's end is reported
+                async def deregistered() -> None:
+                    await self.pmix.job_ended(msg.get("nspace"))
+                    self.uplink.send(reply(rid, Status.SUCCESS, removed=n))
+                self._spawn(deregistered(), rid)
+                return
         self.uplink.send(reply(rid, Status.SUCCESS, removed=n))
 
     def _clean_up_job(self, job: LocalJob) -> None:
@@ -457,7 +464,7 @@ class NodeServer:
         uid = msg["uid"] if isinstance(msg.get("uid"), int) else os.getuid()
         gid = msg["gid"] if isinstance(msg.get("gid"), int) else os.getgid()
         if layout and self.pmix.running:
-            self.pmix.register_job(job, layout, uid, gid)
+            await self.pmix.register_job(job, layout, uid, gid)
         started = 0
         for p in procs:
             env = dict(p["env"])
@@ -483,7 +490,8 @@ class NodeServer:
             lp = LocalProc(ns, p["rank"], p["app_idx"])
             job.procs[p["rank"]] = lp
             if layout and self.pmix.running:
-                env.update(self.pmix.register_proc(job, p["rank"], p["app_idx"], uid, gid))
+                env.update(await self.pmix.register_proc(job, p["rank"], p["app_idx"], uid,
+                                                         gid))
                 wd = str(self.job_dir(job))
                 for k in OMPI_JOB_DIRS:
                     env.setdefault(k, wd)

@@ -305,26 +305,26 @@ class PmixHost:
     # jobs and processes
     # ------------------------------------------------------------------
 
-    def register_job(self, job: "LocalJob", layout: dict, uid: int, gid: int) -> None:
+    async def register_job(self, job: "LocalJob", layout: dict, uid: int, gid: int) -> None:
         """Register a job's namespace with its job-level information (once per node)."""
         ns = job.nspace
         if ns in self.foreign:  # known as a peer's namespace; now it runs here too
-            self.server.deregister_nspace(ns)
             self.foreign.discard(ns)
+            await self.server.deregister_nspace(ns)
         if ns in self.local_nspaces:
             return
         jl = job_layout(ns, layout, job.session_id)
         from ..pmix.jobinfo import job_info
-        self.server.register_nspace(ns, jl.local_count(self.node.node),
-                                    job_info(jl, self.node.node))
         self.local_nspaces.add(ns)
+        await self.server.register_nspace(ns, jl.local_count(self.node.node),
+                                          job_info(jl, self.node.node))
 
-    def register_proc(self, job: "LocalJob", rank: int, app_idx: int, uid: int,
-                      gid: int) -> dict[str, str]:
+    async def register_proc(self, job: "LocalJob", rank: int, app_idx: int, uid: int,
+                            gid: int) -> dict[str, str]:
         """Register one local process; returns the environment it needs."""
         from ..pmix import Proc
         proc = Proc(job.nspace, rank)
-        self.server.register_client(proc, uid, gid)
+        await self.server.register_client(proc, uid, gid)
         caller = Caller(job.nspace, rank, uid, gid, self.node.node, app_idx,
                         job.session_id or None)
         session = PmixSession(self, caller, self.node.values["pydvm_max_outstanding"])
@@ -365,7 +365,7 @@ class PmixHost:
         # refused NO_PERMISSIONS -- and the namespace's deregistration at the
         # job's end releases libpmix's record of it.
 
-    def job_ended(self, nspace: str) -> None:
+    async def job_ended(self, nspace: str) -> None:
         """The job's cleanup: its namespace leaves libpmix (local or foreign)."""
         if self.server is None:
             return
@@ -374,21 +374,21 @@ class PmixHost:
         if nspace in self.local_nspaces or nspace in self.foreign:
             self.local_nspaces.discard(nspace)
             self.foreign.discard(nspace)
-            self.server.deregister_nspace(nspace)
+            await self.server.deregister_nspace(nspace)
 
-    def learn_nspaces(self, layouts: dict) -> None:
+    async def learn_nspaces(self, layouts: dict) -> None:
         """Register other nodes' namespaces (from a connect's answer) not known here."""
         from ..pmix.jobinfo import job_info
         for ns, lay in (layouts or {}).items():
             if ns in self.local_nspaces or ns in self.foreign:
                 continue
             jl = job_layout(ns, lay, lay.get("session_id"))
-            try:
-                self.server.register_nspace(ns, 0, job_info(jl, self.node.node))
-            except Exception as exc:
-                log.warning("cannot register peer namespace %s: %s", ns, exc)
-                continue
             self.foreign.add(ns)
+            try:
+                await self.server.register_nspace(ns, 0, job_info(jl, self.node.node))
+            except Exception as exc:
+                self.foreign.discard(ns)
+                log.warning("cannot register peer namespace %s: %s", ns, exc)
 
     # ------------------------------------------------------------------
     # upcalls (on the loop thread)
@@ -548,10 +548,17 @@ class PmixHost:
                           "procs": _procs(req.procs)}, answered)
 
     def _up_connect(self, req) -> None:
+        async def learn_then_reply(r: Message) -> None:
+            try:
+                await self.learn_nspaces(r.get("layouts"))
+            finally:
+                req.reply(r.get("status", Status.ERR_UNREACH))
+
         def answered(r: Message) -> None:
             if r.get("status") == Status.SUCCESS:
-                self.learn_nspaces(r.get("layouts"))
-            req.reply(r.get("status", Status.ERR_UNREACH))
+                self.node._spawn(learn_then_reply(r))
+            else:
+                req.reply(r.get("status", Status.ERR_UNREACH))
         self._ask_master({"t": "connect", "procs": _procs(req.procs)}, answered)
 
     def _up_disconnect(self, req) -> None:

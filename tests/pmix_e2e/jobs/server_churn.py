@@ -28,9 +28,9 @@ async def main(tmp: str, client: str, n: int, dereg: bool) -> None:
     try:
         for i in range(n):
             ns = f"churn@{i}"
-            srv.register_nspace(ns, 1, job_info(JobLayout(ns, {"n0": [0], "n1": [1]}), "n0"))
+            await srv.register_nspace(ns, 1, job_info(JobLayout(ns, {"n0": [0], "n1": [1]}), "n0"))
             proc = Proc(ns, 0)
-            srv.register_client(proc, os.getuid(), os.getgid())
+            await srv.register_client(proc, os.getuid(), os.getgid())
             env = dict(os.environ, **srv.setup_fork(proc))
             p = await asyncio.create_subprocess_exec(client, "pub:k:string:v", env=env,
                                                      stdout=asyncio.subprocess.DEVNULL)
@@ -45,7 +45,7 @@ async def main(tmp: str, client: str, n: int, dereg: bool) -> None:
                     break
             if dereg:
                 srv.deregister_client(proc)
-            srv.deregister_nspace(ns)
+            await srv.deregister_nspace(ns)
     finally:
         srv.finalize()
     print(f"DONE {i + 1} {hangs}", flush=True)
