@@ -290,7 +290,7 @@ class LifetimeCore:
         job = self.jobs.get(ev.nspace)
         if job is None:
             return []
-        ranks = [p.rank for p in job.procs.values() if p.node == ev.node]
+        ranks = job.ranks_on(ev.node)
         if ev.ok:
             for r in ranks:
                 if job.procs[r].state is ProcState.PENDING:
@@ -322,8 +322,7 @@ class LifetimeCore:
     def _on_NodeLost(self, ev: NodeLost) -> list[Effect]:
         out: list[Effect] = []
         for job in list(self.jobs.values()):
-            lost = [p.rank for p in job.procs.values()
-                    if p.node == ev.node and p.state is not ProcState.ENDED]
+            lost = [r for r in job.ranks_on(ev.node) if job.procs[r].state is not ProcState.ENDED]
             if lost:
                 job.error = job.error or f"node {ev.node} was lost ({ev.reason})"
                 out += self._kill(job, job.error)

@@ -149,6 +149,21 @@ class JobRecord:
     started: float = 0.0
     #: the process that spawned it (PMIx_Spawn), if any.
     parent: tuple[str, int] | None = None
+    #: node -> its ranks, in rank order (made by :func:`build_job`; a record
+    #: built by hand gets it on first use).
+    _by_node: dict[str, list[int]] | None = field(default=None, repr=False)
+
+    def ranks_on(self, node: str) -> list[int]:
+        """The job's ranks on ``node`` (without scanning every process)."""
+        return self.by_node().get(node, [])
+
+    def by_node(self) -> dict[str, list[int]]:
+        if self._by_node is None:
+            by: dict[str, list[int]] = {}
+            for r in sorted(self.procs):
+                by.setdefault(self.procs[r].node, []).append(r)
+            self._by_node = by
+        return self._by_node
 
     @property
     def size(self) -> int:
@@ -174,7 +189,7 @@ class JobRecord:
         return self.pmix_required or self.procs[rank].pmix is not None
 
     def nodes(self) -> set[str]:
-        return {p.node for p in self.procs.values()}
+        return set(self.by_node())
 
     @property
     def state(self) -> str:
