@@ -130,8 +130,14 @@ def test_two_nodes_on_one_machine_share_no_segment_and_leave_none(make_pdvm, mpi
         assert p.stdout.count("size=4 sum=6") == 4, p.stdout
     p = pdvm.run("--host", f"{HEAD}:2,{FAR}:2", "-n", "4", fail, "3", "kill", timeout=60)
     assert p.returncode == 137, p.stdout + p.stderr
-    left = {f for f in _shm() - before if not f.endswith("/owner")}  # the nodes' own
+    # what this DVM's jobs made (other tests' DVMs may run meanwhile): in its
+    # nodes' directories, and Open MPI's own names, which carry no DVM id
+    dvmid = pdvm.uri.rsplit("/", 1)[1]
+
+    def ours(files):
+        return {f for f in files if f"/{dvmid}-" in f or "/pydvm-" not in f}
+    left = {f for f in ours(_shm() - before) if not f.endswith("/owner")}  # the nodes' own
     assert not left, f"left in /dev/shm by the jobs: {sorted(left)}"
     pdvm.stop()
-    left = _shm() - before
+    left = {f for f in ours(_shm() - before) if f"/{dvmid}-" in f}
     assert not left, f"left in /dev/shm by the DVM: {sorted(left)}"

@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import Status
 from ..pmix import constants as PC
 from ..wire import Message, reply
+from . import core
 from .jobs import JobRecord, ProcState
-from .nodes import LOST_STATUS
 from .peers import DaemonSession
 
 if TYPE_CHECKING:
@@ -348,12 +348,8 @@ class CollectivesMixin:
         why = f"process {ns}:{rank} called PMIx_Abort with status {status}"
         if msg.get("msg"):
             why += f": {msg['msg']}"
-        if job.first_failure is None:
-            # the job's exit status is the abort's (a signal's would follow otherwise)
-            job.first_failure = status if status else 1
-        job.error = job.error or why
         log.warning("%s", why)
-        self._kill_job(ns, why)
+        self._feed(core.AbortRequested(ns, rank, status, why))
         session.send(reply(msg.get("id"), Status.SUCCESS))
 
     # ------------------------------------------------------------------
@@ -408,38 +404,12 @@ class CollectivesMixin:
         ns = job.nspace
         log.info("%s:%d spawns job %s: %s", pns, prank, ns,
                  " : ".join(shlex.join(a["argv"]) for a in apps))
-        self.jobs[ns] = job
-        sess = self.sessions[job.session_id]
-        sess.jobs.add(ns)
-        if job.session_id != 0:
-            sess.history.add(ns)
         tool = self._job_tool.get(pns)
         if tool is not None:
             self._job_tool[ns] = tool
         done = self._job_done[ns] = asyncio.get_running_loop().create_future()
         self._children.setdefault(pns, []).append(done)
-        fields = self._pmix_launch_fields(job, per_node, (pns, prank))
-        names = list(per_node)
-        results = await asyncio.gather(*[
-            self._launch_on(n, {"t": "launch", "nspace": ns, "session_id": job.session_id,
-                                "job_size": job.size, "procs": per_node[n], "uid": job.uid,
-                                "gid": job.gid, **fields})
-            for n in names])
-        failed = ""
-        for name, r in zip(names, results):
-            if r.get("status") != 0:
-                failed = failed or r.get("msg") or f"launch failed on {name}"
-                job.error = job.error or failed
-                if r.get("exit") is not None and job.first_failure is None:
-                    job.first_failure = r["exit"]
-                self._kill_job(ns, failed)
-                for p in per_node[name]:
-                    if job.procs[p["rank"]].state is not ProcState.ENDED:
-                        self._proc_ended(job, p["rank"], r.get("exit") or LOST_STATUS)
-            else:
-                for p in per_node[name]:
-                    if job.procs[p["rank"]].state is ProcState.PENDING:
-                        job.procs[p["rank"]].state = ProcState.RUNNING
+        failed = await self._launch_job(job, per_node, (pns, prank))  # lifetimes.py
         if failed:
             session.send(reply(rid, Status.ERR_NOT_FOUND, f"cannot spawn: {failed}"))
         else:

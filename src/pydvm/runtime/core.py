@@ -107,6 +107,17 @@ class KillRequested(Event):
 
 
 @dataclass(frozen=True)
+class AbortRequested(Event):
+    """A process called ``PMIx_Abort(status)`` (``MPI_Abort``): the job ends with
+    that status (1 for 0), and ``why`` is what its ``pydvm run`` says."""
+
+    nspace: str
+    rank: int
+    status: int
+    why: str
+
+
+@dataclass(frozen=True)
 class NodeLost(Event):
     node: str
     reason: str
@@ -318,6 +329,16 @@ class LifetimeCore:
     def _on_KillRequested(self, ev: KillRequested) -> list[Effect]:
         job = self.jobs.get(ev.nspace)
         return self._kill(job, ev.why) if job is not None else []
+
+    def _on_AbortRequested(self, ev: AbortRequested) -> list[Effect]:
+        job = self.jobs.get(ev.nspace)
+        if job is None:
+            return []
+        if job.first_failure is None:
+            # the job's exit status is the abort's (a signal's would follow otherwise)
+            job.first_failure = ev.status if ev.status else 1
+        job.error = job.error or ev.why
+        return self._kill(job, ev.why)
 
     def _on_NodeLost(self, ev: NodeLost) -> list[Effect]:
         out: list[Effect] = []

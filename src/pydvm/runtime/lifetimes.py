@@ -47,8 +47,9 @@ from ..enums import Persistence
 from ..errors import Status
 from ..pmix import constants as PC
 from ..wire import Message, reply
-from .jobs import HostSpec, JobRecord, ProcState, SessionRecord, build_job
-from .nodes import ACK_TIMEOUT, LOST_STATUS
+from . import core
+from .jobs import HostSpec, JobRecord, build_job
+from .nodes import ACK_TIMEOUT
 from .peers import DaemonSession, PeerSession, ToolSession
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pydvm.master")
 
-DEFAULT_SESSION = 0
+DEFAULT_SESSION = core.DEFAULT_SESSION
 
 #: Seconds a failed process's PMIx event is given to reach its job's
 #: handlers before the job is killed (and twice that, at most, for the
@@ -85,11 +86,27 @@ def failure_report(job: JobRecord) -> dict[str, Any]:
             "apps": len(job.apps)}
 
 
+def job_end_event(job: JobRecord) -> dict[str, Any]:
+    """The PMIx event a job's end is (``PMIX_EVENT_JOB_END``, alias
+    ``PMIX_ERR_JOB_TERMINATED``), which the namespace purge carries to
+    every node: affected ``{nspace, WILDCARD}``, its status and exit code,
+    for handlers that asked for it only (non-default), and not kept for
+    processes that register later (a job started tomorrow must not hear of
+    today's ends)."""
+    return {"code": PC.EVENT_JOB_END, "source": [job.nspace, PC.RANK_WILDCARD],
+            "range": PC.RANGE_GLOBAL, "info": [
+                [PC.EVENT_AFFECTED_PROC, PC.PROC, [job.nspace, PC.RANK_WILDCARD]],
+                [PC.JOB_TERM_STATUS, PC.STATUS, PC.SUCCESS if job.exit_status == 0 else PC.ERROR],
+                [PC.EXIT_CODE, PC.INT, job.exit_status],
+                [PC.EVENT_NON_DEFAULT, PC.BOOL, True],
+                [PC.EVENT_DO_NOT_CACHE, PC.BOOL, True]]}
+
+
 class LifetimesMixin:
     """Jobs, sessions and what their ends remove."""
 
     jobs: dict[str, JobRecord]
-    sessions: dict[int, SessionRecord]
+    sessions: dict[int, "core.SessionRecord"]
 
     # ------------------------------------------------------------------
     # planning and launching
@@ -167,48 +184,41 @@ class LifetimesMixin:
     async def _run_job(self: "Master", tool: ToolSession, rid: Any, job: JobRecord,
                        per_node: dict[str, list[dict]]) -> None:
         ns = job.nspace
-        self.jobs[ns] = job
-        session = self.sessions[job.session_id]
-        session.jobs.add(ns)
-        if job.session_id != DEFAULT_SESSION:
-            # Relayed SESSION purges name each namespace; the default
-            # session never ends, so it keeps no history (it would only grow).
-            session.history.add(ns)
         self._job_tool[ns] = tool
         done = self._job_done[ns] = asyncio.get_running_loop().create_future()
         tool.send({"t": "started", "ref": rid, "nspace": ns, "size": job.size})
-        pmix = self._pmix_launch_fields(job, per_node)  # collectives.py
-        names = list(per_node)
-        results = await asyncio.gather(*[
-            self._launch_on(n, {
-                "t": "launch", "nspace": ns, "session_id": job.session_id,
-                "job_size": job.size, "procs": per_node[n], "uid": job.uid, "gid": job.gid,
-                **pmix})
-            for n in names
-        ])
-        for name, r in zip(names, results):
-            if r.get("status") != 0:
-                job.error = job.error or r.get("msg") or f"launch failed on {name}"
-                if r.get("exit") is not None and job.first_failure is None:
-                    job.first_failure = r["exit"]
-                self._kill_job(ns, job.error)
-                for p in per_node[name]:
-                    if job.procs[p["rank"]].state is not ProcState.ENDED:
-                        self._proc_ended(job, p["rank"], r.get("exit") or LOST_STATUS,
-                                         launched=False)
-            else:
-                for p in per_node[name]:
-                    if job.procs[p["rank"]].state is ProcState.PENDING:
-                        job.procs[p["rank"]].state = ProcState.RUNNING
-        if job.killed and not job.done:
-            # Killed while its launches were in flight: a node may have had
-            # nothing to kill yet, so tell every node again now they have.
-            self._send_kill(job)
+        await self._launch_job(job, per_node)
         await done
         await self._children_done(ns)  # jobs it spawned (collectives.py)
         self._job_tool.pop(ns, None)
         tool.send(reply(rid, Status.SUCCESS, job.error or job.kill_reason, nspace=ns,
                         exit=job.exit_status, **failure_report(job)))
+
+    async def _launch_job(self: "Master", job: JobRecord, per_node: dict[str, list[dict]],
+                          parent: tuple[str, int] | None = None) -> str:
+        """The one way a job starts, for ``pydvm run`` and for ``PMIx_Spawn``:
+        the core records it, each node gets one launch message (all sent at
+        once), and each answer goes back to the core.  Returns the first
+        node's refusal ('' when every node started its share)."""
+        self._feed(core.JobSubmitted(job))
+        pmix = self._pmix_launch_fields(job, per_node, parent)  # collectives.py
+        names = list(per_node)
+        results = await asyncio.gather(*[
+            self._launch_on(n, {
+                "t": "launch", "nspace": job.nspace, "session_id": job.session_id,
+                "job_size": job.size, "procs": per_node[n], "uid": job.uid, "gid": job.gid,
+                **pmix})
+            for n in names
+        ])
+        failed = ""
+        for name, r in zip(names, results):
+            ok = r.get("status") == 0
+            exit_status = r.get("exit") if isinstance(r.get("exit"), int) else None
+            if not ok:
+                failed = failed or r.get("msg") or f"launch failed on {name}"
+            self._feed(core.LaunchAnswered(job.nspace, name, ok, exit_status,
+                                           r.get("msg") or ""))
+        return failed
 
     async def _launch_on(self: "Master", node_name: str, msg: Message) -> Message:
         node = self.nodes[node_name]
@@ -217,7 +227,7 @@ class LifetimesMixin:
         return await node.channel.call(msg, timeout=ACK_TIMEOUT)
 
     # ------------------------------------------------------------------
-    # exits and lifetimes
+    # exits and lifetimes: events for the core, effects carried out
     # ------------------------------------------------------------------
 
     def _on_exited(self: "Master", session: DaemonSession, msg: Message) -> None:
@@ -236,55 +246,106 @@ class LifetimesMixin:
         if not isinstance(sig, int) or isinstance(sig, bool) or not 0 < sig < 128:
             sig = 0
         pmix = msg.get("pmix")
-        self._proc_ended(job, rank, status, sig,
-                         pmix=pmix if pmix in ("connected", "finalized") else None)
+        self._feed(core.ProcExited(job.nspace, rank, session.node, status, sig,
+                                   pmix if pmix in ("connected", "finalized") else None))
 
-    def _proc_ended(self: "Master", job: JobRecord, rank: int, status: int, signal: int = 0,
-                    launched: bool = True, pmix: str | None = None) -> None:
-        app_done, job_done = job.proc_ended(rank, status, signal, launched, pmix)
-        if not job_done and job.failures and job.failures[-1] == rank and not job.killed:
-            self._spawn(self._proc_failed(job, rank))
-        store = self.store
-        app_idx = job.procs[rank].app_idx
-        self._forget_callers(job.nspace)
-        self._close_direct(job.nspace, rank, f"process {job.nspace}:{rank} ended")
-        store.purge(Persistence.PROC, nspace=job.nspace, rank=rank)
-        if self.relay is not None:
-            self.relay.purge(Persistence.PROC, job.nspace, rank=rank)
-        if app_done:
-            store.purge(Persistence.APP, nspace=job.nspace, app_idx=app_idx)
-            if self.relay is not None:
-                self.relay.purge(Persistence.APP, job.nspace, app_idx=app_idx)
-            if not job_done:  # the job's end purges APP items everywhere anyway
-                self._spawn(self._app_ended(job, app_idx))
-        if job_done:
-            self._spawn(self._job_ended(job))
+    def _kill_job(self: "Master", nspace: str, why: str) -> None:
+        """Kill a running job; ``why`` (who or what ended it, in words) is
+        what its ``pydvm run`` prints.  A job already killed keeps its first
+        reason."""
+        self._feed(core.KillRequested(nspace, why))
 
-    async def _proc_failed(self: "Master", job: JobRecord, rank: int) -> None:
-        """``rank`` failed on its own while the rest of its job runs.
+    def _feed(self: "Master", event: core.Event) -> None:
+        """Hand ``event`` to the core and carry out what it says, in order.
 
-        The job's PMIx processes that asked to hear of it are told first
-        (``PMIX_ERR_PROC_ABORTED``, the failed process as the affected one,
-        on every node of the job, as ``mpirun`` does); then, if this failure
-        ends the job (:meth:`JobRecord.ends_at_failure`), the rest is killed
-        and the job's report says why.
+        Purges of the master store are applied at once.  A purge of nodes
+        runs as a task: it first waits for what the relayed data server must
+        apply before (a namespace's or a session's purge there), then for
+        the nodes' acknowledgements, and feeds the core the event it named.
         """
-        ends = job.ends_at_failure(rank)
-        p = job.procs[rank]
-        info = [[PC.EVENT_AFFECTED_PROC, PC.PROC, [job.nspace, rank]],
-                [PC.EVENT_CUSTOM_RANGE, PC.PROC, [job.nspace, PC.RANK_WILDCARD]],
-                [PC.EXIT_CODE, PC.INT, p.exit_status or (1 if p.unfinalized else 0)]]
-        sent = await self._notify_nodes(job.nodes(), PC.ERR_PROC_ABORTED, (job.nspace, rank),
-                                        PC.RANGE_CUSTOM, info)
-        if sent and ends and not job.done and job.is_mpi:
-            # let the handlers run before their processes are signalled
-            await asyncio.sleep(EVENT_GRACE)
-        if ends and not job.done:
-            how = "(--abort-on-failure)" if job.abort_on_failure else \
-                "(an MPI/PMIx job ends at its first failure, as under mpirun; " \
-                "--no-abort-on-failure keeps the others running)"
-            self._kill_job(job.nspace, f"aborted because process [{job.nspace},{rank}] "
-                                       f"failed {how}")
+        relayed: list[asyncio.Future] = []
+        for e in self.core.handle(event):
+            if isinstance(e, core.PurgeStore):
+                self.store.purge(e.horizon, nspace=e.nspace, rank=e.rank, app_idx=e.app_idx,
+                                 session_id=e.session_id)
+                relayed += self._relay_purge(e)
+            elif isinstance(e, core.PurgeNodes):
+                self._spawn(self._purge_nodes(e, relayed))
+                relayed = []
+            elif isinstance(e, core.SendKill):
+                log.info("killing job %s on %s: %s", e.nspace, ", ".join(sorted(e.nodes)),
+                         self.jobs[e.nspace].kill_reason if e.nspace in self.jobs else "")
+                for name in e.nodes:
+                    node = self.nodes.get(name)
+                    if node is not None and node.up:
+                        node.channel.send({"t": "kill", "nspace": e.nspace})
+            elif isinstance(e, core.AnnounceFailure):
+                self._spawn(self._announce_failure(e))
+            elif isinstance(e, core.ProcGone):
+                self._forget_callers(e.nspace)
+                self._close_direct(e.nspace, e.rank, f"process {e.nspace}:{e.rank} ended")
+                self._collectives_member_ended(e.nspace, e.rank)  # collectives.py
+            elif isinstance(e, core.JobEnded):
+                self._forget_callers(e.job.nspace)
+                fut = self._job_done.pop(e.job.nspace, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(e.job)
+                log.info("job %s ended with status %d", e.job.nspace, e.job.exit_status)
+            elif isinstance(e, core.SessionEnded):
+                fut = self._session_done.pop(e.sid, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(e.sid)
+            else:  # pragma: no cover - a new effect nobody carries out
+                raise TypeError(f"no shell for the effect {e!r}")
+
+    def _relay_purge(self: "Master", e: core.PurgeStore) -> list[asyncio.Future]:
+        """The same lifetime applied to the relayed data server's store (SPEC 7),
+        durably (relay.py); the namespace's and the session's purges are
+        waited for before the nodes'."""
+        if self.relay is None:
+            return []
+        if e.horizon is Persistence.SESSION:
+            # the remote store knows nothing of our sessions: name each job
+            return [self.relay.purge(Persistence.SESSION, ns)
+                    for ns in sorted(self.sessions[e.session_id].history)]
+        fut = self.relay.purge(e.horizon, e.nspace, rank=e.rank, app_idx=e.app_idx)
+        return [fut] if e.horizon is Persistence.NSPACE else []
+
+    async def _purge_nodes(self: "Master", e: core.PurgeNodes,
+                           before: list[asyncio.Future]) -> None:
+        try:
+            if before:
+                await asyncio.gather(*before)
+            msg: Message = {"t": "purge", "horizon": int(e.horizon), "nspace": e.nspace,
+                            "session_id": e.session_id}
+            if e.app_idx is not None:
+                msg["app_idx"] = e.app_idx
+            if e.job_end is not None:
+                msg["event"] = job_end_event(e.job_end)
+            await self._broadcast(msg, set(e.nodes) if e.nodes is not None else None,
+                                  what=f"{e.horizon.name.lower()} purge")
+        finally:
+            if e.then is not None:
+                self._feed(e.then)
+
+    async def _announce_failure(self: "Master", e: core.AnnounceFailure) -> None:
+        """Tell the job's PMIx processes that ``e.rank`` failed
+        (``PMIX_ERR_PROC_ABORTED``, the failed process as source and affected
+        one, on every node of the job, as ``mpirun`` does); if the failure
+        ends the job, give their handlers a moment before the kill."""
+        job, rank = e.job, e.rank
+        try:
+            p = job.procs[rank]
+            info = [[PC.EVENT_AFFECTED_PROC, PC.PROC, [job.nspace, rank]],
+                    [PC.EVENT_CUSTOM_RANGE, PC.PROC, [job.nspace, PC.RANK_WILDCARD]],
+                    [PC.EXIT_CODE, PC.INT, p.exit_status or (1 if p.unfinalized else 0)]]
+            sent = await self._notify_nodes(set(e.nodes), PC.ERR_PROC_ABORTED,
+                                            (job.nspace, rank), PC.RANGE_CUSTOM, info)
+            if sent and job.ends_at_failure(rank) and not job.done and job.is_mpi:
+                # let the handlers run before their processes are signalled
+                await asyncio.sleep(EVENT_GRACE)
+        finally:
+            self._feed(core.FailureAnnounced(job.nspace, rank))
 
     async def _notify_nodes(self: "Master", nodes: set[str], code: int,
                             source: tuple[str, int], rng: int, info: list) -> bool:
@@ -304,65 +365,6 @@ class LifetimesMixin:
             log.warning("event %d from %s:%s not passed on by every node within %.0fs",
                         code, source[0], source[1], 2 * EVENT_GRACE)
         return True
-
-    async def _app_ended(self: "Master", job: JobRecord, app_idx: int) -> None:
-        """The application notice: the nodes that ran ``app_idx`` purge its
-        APP (and PROC) items from their own stores, and acknowledge."""
-        nodes = {job.procs[r].node for r in job.apps[app_idx].ranks}
-        await self._broadcast({"t": "purge", "horizon": int(Persistence.APP),
-                               "nspace": job.nspace, "app_idx": app_idx, "session_id": None},
-                              nodes, what="application purge")
-
-    async def _job_ended(self: "Master", job: JobRecord) -> None:
-        self.store.purge(Persistence.NSPACE, nspace=job.nspace)
-        if self.relay is not None:
-            # Reported only once applied by the data server, or queued for
-            # re-send because it is unreachable (relay.py).
-            await self.relay.purge(Persistence.NSPACE, job.nspace)
-        # With the namespace purge, each node's PMIx server tells the processes
-        # that asked (a spawning parent, a monitor; not a default handler) that
-        # the job has ended: PMIX_EVENT_JOB_END (alias PMIX_ERR_JOB_TERMINATED).
-        end_event = {"code": PC.EVENT_JOB_END, "source": [job.nspace, PC.RANK_WILDCARD],
-                     "range": PC.RANGE_GLOBAL, "info": [
-                         [PC.EVENT_AFFECTED_PROC, PC.PROC, [job.nspace, PC.RANK_WILDCARD]],
-                         [PC.JOB_TERM_STATUS, PC.STATUS,
-                          PC.SUCCESS if job.exit_status == 0 else PC.ERROR],
-                         [PC.EXIT_CODE, PC.INT, job.exit_status],
-                         [PC.EVENT_NON_DEFAULT, PC.BOOL, True],
-                         # not kept for processes that register later: a job
-                         # started tomorrow must not hear of today's ends
-                         [PC.EVENT_DO_NOT_CACHE, PC.BOOL, True]]}
-        await self._broadcast({"t": "purge", "horizon": int(Persistence.NSPACE),
-                               "nspace": job.nspace, "session_id": None, "event": end_event},
-                              what="namespace purge")
-        self.jobs.pop(job.nspace, None)
-        self._forget_callers(job.nspace)
-        session = self.sessions.get(job.session_id)
-        if session is not None:
-            session.jobs.discard(job.nspace)
-        fut = self._job_done.pop(job.nspace, None)
-        if fut is not None and not fut.done():
-            fut.set_result(job)
-        log.info("job %s ended with status %d", job.nspace, job.exit_status)
-
-    def _kill_job(self: "Master", nspace: str, why: str) -> None:
-        """Kill a running job; ``why`` (who or what ended it, in words) is
-        what its ``pydvm run`` prints.  A job already killed keeps its first
-        reason."""
-        job = self.jobs.get(nspace)
-        if job is None or job.killed:
-            return
-        job.killed = True
-        job.kill_reason = why
-        log.info("killing job %s: %s", nspace, why)
-        self._send_kill(job)
-
-    def _send_kill(self: "Master", job: JobRecord) -> None:
-        nspace = job.nspace
-        for name in job.nodes():
-            node = self.nodes.get(name)
-            if node is not None and node.up:
-                node.channel.send({"t": "kill", "nspace": nspace})
 
     def _tool_gone(self: "Master", tool: PeerSession) -> None:
         """A tool's connection ended: the jobs it was running are killed."""
@@ -418,22 +420,12 @@ class LifetimesMixin:
                 raise ValueError("no node of this DVM is available")
         sid = self._next_session
         self._next_session += 1
-        self.sessions[sid] = SessionRecord(sid, hosts)
+        self.core.new_session(sid, hosts)
         return sid
 
     async def _end_session(self: "Master", sid: int) -> None:
-        session = self.sessions[sid]
-        session.ending = True
-        waits = [self._job_done[ns] for ns in session.jobs if ns in self._job_done]
-        for ns in list(session.jobs):
-            self._kill_job(ns, f"killed because session {sid} was ended ('pydvm session end')")
-        if waits:
-            await asyncio.wait(waits, timeout=ACK_TIMEOUT)
-        self.store.purge(Persistence.SESSION, session_id=sid)
-        if self.relay is not None:
-            # The remote store knows nothing of our sessions: name each job.
-            await asyncio.gather(*[self.relay.purge(Persistence.SESSION, ns)
-                                   for ns in sorted(session.history)])
-        await self._broadcast({"t": "purge", "horizon": int(Persistence.SESSION),
-                               "nspace": None, "session_id": sid}, what="session purge")
-        del self.sessions[sid]
+        """End a session: its jobs are killed, and once they are over its
+        purges are applied in every store; returns then."""
+        done = self._session_done[sid] = asyncio.get_running_loop().create_future()
+        self._feed(core.SessionEndRequested(sid))
+        await done

@@ -54,6 +54,7 @@ from ..wire import Channel, Message, peer_credentials, poll_after_messages, refu
 from . import dataops, registry
 from .auth import HANDSHAKE_TIMEOUT, DvmUri, check_auth, tool_socket_path
 from .collectives import PMIX_REQUESTS, CollectivesMixin
+from .core import LifetimeCore
 from .credential import ROLE as DIRECT_ROLE
 from .credential import domain_key
 from .direct import DirectMixin
@@ -136,12 +137,16 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
         self.bind = bind
         self.log_dir = log_dir
         self.nodes: dict[str, NodeRecord] = {h.name: NodeRecord(h.name, h.slots) for h in hosts}
-        self.jobs: dict[str, JobRecord] = {}
+        #: jobs and sessions, and the rules of their lifetimes (runtime/core.py);
+        #: ``jobs`` and ``sessions`` are its records, read by every component
+        #: and changed only through ``core.handle`` (lifetimes.LifetimesMixin._feed).
+        self.core = LifetimeCore()
+        self.core.new_session(DEFAULT_SESSION, list(hosts))
+        self.jobs: dict[str, JobRecord] = self.core.jobs
+        self.sessions: dict[int, SessionRecord] = self.core.sessions
         self._job_done: dict[str, asyncio.Future] = {}
+        self._session_done: dict[int, asyncio.Future] = {}
         self._job_tool: dict[str, PeerSession] = {}
-        self.sessions: dict[int, SessionRecord] = {
-            DEFAULT_SESSION: SessionRecord(DEFAULT_SESSION, list(hosts))
-        }
         self._next_session = 1
         self._next_job = 1
         self._tool_seq = 0
@@ -430,7 +435,6 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
             self._cancel(session, msg.get("ref"))
         elif t == "exited":
             self._on_exited(session, msg)
-            self._collectives_member_ended(msg.get("nspace"), msg.get("rank"))
         elif t in PMIX_REQUESTS:
             self._on_pmix_request(session, msg)
         elif t == "node_holds":

@@ -25,7 +25,8 @@ from .. import params as P
 from ..errors import Status
 from ..wire import Channel, LocalEnd, Message, heartbeat, local_pair, reply
 from .guard import Guardian
-from .jobs import HostSpec, ProcState
+from .core import LOST_STATUS, NodeLost  # noqa: F401 (LOST_STATUS: re-exported)
+from .jobs import HostSpec
 from .launch import DaemonCommand, LaunchError, stderr_sink
 from .node import NodeServer
 from .peers import DaemonSession
@@ -40,7 +41,6 @@ REGISTER_TIMEOUT = 60.0
 #: How long a daemon gets to acknowledge a purge or stats request.
 ACK_TIMEOUT = 30.0
 #: Exit status recorded for processes lost with their node.
-LOST_STATUS = 255
 
 
 class StartError(RuntimeError):
@@ -211,14 +211,7 @@ class NodesMixin:
         if self._stopping:
             return
         log.error("lost node %s: %s", name, reason)
-        for job in list(self.jobs.values()):
-            lost = [p.rank for p in job.procs.values()
-                    if p.node == name and p.state is not ProcState.ENDED]
-            if lost:
-                job.error = job.error or f"node {name} was lost ({reason})"
-                self._kill_job(job.nspace, job.error)
-                for rank in lost:
-                    self._proc_ended(job, rank, LOST_STATUS)
+        self._feed(NodeLost(name, reason))
 
     async def _broadcast(self: "Master", msg: Message, nodes: set[str] | None = None,
                          what: str = "broadcast") -> list[Any]:
