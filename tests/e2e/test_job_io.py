@@ -503,3 +503,23 @@ def test_a_background_pydvm_run_does_not_read_the_terminal(iodvm):
     finally:
         os.close(master)
     assert out.read_bytes().decode() == "started\ndone\nEXIT 0"
+
+
+def test_a_jobs_terminals_and_pipes_are_closed_with_it(iodvm, tmp_path):
+    """Jobs that end normally, fail, are killed, or leave a child behind leave
+    no descriptor open in the master (head node) or the daemon."""
+    pids = [iodvm.pid, iodvm.daemon_pids["b"]]
+
+    def fds() -> list[int]:
+        return [len(os.listdir(f"/proc/{p}/fd")) for p in pids]
+
+    _run(iodvm, "--host", "a:1,b:1", "-n", "2", "true")  # warm up
+    before = fds()
+    exe = _cc(tmp_path, "abort_after_printf", ABORT_C)
+    for _ in range(3):
+        for host in ("a", "b"):
+            assert _run(iodvm, "--host", host, "-n", "2", "cat", input=b"x").returncode == 0
+            assert _run(iodvm, "--host", host, "-n", "1", exe).returncode == 134
+            assert _run(iodvm, "--host", host, "-n", "1", "sh", "-c",
+                        "sleep 300 & echo $!").returncode == 0
+    wait_for(lambda: fds() <= before, timeout=20, what=f"descriptors back to {before}")

@@ -123,12 +123,10 @@ async def read_some(fd: int, n: int, timeout: float | None = None) -> bytes | No
 _pty_warned = False
 
 
-def output_pty(owner: int | None = None) -> tuple[int, int]:
+def output_pty() -> tuple[int, int]:
     """``(read end, write end)`` for a job process's stdout: the master and
     slave sides of a new pseudo-terminal in raw mode (no output processing,
-    no echo), the read end non-blocking.  ``owner``: the uid the process
-    will run as, who is given the slave (so that reopening it, as
-    ``/dev/stdout`` does, works for them).  Should the system have no
+    no echo), the read end non-blocking.  Should the system have no
     pseudo-terminal left, a pipe -- logged once."""
     global _pty_warned
     try:
@@ -142,8 +140,6 @@ def output_pty(owner: int | None = None) -> tuple[int, int]:
     else:
         try:
             tty.setraw(slave)
-            if owner is not None and owner != os.geteuid():
-                os.fchown(slave, owner, -1)
         except BaseException:
             os.close(master)
             os.close(slave)

@@ -532,7 +532,7 @@ class NodeServer:
             ours: list[int] = []  # the read ends (and stdin's write end) we keep
             theirs: list[int] = []  # the ends the process gets, closed here once it has them
             try:
-                out_r, out_w = output_pty(switch[0] if switch else None)
+                out_r, out_w = output_pty()
                 ours.append(out_r)
                 theirs.append(out_w)
                 err_r, err_w = os.pipe()
@@ -546,6 +546,10 @@ class NodeServer:
                     theirs.append(in_r)
                     os.set_blocking(in_w, False)
                     stdin = in_r
+                if switch is not None:
+                    # Its own user may reopen them (/dev/stdout, /dev/stderr, /dev/stdin).
+                    for fd in theirs:
+                        os.fchown(fd, switch[0], -1)
                 lp.process = await asyncio.create_subprocess_exec(
                     *p["argv"], env=env, cwd=cwd, stdin=stdin, stdout=out_w, stderr=err_w,
                     start_new_session=True, preexec_fn=preexec)
@@ -575,8 +579,10 @@ class NodeServer:
         pumps = [self._spawn(self._pump(job, lp, out_fd, 1, states[0])),
                  self._spawn(self._pump(job, lp, err_fd, 2, states[1]))]
         job.pumps.update(pumps)
-        for t in pumps:
+        for t, fd in zip(pumps, (out_fd, err_fd)):
             t.add_done_callback(job.pumps.discard)
+            # Closed once its pump is over, however it ended (even cancelled unstarted).
+            t.add_done_callback(lambda _t, fd=fd: os.close(fd))
         rc = await proc.wait()
         feed = self._stdin.get(lp.nspace)
         if feed is not None and lp.rank == 0:
@@ -623,40 +629,37 @@ class NodeServer:
     async def _pump(self, job: LocalJob, lp: LocalProc, fd: int, which: int,
                     state: PumpState) -> None:
         """Forward what ``lp`` writes on stream ``which`` (1, 2), read from
-        ``fd`` (which this pump owns and closes), as the job's window allows:
+        ``fd`` (closed when the pump's task is done), as the job's window allows:
         whole lines, up to LINE_LIMIT bytes per message (see jobio).  Nothing
         is read while the window is used up, so the process blocks on write."""
         loop = asyncio.get_running_loop()
         window = self.values["pydvm_output_window"]
         buf = bytearray()
         eof = idle = False
-        try:
-            while True:
+        while True:
+            chunk = take_chunk(buf, eof or idle)
+            while chunk:
+                cost = output_cost(len(chunk))
+                need = min(cost, window)  # a message never needs more than the whole window
+                while job.credit < need:
+                    state.reading_since = None
+                    job.credit_ok.clear()
+                    await job.credit_ok.wait()
+                job.credit -= cost
+                if not self.uplink.closed:
+                    self.uplink.send({"t": "output", "nspace": lp.nspace, "rank": lp.rank,
+                                      "fd": which, "data": chunk})
                 chunk = take_chunk(buf, eof or idle)
-                while chunk:
-                    cost = output_cost(len(chunk))
-                    need = min(cost, window)  # a message never needs more than the whole window
-                    while job.credit < need:
-                        state.reading_since = None
-                        job.credit_ok.clear()
-                        await job.credit_ok.wait()
-                    job.credit -= cost
-                    if not self.uplink.closed:
-                        self.uplink.send({"t": "output", "nspace": lp.nspace, "rank": lp.rank,
-                                          "fd": which, "data": chunk})
-                    chunk = take_chunk(buf, eof or idle)
-                if eof:
-                    return
-                state.reading_since = loop.time()
-                # An unfinished line waits PARTIAL_WAIT for its end, then goes as it is.
-                data = await read_some(fd, LINE_LIMIT - len(buf), PARTIAL_WAIT if buf else None)
-                idle = data is None
-                if data == b"":
-                    eof = True
-                elif data:
-                    buf += data
-        finally:
-            os.close(fd)
+            if eof:
+                return
+            state.reading_since = loop.time()
+            # An unfinished line waits PARTIAL_WAIT for its end, then goes as it is.
+            data = await read_some(fd, LINE_LIMIT - len(buf), PARTIAL_WAIT if buf else None)
+            idle = data is None
+            if data == b"":
+                eof = True
+            elif data:
+                buf += data
 
     async def _kill_procs(self, procs: list[LocalProc], grace: float) -> None:
         live = [lp for lp in procs if lp.process is not None and lp.process.returncode is None]
