@@ -7,6 +7,7 @@ through a daemon: ``pydvm run``, ``stop``, ``session``, ``store``, ``info``.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import signal
 import stat
@@ -158,6 +159,21 @@ class StdinForwarder:
         self._watching = False
         self._scheduled: asyncio.Handle | None = None
         self._loop = asyncio.get_running_loop()
+        #: the descriptor polled and read: for a pipe or terminal, one opened
+        #: anew (its own open file description) -- polling makes a descriptor
+        #: non-blocking, which must not leak to the shell or to whoever
+        #: shares our stdin; else ``fd`` itself, its flags restored at stop.
+        self._rfd = fd
+        self._restore: int | None = None
+        if kind != "file":
+            try:
+                self._rfd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK
+                                    | os.O_NOCTTY | os.O_CLOEXEC)
+            except OSError:  # a socket, another user's pipe, no /proc
+                try:
+                    self._restore = fcntl.fcntl(fd, fcntl.F_GETFL)
+                except OSError:
+                    pass
 
     def start(self, nspace: str) -> None:
         self.nspace = nspace
@@ -172,21 +188,32 @@ class StdinForwarder:
         self._resume()
 
     def stop(self) -> None:
+        if self.done:
+            return
         self.done = True
         self._unwatch()
         if self._scheduled is not None:
             self._scheduled.cancel()
             self._scheduled = None
+        if self._rfd != self.fd:
+            os.close(self._rfd)
+            self._rfd = self.fd
+        elif self._restore is not None:
+            try:
+                fcntl.fcntl(self.fd, fcntl.F_SETFL, self._restore)
+            except OSError:
+                pass
 
     def _resume(self) -> None:
         if self.done or self.nspace is None or self.credit <= 0:
             return
+        if self._scheduled is not None:
+            return  # a read, or a check of the foreground, is due anyway
         if self.kind == "file":
-            if self._scheduled is None:
-                self._scheduled = self._loop.call_soon(self._read)
+            self._scheduled = self._loop.call_soon(self._read)
         elif not self._watching:
             try:
-                self._loop.add_reader(self.fd, self._ready)
+                self._loop.add_reader(self._rfd, self._ready)
             except (OSError, ValueError, NotImplementedError):
                 self.kind = "file"  # cannot be polled: read it as a file
                 self._resume()
@@ -196,7 +223,7 @@ class StdinForwarder:
     def _unwatch(self) -> None:
         if self._watching:
             self._watching = False
-            self._loop.remove_reader(self.fd)
+            self._loop.remove_reader(self._rfd)
 
     def _background(self) -> bool:
         try:
@@ -224,7 +251,7 @@ class StdinForwarder:
             self._unwatch()
             return
         try:
-            data = os.read(self.fd, n)
+            data = os.read(self._rfd if self.kind != "file" else self.fd, n)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:

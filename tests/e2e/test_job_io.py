@@ -461,8 +461,10 @@ argv = {PYDVM + ['run', *args]!r}
 p = subprocess.Popen(argv, stdin=0, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                      process_group={0 if background else None!r})
 data = p.communicate()[0]
+import fcntl
+mode = b'NONBLOCK' if fcntl.fcntl(0, fcntl.F_GETFL) & os.O_NONBLOCK else b'BLOCKING'
 with open({str(out)!r}, 'wb') as f:
-    f.write(data + b'EXIT %d' % p.returncode)
+    f.write(data + b'EXIT %d ' % p.returncode + mode)
 """
 
     def make_controlling() -> None:
@@ -488,7 +490,7 @@ def test_a_terminal_stdin_is_forwarded_while_pydvm_run_is_in_the_foreground(iodv
     finally:
         os.close(master)
     text = out.read_bytes().decode()
-    assert "typed line\nrank 0 saw EOF\nEXIT 0" in text, text
+    assert "typed line\nrank 0 saw EOF\nEXIT 0 BLOCKING" in text, text
 
 
 def test_a_background_pydvm_run_does_not_read_the_terminal(iodvm):
@@ -502,7 +504,7 @@ def test_a_background_pydvm_run_does_not_read_the_terminal(iodvm):
         wait_for(lambda: out.exists(), timeout=30, what="pydvm run to end")
     finally:
         os.close(master)
-    assert out.read_bytes().decode() == "started\ndone\nEXIT 0"
+    assert out.read_bytes().decode() == "started\ndone\nEXIT 0 BLOCKING"
 
 
 def test_a_jobs_terminals_and_pipes_are_closed_with_it(iodvm, tmp_path):
@@ -523,3 +525,14 @@ def test_a_jobs_terminals_and_pipes_are_closed_with_it(iodvm, tmp_path):
             assert _run(iodvm, "--host", host, "-n", "1", "sh", "-c",
                         "sleep 300 & echo $!").returncode == 0
     wait_for(lambda: fds() <= before, timeout=20, what=f"descriptors back to {before}")
+
+
+def test_pydvm_run_leaves_the_stdin_it_shares_blocking(iodvm):
+    """Waiting for stdin data must not make the shared stdin non-blocking: the
+    next command reading the same pipe would fail with EAGAIN."""
+    check = (f"{sys.executable} -c 'import fcntl, os; "
+             "print(\"NONBLOCK\" if fcntl.fcntl(0, fcntl.F_GETFL) & os.O_NONBLOCK "
+             "else \"BLOCKING\")'")
+    p = subprocess.run(["sh", "-c", f"{' '.join(PYDVM)} run --host b -n 1 head -1; {check}"],
+                       env=_env(iodvm), input=b"data\nrest\n", capture_output=True, timeout=60)
+    assert p.stdout == b"data\nBLOCKING\n", (p.stdout, p.stderr)
