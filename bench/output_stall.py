@@ -72,8 +72,9 @@ def measure(node: str, jobs: int, seconds: float, window: int) -> dict[str, floa
     fifos: list[int] = []
     try:
         # The first job on a node loads code and sizes buffers: not what we measure.
-        run(PYDVM + ["run", "--host", host, "-n", "1", "sh", "-c", "yes | head -c 3000000"],
-            env)
+        # It writes little, so that the stalled jobs' output does not fit in
+        # memory it freed.
+        run(PYDVM + ["run", "--host", host, "-n", "1", "seq", "1", "2000"], env)
         time.sleep(0.5)
         base = []
         for _ in range(5):
