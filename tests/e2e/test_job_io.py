@@ -52,8 +52,10 @@ def _env(dvm) -> dict[str, str]:
 
 def _run(dvm, *args: str, input: bytes | None = None, stdin=None,
          timeout: float = CMD_TIMEOUT) -> subprocess.CompletedProcess:
-    """``pydvm run ARGS`` with bytes output (no newline translation)."""
-    kw = {"input": input} if input is not None else {"stdin": stdin}
+    """``pydvm run ARGS`` with bytes output (no newline translation); its stdin
+    ``input``, or ``stdin`` (default /dev/null)."""
+    kw = {"input": input} if input is not None else \
+        {"stdin": subprocess.DEVNULL if stdin is None else stdin}
     return subprocess.run(PYDVM + ["run", *args], env=_env(dvm), capture_output=True,
                           timeout=timeout, **kw)
 
@@ -169,8 +171,8 @@ def test_a_c_servers_line_reaches_pydvm_run_while_it_waits_and_survives_pydvm_ki
     `pydvm run` while it runs; `pydvm kill` then ends it with the line kept."""
     exe = _cc(tmp_path, "server_waits", SERVER_C)
     bg = subprocess.Popen(PYDVM + ["run", "--tag-output", "--host", NODES[node], "-n", "1", exe],
-                          env=_env(iodvm), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True)
+                          env=_env(iodvm), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
     out = LineReader(bg.stdout)
     try:
         line = out.wait_line("[", timeout=30)
@@ -210,7 +212,8 @@ def test_a_python_rank_prints_line_by_line_without_dash_u(iodvm, node):
     env.pop("PYTHONUNBUFFERED", None)  # the job's environment is pydvm run's
     bg = subprocess.Popen(PYDVM + ["run", "--host", NODES[node], "-n", "1", sys.executable, "-c",
                                    "import time; print('READY', flush=False); time.sleep(120)"],
-                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
     out = LineReader(bg.stdout)
     try:
         out.wait_line("READY", timeout=30)
@@ -228,7 +231,8 @@ def test_an_unfinished_line_such_as_a_prompt_is_forwarded_after_a_moment(iodvm):
     waits (an unfinished line goes as it is once its stream is quiet)."""
     bg = subprocess.Popen(PYDVM + ["run", "--host", "b", "-n", "1", "sh", "-c",
                                    "printf 'name? '; sleep 120"],
-                          env=_env(iodvm), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                          env=_env(iodvm), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE)
     out = ByteReader(bg.stdout)
     try:
         out.wait_for(b"name? ", timeout=30)
@@ -280,7 +284,7 @@ def _head_1(cmd: list[str], env: dict[str, str]) -> tuple[float, subprocess.Comp
     line = " ".join(cmd) + " | head -1"
     t0 = time.monotonic()
     p = subprocess.run(["bash", "-c", f"set -o pipefail; {line}"], env=env, capture_output=True,
-                       timeout=120)
+                       timeout=120, stdin=subprocess.DEVNULL)
     return time.monotonic() - t0, p
 
 
@@ -330,7 +334,8 @@ def test_a_stalled_reader_costs_the_master_no_more_than_the_output_window(tmp_pa
         time.sleep(0.5)
         base = _rss_kib(dvm.pid)
         tool = subprocess.Popen(PYDVM + ["run", "--host", host, "-n", "1", "yes"],
-                                env=_env(dvm), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                env=_env(dvm), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         peak = 0
         deadline = time.monotonic() + 6.0
         while time.monotonic() < deadline:
@@ -391,7 +396,8 @@ def test_a_huge_stdin_is_held_back_not_buffered(iodvm, tmp_path, node):
     bg = subprocess.Popen(["sh", "-c", f"head -c {size} /dev/zero | {' '.join(PYDVM)} run "
                                        f"--host {NODES[node]} -n 1 sh -c 'read -r _ < {tmp_path}/go"
                                        f" ; wc -c'"],
-                          env=_env(iodvm), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                          env=_env(iodvm), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE)
     watched = [iodvm.pid] + ([iodvm.daemon_pids["b"]] if node == "daemon" else [])
     try:
         time.sleep(1.5)
