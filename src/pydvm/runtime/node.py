@@ -631,7 +631,8 @@ class NodeServer:
         """Forward what ``lp`` writes on stream ``which`` (1, 2), read from
         ``fd`` (closed when the pump's task is done), as the job's window allows:
         whole lines, up to LINE_LIMIT bytes per message (see jobio).  Nothing
-        is read while the window is used up, so the process blocks on write."""
+        is read while the window is used up (and never more than one message
+        ahead of it), so the process blocks on write."""
         loop = asyncio.get_running_loop()
         window = self.values["pydvm_output_window"]
         buf = bytearray()
@@ -652,6 +653,10 @@ class NodeServer:
                 chunk = take_chunk(buf, eof or idle)
             if eof:
                 return
+            while job.credit <= 0:
+                state.reading_since = None
+                job.credit_ok.clear()
+                await job.credit_ok.wait()
             state.reading_since = loop.time()
             # An unfinished line waits PARTIAL_WAIT for its end, then goes as it is.
             data = await read_some(fd, LINE_LIMIT - len(buf), PARTIAL_WAIT if buf else None)
