@@ -65,7 +65,8 @@ Only the owner (same uid, and gid) may unpublish, whatever the lists say."""
 PUBLISH_VALUES_HELP = """\
 values: K=V stores V as a str, whatever it holds.  With --files, K=@FILE stores
 the bytes of FILE and K=- the bytes piped to standard input (one K=- per
-publish; a terminal or /dev/null is refused); such values are bytes, kept as
+publish; in a job, rank 0 reads pydvm run's; a terminal or /dev/null is
+refused); such values are bytes, kept as
 bytes.  Without --files, K=- and K=@FILE of an existing FILE are published as
 the strings written, with a note on stderr saying so.
 
@@ -92,9 +93,12 @@ usage: pydvm run [--dvm URI] [--session ID] [--mca N V]... [--tag-output]
 
 Run one job and exit with its status: the first non-zero exit of its
 processes (128+N for a process killed by signal N), else 0.  Output is
-forwarded live, line by line.  Processes that fail are reported on stderr,
-one line each (rank, node, exit status or signal), and so is whoever ended
-the job ('pydvm kill', 'pydvm session end', 'pydvm stop').
+forwarded live, line by line: each process's stdout is a terminal, as under
+mpirun, its stderr a pipe.  pydvm run's own stdin goes to rank 0 (unless it
+is /dev/null); the other ranks read /dev/null.  Processes that fail are
+reported on stderr, one line each (rank, node, exit status or signal), and
+so is whoever ended the job ('pydvm kill', 'pydvm session end', 'pydvm
+stop').
 
 options of the whole job (before the first command):
   --dvm URI           submit to this DVM (default $PYDVM_URI); with neither,

@@ -38,8 +38,9 @@ def _publish_pairs(texts: list[str], files: bool) -> dict[str, str | bytes]:
     fault, before anything is sent.
 
     ``--files K=-`` refuses a standard input that is a terminal or
-    ``/dev/null`` (a job's own standard input): a value is piped in or read
-    from a file, never silently empty.
+    ``/dev/null`` (the stdin of a job's ranks but rank 0, which reads its
+    ``pydvm run``'s): a value is piped in or read from a file, never
+    silently empty.
     """
     pairs: dict[str, str | bytes] = {}
     stdin_used = False

@@ -164,7 +164,8 @@ REGISTRY: dict[str, Param] = {
               "(the node named like this machine, if any), 'none', or a node name", "name"),
         Param("pydvm_output_window", _window, 1024 * 1024,
               "bytes of one job's output a node may have in flight to a slow 'pydvm run' "
-              "before it stops reading the job's pipes (k/m suffixes; 64k..1g)",
+              "before it stops reading the job's streams, each message counted as its "
+              "bytes plus 256; what the master holds of it (k/m suffixes; 64k..1g)",
               SIZE.replace("a size", "a size from 64k to 1g", 1)),
         Param("pydvm_pmix", _pmix_mode, "auto",
               "host a PMIx server on every node for PMIx/MPI programs: 'auto' (where "

@@ -71,8 +71,10 @@ class Dvm:
         e["PYDVM_URI"] = self.uri
         if env:
             e.update(env)
+        # stdin: /dev/null, not whatever the test runner has (`pydvm run` passes
+        # its stdin to rank 0).
         p = subprocess.run(PYDVM + list(args), env=e, capture_output=True, text=True,
-                           timeout=timeout, cwd=cwd)
+                           timeout=timeout, cwd=cwd, stdin=subprocess.DEVNULL)
         if check and p.returncode != 0:
             raise AssertionError(f"pydvm {' '.join(args)} exited {p.returncode}\n"
                                  f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}")
@@ -88,7 +90,7 @@ class Dvm:
         if env:
             e.update(env)
         return subprocess.Popen(PYDVM + ["run", *args], env=e, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
 
     def secret(self) -> bytes:
         """This DVM's secret, as its owner's tools read it from the state directory."""

@@ -59,8 +59,9 @@ def test_publish_dash_reads_the_value_from_standard_input(dvm):
 
 
 def test_publish_dash_with_nothing_piped_in_is_refused(dvm):
-    """A job's stdin is /dev/null: `pydvm publish --files k=-` there is BAD_PARAM, never an
-    empty value, and the message says how to publish '-' itself."""
+    """Rank 0 reads `pydvm run`'s stdin, here /dev/null: `pydvm publish --files k=-`
+    there is BAD_PARAM, never an empty value, and the message says how to publish
+    '-' itself."""
     p = dvm.run("-n", "1", "pydvm", "publish", "--files", "k=-", "--persistence", "session")
     assert status(p) == "PMIX_ERR_BAD_PARAM" and p.returncode == 1
     assert "without --files" in p.stderr, p.stderr

@@ -24,13 +24,25 @@ goes through :meth:`_kill_job` with a reason in words; the first reason
 given is the one the job's ``pydvm run`` prints.  The run's final reply
 carries the report (:func:`failure_report`).
 
-Output flow control: a daemon may have at most ``pydvm_output_window``
-bytes of one job's output unacknowledged.  The master forwards each
-``output`` to the job's tool and acknowledges it (``output_ack``) only once
-the tool's connection has drained below its high-water mark, so a tool that
-reads slowly (or is stopped) stops the daemons reading the job's pipes, and
-the job blocks on write as it would on a terminal.  What the master holds
-for one job is bounded by nodes x window plus the tool connection's buffer.
+Output flow control: a node may have at most ``pydvm_output_window`` of
+one job's output unacknowledged, each ``output`` message counted as its
+bytes plus a fixed charge (:func:`~pydvm.runtime.jobio.output_cost`).  The
+master forwards each ``output`` to the job's tool and acknowledges it
+(``output_ack``, in the same units) only once the tool's connection has
+drained below its high-water mark, so a tool that reads slowly (or is
+stopped) stops the nodes reading the job's streams, and the job blocks on
+write as it would on a terminal.  What the master holds for one job is
+bounded by nodes x window: the messages waiting in the tool connection's
+buffer, each of which costs the master less than its charge.  The head
+node's output takes the same path (its in-process link delivers each
+message at once; the window is the tool connection's).
+
+Input: a ``run`` with ``stdin`` gives rank 0 a pipe; the tool's ``stdin``
+messages go to rank 0's node, whose ``stdin_ack`` (bytes written into the
+pipe; ``closed`` once rank 0 reads no more) goes back to the tool.  At most
+:data:`~pydvm.runtime.jobio.STDIN_WINDOW` bytes are in flight per job: the
+tool reads its stdin only within it, and the master drops (and says
+``closed`` to) a tool that sends more.
 
 This is one concern of :class:`~pydvm.runtime.master.Master`, written as a
 mixin; it owns ``jobs``, ``sessions``, ``_job_done`` and ``_job_tool``.
@@ -48,6 +60,7 @@ from ..errors import Status
 from ..pmix import constants as PC
 from ..wire import Message, reply
 from . import core
+from .jobio import STDIN_WINDOW, output_cost
 from .jobs import HostSpec, JobRecord, build_job
 from .nodes import ACK_TIMEOUT
 from .peers import DaemonSession, PeerSession, ToolSession
@@ -173,12 +186,14 @@ class LifetimesMixin:
         job.started = time.time()
         for a in job.apps:
             a.cwd = cwd
+        job.stdin = msg.get("stdin") is True
         per_node: dict[str, list[dict]] = {}
         for p in job.procs.values():
-            per_node.setdefault(p.node, []).append({
-                "rank": p.rank, "app_idx": p.app_idx,
-                "argv": job.apps[p.app_idx].argv, "env": env, "cwd": cwd,
-            })
+            entry = {"rank": p.rank, "app_idx": p.app_idx,
+                     "argv": job.apps[p.app_idx].argv, "env": env, "cwd": cwd}
+            if p.rank == 0 and job.stdin:
+                entry["stdin"] = True
+            per_node.setdefault(p.node, []).append(entry)
         return job, per_node
 
     async def _run_job(self: "Master", tool: ToolSession, rid: Any, job: JobRecord,
@@ -385,12 +400,12 @@ class LifetimesMixin:
         tool = self._job_tool.get(ns)
         if tool is not None:
             tool.send(msg)
-        self._credit_output(session, ns, len(data), tool)
+        self._credit_output(session, ns, output_cost(len(data)), tool)
 
     def _credit_output(self: "Master", session: DaemonSession, ns: str, n: int,
                        tool: PeerSession | None) -> None:
-        """Acknowledge ``n`` bytes of ``ns``'s output to its daemon -- in
-        batches, and only once the tool has read what went before."""
+        """Acknowledge ``n`` (output_cost units) of ``ns``'s output to its
+        node -- in batches, and only once the tool has read what went before."""
         pending = session.output_unacked
         pending[ns] = pending.get(ns, 0) + n
         if pending[ns] < self.values["pydvm_output_window"] // 4 or ns in session.ack_scheduled:
@@ -407,6 +422,47 @@ class LifetimesMixin:
             flush()
         else:
             tool.channel.on_drain(flush)
+
+    # ------------------------------------------------------------------
+    # input, with flow control
+    # ------------------------------------------------------------------
+
+    def _on_tool_stdin(self: "Master", tool: PeerSession, msg: Message) -> None:
+        """A piece of a job's ``pydvm run``'s stdin (``data``, ``eof``): on to
+        rank 0's node.  Only from the job's own tool, for a job run with
+        stdin, within :data:`STDIN_WINDOW`; anything else is answered
+        ``stdin_ack`` with ``closed`` (send no more)."""
+        ns, data = msg.get("nspace"), msg.get("data", b"")
+        job = self.jobs.get(ns) if isinstance(ns, str) else None
+        node = None
+        if job is not None and job.stdin and self._job_tool.get(ns) is tool \
+                and isinstance(data, bytes):
+            node = self.nodes.get(job.procs[0].node)
+            if job.stdin_in_flight + len(data) > STDIN_WINDOW:
+                log.warning("%s: sent more stdin than its window for %s: dropped",
+                            tool.name, ns)
+                node = None
+        if node is None or not node.up:
+            tool.send({"t": "stdin_ack", "nspace": ns,
+                       "bytes": len(data) if isinstance(data, bytes) else 0, "closed": True})
+            return
+        job.stdin_in_flight += len(data)
+        node.channel.send({"t": "stdin", "nspace": ns, "data": data,
+                           "eof": msg.get("eof") is True})
+
+    def _on_stdin_ack(self: "Master", session: DaemonSession, msg: Message) -> None:
+        """Rank 0's node wrote ``bytes`` of stdin into its pipe (``closed``:
+        it takes no more): tell the tool."""
+        ns, n = msg.get("nspace"), msg.get("bytes")
+        job = self.jobs.get(ns) if isinstance(ns, str) else None
+        if job is None or job.procs[0].node != session.node or not isinstance(n, int) \
+                or isinstance(n, bool) or n < 0:
+            return
+        job.stdin_in_flight = max(0, job.stdin_in_flight - n)
+        tool = self._job_tool.get(ns)
+        if tool is not None:
+            tool.send({"t": "stdin_ack", "nspace": ns, "bytes": n,
+                       "closed": msg.get("closed") is True})
 
     # ------------------------------------------------------------------
     # sessions

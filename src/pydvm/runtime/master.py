@@ -431,6 +431,8 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
             self._daemon_data_op(session, msg)
         elif t == "output":
             self._on_output(session, msg)
+        elif t == "stdin_ack":
+            self._on_stdin_ack(session, msg)
         elif t == "cancel":
             self._cancel(session, msg.get("ref"))
         elif t == "exited":

@@ -54,8 +54,13 @@ signal and their process groups are listed with a guardian process that
 kills them if the process hosting the node server dies, however it dies.
 
 Output is read with flow control: at most ``pydvm_output_window`` bytes of
-one job's output may be unacknowledged by the master; beyond that the node
-server stops reading the job's pipes until the master's ``output_ack``.
+one job's output -- each message charged its bytes plus a fixed overhead
+(:func:`~pydvm.runtime.jobio.output_cost`) -- may be unacknowledged by the
+master; beyond that the node server stops reading the job's streams until
+the master's ``output_ack``.  A process's stdout is a pseudo-terminal (so C
+programs write it line by line), its stderr a pipe, its stdin ``/dev/null``
+-- or, for rank 0 of a job whose ``pydvm run`` forwards its stdin, a pipe
+fed from it (:mod:`pydvm.runtime.jobio`).
 """
 
 from __future__ import annotations
@@ -80,6 +85,8 @@ from .auth import host_identity
 from .credential import ENV as credential_env
 from .credential import Voucher
 from .guard import Guardian, die_with_parent, group_alive
+from .jobio import LINE_LIMIT, PARTIAL_WAIT, StdinFeed, output_cost, output_pty, read_some, \
+    take_chunk
 from .metrics import RequestStats, store_sample
 from .peers import ClientSession, route_answer
 from .pmixhost import FOREIGN_LAUNCH_PREFIXES, OMPI_JOB_DIRS, PmixHost
@@ -88,8 +95,6 @@ log = logging.getLogger("pydvm.node")
 
 #: Seconds between SIGTERM and SIGKILL when killing a job's processes.
 KILL_GRACE = 3.0
-#: Longest line forwarded in one piece; longer output is split.
-LINE_LIMIT = 64 * 1024
 #: After a process exits, how long its pipes may sit idle (held open by a
 #: lingering child) before the exit is reported anyway.
 PIPE_IDLE = 0.5
@@ -129,7 +134,8 @@ class LocalJob:
     #: the job's owner in a multi-user DVM (its processes run as them).
     uid: int | None = None
     gid: int | None = None
-    #: output bytes this node may still send before an ``output_ack``.
+    #: output this node may still send before an ``output_ack``, in
+    #: :func:`~pydvm.runtime.jobio.output_cost` units (bytes plus a per-message charge).
     credit: int = 0
     credit_ok: asyncio.Event = field(default_factory=asyncio.Event)
     #: output pumps still running (cancelled at the job's cleanup).
@@ -216,6 +222,8 @@ class NodeServer:
         self.request_stats = RequestStats()
         #: the node's PMIx server (runtime/pmixhost.py); off when libpmix is missing.
         self.pmix = PmixHost(self)
+        #: nspace -> what its pydvm run sends to its rank 0's stdin (rank 0 runs here).
+        self._stdin: dict[str, StdinFeed] = {}
 
     # ------------------------------------------------------------------
     # life cycle
@@ -265,6 +273,9 @@ class NodeServer:
             return
         self._exiting = True
         await self._kill_all(grace)
+        for feed in self._stdin.values():
+            feed.close()
+        self._stdin.clear()
         self.pmix.stop()
         if self._server is not None:
             self._server.close()
@@ -275,6 +286,19 @@ class NodeServer:
         if self.shm_dir is not None:
             shutil.rmtree(self.shm_dir, ignore_errors=True)
         self.done.set()
+
+    def _stdin_feed(self, nspace: str) -> StdinFeed:
+        """The feed of ``nspace``'s rank 0's stdin, made on first use: the
+        tool's first ``stdin`` may come before the launch.  Dropped with the
+        job (NSPACE purge)."""
+        feed = self._stdin.get(nspace)
+        if feed is None:
+            def ack(n: int, closed: bool) -> None:
+                if not self.uplink.closed:
+                    self.uplink.send({"t": "stdin_ack", "nspace": nspace, "bytes": n,
+                                      "closed": closed})
+            feed = self._stdin[nspace] = StdinFeed(ack)
+        return feed
 
     def _spawn(self, coro, answer_id=None) -> asyncio.Task:
         """Run ``coro`` as a task; if it fails and ``answer_id`` names a master
@@ -305,10 +329,13 @@ class NodeServer:
         elif t == "output_ack":
             job = self.jobs.get(msg.get("nspace"))
             n = msg.get("bytes")
-            if job is not None and isinstance(n, int) and n > 0:
+            if job is not None and isinstance(n, int) and not isinstance(n, bool) and n > 0:
                 job.credit += n
-                if job.credit > 0:
-                    job.credit_ok.set()
+                job.credit_ok.set()  # each waiting pump checks whether it is enough
+        elif t == "stdin":
+            ns, data = msg.get("nspace"), msg.get("data", b"")
+            if isinstance(ns, str) and isinstance(data, bytes):
+                self._stdin_feed(ns).feed(data, msg.get("eof") is True)
         elif t == "kill":
             job = self.jobs.get(msg.get("nspace"))
             if job is not None:
@@ -374,6 +401,9 @@ class NodeServer:
             self.uplink.send(reply(rid, Status.ERR_BAD_PARAM, str(exc)))
             return
         if horizon is Persistence.NSPACE:
+            feed = self._stdin.pop(msg.get("nspace"), None)
+            if feed is not None:
+                feed.close()
             job = self.jobs.pop(msg.get("nspace"), None)
             if job is not None:
                 self._clean_up_job(job)
@@ -497,12 +527,35 @@ class NodeServer:
                     env.setdefault(k, wd)
                 env.update(p.get("pmix_env") or {})
             cwd = _workdir(p.get("cwd"))
+            # stdout: a pseudo-terminal (line by line, as under mpirun); stderr:
+            # a pipe; stdin: /dev/null, or for rank 0 the pipe its pydvm run feeds.
+            ours: list[int] = []  # the read ends (and stdin's write end) we keep
+            theirs: list[int] = []  # the ends the process gets, closed here once it has them
             try:
+                out_r, out_w = output_pty()
+                ours.append(out_r)
+                theirs.append(out_w)
+                err_r, err_w = os.pipe()
+                ours.append(err_r)
+                theirs.append(err_w)
+                os.set_blocking(err_r, False)
+                stdin = asyncio.subprocess.DEVNULL
+                if p.get("stdin") is True:
+                    in_r, in_w = os.pipe()
+                    ours.append(in_w)
+                    theirs.append(in_r)
+                    os.set_blocking(in_w, False)
+                    stdin = in_r
+                if switch is not None:
+                    # Its own user may reopen them (/dev/stdout, /dev/stderr, /dev/stdin).
+                    for fd in theirs:
+                        os.fchown(fd, switch[0], -1)
                 lp.process = await asyncio.create_subprocess_exec(
-                    *p["argv"], env=env, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                    start_new_session=True, limit=LINE_LIMIT, preexec_fn=preexec)
+                    *p["argv"], env=env, cwd=cwd, stdin=stdin, stdout=out_w, stderr=err_w,
+                    start_new_session=True, preexec_fn=preexec)
             except OSError as exc:
+                for fd in ours + theirs:
+                    os.close(fd)
                 # Already started ranks of this job are killed by the master.
                 job.procs.pop(p["rank"], None)
                 self.uplink.send(reply(rid, Status.ERR_NOT_FOUND,
@@ -511,20 +564,29 @@ class NodeServer:
                 for q in procs[started:]:
                     job.procs.pop(q["rank"], None)
                 return
+            for fd in theirs:
+                os.close(fd)
             self.guardian.track(lp.process.pid)
             started += 1
-            self._spawn(self._watch(job, lp))
+            if len(ours) == 3:
+                self._stdin_feed(ns).attach(ours[2])
+            self._spawn(self._watch(job, lp, ours[0], ours[1]))
         self.uplink.send(reply(rid, Status.SUCCESS))
 
-    async def _watch(self, job: LocalJob, lp: LocalProc) -> None:
+    async def _watch(self, job: LocalJob, lp: LocalProc, out_fd: int, err_fd: int) -> None:
         proc = lp.process
         states = [PumpState(), PumpState()]
-        pumps = [self._spawn(self._pump(job, lp, proc.stdout, 1, states[0])),
-                 self._spawn(self._pump(job, lp, proc.stderr, 2, states[1]))]
+        pumps = [self._spawn(self._pump(job, lp, out_fd, 1, states[0])),
+                 self._spawn(self._pump(job, lp, err_fd, 2, states[1]))]
         job.pumps.update(pumps)
-        for t in pumps:
+        for t, fd in zip(pumps, (out_fd, err_fd)):
             t.add_done_callback(job.pumps.discard)
+            # Closed once its pump is over, however it ended (even cancelled unstarted).
+            t.add_done_callback(lambda _t, fd=fd: os.close(fd))
         rc = await proc.wait()
+        feed = self._stdin.get(lp.nspace)
+        if feed is not None and lp.rank == 0:
+            feed.close()  # nobody reads it any more: the tool stops sending
         await self._drain(pumps, states)
         status = 128 - rc if rc < 0 else rc  # -N means killed by signal N
         # what it did with PMIx (None, "connected", "finalized"): one that
@@ -564,29 +626,45 @@ class NodeServer:
             self.guardian.release(pgid)
         self.store.purge(Persistence.PROC, nspace=lp.nspace, rank=lp.rank)
 
-    async def _pump(self, job: LocalJob, lp: LocalProc, stream: asyncio.StreamReader,
-                    fd: int, state: PumpState) -> None:
+    async def _pump(self, job: LocalJob, lp: LocalProc, fd: int, which: int,
+                    state: PumpState) -> None:
+        """Forward what ``lp`` writes on stream ``which`` (1, 2), read from
+        ``fd`` (closed when the pump's task is done), as the job's window allows:
+        whole lines, up to LINE_LIMIT bytes per message (see jobio).  Nothing
+        is read while the window is used up (and never more than one message
+        ahead of it), so the process blocks on write."""
         loop = asyncio.get_running_loop()
+        window = self.values["pydvm_output_window"]
+        buf = bytearray()
+        eof = idle = False
         while True:
+            chunk = take_chunk(buf, eof or idle)
+            while chunk:
+                cost = output_cost(len(chunk))
+                need = min(cost, window)  # a message never needs more than the whole window
+                while job.credit < need:
+                    state.reading_since = None
+                    job.credit_ok.clear()
+                    await job.credit_ok.wait()
+                job.credit -= cost
+                if not self.uplink.closed:
+                    self.uplink.send({"t": "output", "nspace": lp.nspace, "rank": lp.rank,
+                                      "fd": which, "data": chunk})
+                chunk = take_chunk(buf, eof or idle)
+            if eof:
+                return
             while job.credit <= 0:
                 state.reading_since = None
+                job.credit_ok.clear()
                 await job.credit_ok.wait()
             state.reading_since = loop.time()
-            try:
-                line = await stream.readuntil(b"\n")
-            except asyncio.IncompleteReadError as exc:  # EOF: the last, unterminated line
-                line = exc.partial
-            except asyncio.LimitOverrunError as exc:
-                # A line longer than LINE_LIMIT goes in pieces; nothing is dropped.
-                line = await stream.readexactly(max(1, min(exc.consumed, LINE_LIMIT)))
-            if not line:
-                return
-            job.credit -= len(line)
-            if job.credit <= 0:
-                job.credit_ok.clear()
-            if not self.uplink.closed:
-                self.uplink.send({"t": "output", "nspace": lp.nspace, "rank": lp.rank,
-                                  "fd": fd, "data": line})
+            # An unfinished line waits PARTIAL_WAIT for its end, then goes as it is.
+            data = await read_some(fd, LINE_LIMIT - len(buf), PARTIAL_WAIT if buf else None)
+            idle = data is None
+            if data == b"":
+                eof = True
+            elif data:
+                buf += data
 
     async def _kill_procs(self, procs: list[LocalProc], grace: float) -> None:
         live = [lp for lp in procs if lp.process is not None and lp.process.returncode is None]

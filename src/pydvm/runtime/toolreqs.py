@@ -111,6 +111,11 @@ class ToolRequestsMixin:
             session.send(reply(rid, Status.SUCCESS, exit=job.exit_status))
         self._spawn(run(), (session.channel, rid))
 
+    def _tool_stdin(self: "Master", session: ToolSession, msg: Message) -> None:
+        """A piece of a ``pydvm run``'s stdin for its job's rank 0 (a notice;
+        see lifetimes.py)."""
+        self._on_tool_stdin(session, msg)
+
     def _tool_ps(self: "Master", session: ToolSession, msg: Message) -> None:
         """The DVM's jobs, every user's (as ``ps`` shows every process): see
         :func:`job_row` for the fields."""
@@ -271,6 +276,7 @@ def _user(uid: int) -> str:
 TOOL_HANDLERS: dict[str, Callable] = {
     "run": ToolRequestsMixin._tool_run,
     "kill_job": ToolRequestsMixin._tool_kill_job,
+    "stdin": ToolRequestsMixin._tool_stdin,
     "ps": ToolRequestsMixin._tool_ps,
     "stop": ToolRequestsMixin._tool_stop,
     "session_new": ToolRequestsMixin._tool_session_new,

@@ -1,0 +1,244 @@
+"""A job process's standard streams on its node: what it writes, what it reads.
+
+**Output.**  A job process's stdout is a pseudo-terminal, its stderr a
+pipe.  With a terminal on stdout, C's stdio (and Python's ``print``) flush
+at each newline, so every line leaves the process as it is written -- a
+line printed just before ``abort()`` or a kill is not lost in a buffer, and
+a server that prints its port and waits is heard at once.  The terminal is
+put in raw mode (:func:`output_pty`): no output processing (``\\n`` stays
+``\\n``, never ``\\r\\n``), no echo, no signal characters; bytes pass
+unchanged.  It is never the process's controlling terminal.  When its last
+writer has closed it, Linux answers a read of the terminal's master side
+with EIO once the data written before is read: :func:`read_some` takes that
+as end of file.
+
+The node reads each stream as the window allows (the node server's pump,
+``node.py``) and cuts what it read into messages with :func:`take_chunk`:
+whole lines, up to :data:`LINE_LIMIT` bytes per message; a line longer than
+that goes in pieces, and an unfinished line goes as it is once nothing more
+has come for :data:`PARTIAL_WAIT` seconds (a prompt) or at end of file.
+Every message is charged :func:`output_cost` against the job's window: its
+bytes plus :data:`OUTPUT_OVERHEAD`, what holding one more message costs the
+master, so a job writing one tiny line per message is held to the window as
+one writing big ones is.
+
+**Input.**  Rank 0's stdin is a pipe fed with what its ``pydvm run`` reads
+from its own stdin (:class:`StdinFeed`); every other process's is
+``/dev/null``.  The tool may have at most :data:`STDIN_WINDOW` bytes in
+flight: it reads its stdin only while the node has acknowledged enough of
+what went before into the pipe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import tty
+from collections import deque
+from typing import Callable
+
+log = logging.getLogger("pydvm.node")
+
+#: Largest piece of output one message carries; a longer line is split.
+LINE_LIMIT = 64 * 1024
+#: Bytes charged per output message on top of its data (a frame's header
+#: and a queued buffer of the tool's connection in the master take about
+#: half of it), so that the window bounds the messages as well as the bytes.
+OUTPUT_OVERHEAD = 256
+#: An unfinished line is forwarded as it is once its stream has been quiet
+#: this long (a prompt); shorter than the node's ``PIPE_IDLE``, so it goes
+#: before the process's exit is reported.
+PARTIAL_WAIT = 0.2
+#: Bytes of stdin a ``pydvm run`` may have sent and not yet seen written
+#: into rank 0's pipe; also the largest piece it sends at once.
+STDIN_WINDOW = 256 * 1024
+STDIN_CHUNK = 64 * 1024
+
+
+def output_cost(n: int) -> int:
+    """What an output message carrying ``n`` bytes counts against the window
+    (the node charges it, the master acknowledges the same)."""
+    return n + OUTPUT_OVERHEAD
+
+
+def take_chunk(buf: bytearray, final: bool = False) -> bytes:
+    """Remove and return the next message's worth of output from ``buf``.
+
+    Whole lines, as many as fit in :data:`LINE_LIMIT` bytes; else the first
+    :data:`LINE_LIMIT` bytes of a longer line; else, with ``final`` (end of
+    file, or the stream has been quiet), what is there.  ``b""`` when
+    ``buf`` holds nothing or only the start of a shorter line.
+    """
+    if not buf:
+        return b""
+    cut = buf.rfind(b"\n", 0, LINE_LIMIT) + 1
+    if not cut:
+        if len(buf) >= LINE_LIMIT:
+            cut = LINE_LIMIT
+        elif final:
+            cut = len(buf)
+        else:
+            return b""
+    out = bytes(buf[:cut])
+    del buf[:cut]
+    return out
+
+
+def _wake(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+async def read_some(fd: int, n: int, timeout: float | None = None) -> bytes | None:
+    """Read up to ``n`` bytes from the non-blocking ``fd`` once it has some.
+
+    ``b""`` at end of file -- for a pseudo-terminal's master side, EIO (its
+    other side is closed and everything written was read) counts as end of
+    file; None if nothing came within ``timeout`` seconds.  Nothing is read
+    ahead: what is not asked for stays in the kernel, so a writer that is
+    not read from blocks.
+    """
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            return os.read(fd, n)
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            if exc.errno == errno.EIO:
+                return b""
+            raise
+        ready = loop.create_future()
+        loop.add_reader(fd, _wake, ready)
+        try:
+            done, _ = await asyncio.wait((ready,), timeout=timeout)
+        finally:
+            loop.remove_reader(fd)
+        if not done:
+            return None
+
+
+_pty_warned = False
+
+
+def output_pty() -> tuple[int, int]:
+    """``(read end, write end)`` for a job process's stdout: the master and
+    slave sides of a new pseudo-terminal in raw mode (no output processing,
+    no echo), the read end non-blocking.  Should the system have no
+    pseudo-terminal left, a pipe -- logged once."""
+    global _pty_warned
+    try:
+        master, slave = os.openpty()
+    except OSError as exc:
+        if not _pty_warned:
+            _pty_warned = True
+            log.warning("no pseudo-terminal for a job's stdout (%s): using a pipe, so "
+                        "its C stdio output is block-buffered", exc)
+        master, slave = os.pipe()
+    else:
+        try:
+            tty.setraw(slave)
+        except BaseException:
+            os.close(master)
+            os.close(slave)
+            raise
+    os.set_blocking(master, False)
+    return master, slave
+
+
+class StdinFeed:
+    """Writes what a job's ``pydvm run`` sends (``stdin`` messages) into its
+    rank 0's stdin pipe, on the node that runs rank 0.
+
+    Data may come before the process has started (``attach`` gives the
+    pipe); it is held meanwhile, bounded by the tool's window.  Each write
+    into the pipe is acknowledged (``ack(n, closed)``), which lets the tool
+    read on.  An end of file from the tool closes the pipe once everything
+    before it is written.  If rank 0 has ended or closed its stdin (or the
+    job ends), :meth:`close` drops what is held and acknowledges with
+    ``closed``: the tool stops reading.
+    """
+
+    def __init__(self, ack: Callable[[int, bool], None]) -> None:
+        self._ack = ack
+        self.fd: int | None = None
+        self._chunks: deque[memoryview] = deque()
+        self._eof = False
+        self.closed = False
+        self._waiting = False
+
+    @property
+    def held(self) -> int:
+        return sum(len(c) for c in self._chunks)
+
+    def attach(self, fd: int) -> None:
+        """The pipe's write end (non-blocking) of the process, now started."""
+        if self.closed:
+            os.close(fd)
+            return
+        self.fd = fd
+        self._write()
+
+    def feed(self, data: bytes, eof: bool) -> None:
+        if self.closed:
+            self._ack(len(data), True)
+            return
+        if data:
+            self._chunks.append(memoryview(data))
+        self._eof = self._eof or eof
+        if self.fd is not None and not self._waiting:
+            self._write()
+
+    def _write(self) -> None:
+        fd = self.fd
+        if fd is None or self.closed:
+            return
+        while self._chunks:
+            chunk = self._chunks[0]
+            try:
+                n = os.write(fd, chunk)
+            except BlockingIOError:
+                if not self._waiting:
+                    self._waiting = True
+                    asyncio.get_running_loop().add_writer(fd, self._writable)
+                return
+            except OSError:  # EPIPE: the process closed its stdin or ended
+                self.close()
+                return
+            if n == len(chunk):
+                self._chunks.popleft()
+            else:
+                self._chunks[0] = chunk[n:]
+            self._ack(n, False)
+        if self._eof:
+            self._release()
+            self.closed = True
+
+    def _writable(self) -> None:
+        asyncio.get_running_loop().remove_writer(self.fd)
+        self._waiting = False
+        self._write()
+
+    def _release(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is None:
+            return
+        if self._waiting:
+            self._waiting = False
+            asyncio.get_running_loop().remove_writer(fd)
+        os.close(fd)
+
+    def close(self) -> None:
+        """Nothing more goes in (rank 0 ended, closed its stdin, or the job
+        ended): close the pipe, drop what is held, tell the tool."""
+        if self.closed and self.fd is None:
+            return
+        was_closed = self.closed
+        self.closed = True
+        self._release()
+        dropped = self.held
+        self._chunks.clear()
+        if not was_closed:
+            self._ack(dropped, True)
