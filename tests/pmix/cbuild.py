@@ -45,14 +45,10 @@ def pmix_cflags() -> list[str]:
     return []
 
 
-def pmix_builder(build_dir: Path, *source_dirs: Path) -> Callable[[str], str]:
-    """A function building the PMIx C client ``NAME.c`` (first found in
-    ``source_dirs``) with gcc -lpmix, once; it returns the executable's path."""
-    if not shutil.which("gcc"):
-        pytest.skip("gcc not installed (apt-get install gcc)")
-    flags = pmix_cflags()
-    if not flags:
-        pytest.skip("PMIx headers not found (apt-get install libpmix-dev)")
+def _builder(build_dir: Path, cmd: list[str], flags: list[str],
+             source_dirs: tuple[Path, ...]) -> Callable[[str], str]:
+    """A function compiling ``NAME.c`` (first found in ``source_dirs``) once with
+    ``cmd ... flags``; it returns the executable's path."""
     built: dict[str, str] = {}
 
     def build(name: str) -> str:
@@ -61,48 +57,40 @@ def pmix_builder(build_dir: Path, *source_dirs: Path) -> Callable[[str], str]:
                        None)
             assert src is not None, f"no {name}.c in {[str(d) for d in source_dirs]}"
             exe = build_dir / name
-            r = subprocess.run(["gcc", "-O1", "-Wall", "-o", str(exe), str(src), *flags],
-                               capture_output=True, text=True)
-            assert r.returncode == 0, r.stderr
-            built[name] = str(exe)
-        return built[name]
-
-    return build
-
-
-def build_pmix_ops(build_dir: Path) -> str:
-    """tests/pmix/clients/pmix_ops.c built with gcc -lpmix; the executable's path."""
-    if not shutil.which("gcc"):
-        pytest.skip("gcc not installed (apt-get install gcc)")
-    flags = pmix_cflags()
-    if not flags:
-        pytest.skip("PMIx headers not found (apt-get install libpmix-dev)")
-    exe = build_dir / "pmix_ops"
-    r = subprocess.run(["gcc", "-O1", "-Wall", "-o", str(exe), str(PMIX_CLIENTS / "pmix_ops.c"),
-                        *flags], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return str(exe)
-
-
-def mpicc_builder(build_dir: Path, *source_dirs: Path) -> Callable[[str], str]:
-    """A function building ``NAME.c`` (first found in ``source_dirs``) with mpicc, once."""
-    if not shutil.which("mpicc"):
-        pytest.skip("mpicc not installed (apt-get install libopenmpi-dev openmpi-bin)")
-    built: dict[str, str] = {}
-
-    def build(name: str) -> str:
-        if name not in built:
-            src = next((d / f"{name}.c" for d in source_dirs if (d / f"{name}.c").exists()),
-                       None)
-            assert src is not None, f"no {name}.c in {[str(d) for d in source_dirs]}"
-            exe = build_dir / name
-            r = subprocess.run(["mpicc", "-o", str(exe), str(src)], capture_output=True,
+            r = subprocess.run([*cmd, "-o", str(exe), str(src), *flags], capture_output=True,
                                text=True)
             assert r.returncode == 0, r.stderr
             built[name] = str(exe)
         return built[name]
 
     return build
+
+
+def _pmix_flags_or_skip() -> list[str]:
+    if not shutil.which("gcc"):
+        pytest.skip("gcc not installed (apt-get install gcc)")
+    flags = pmix_cflags()
+    if not flags:
+        pytest.skip("PMIx headers not found (apt-get install libpmix-dev)")
+    return flags
+
+
+def pmix_builder(build_dir: Path, *source_dirs: Path) -> Callable[[str], str]:
+    """Builds the PMIx C client ``NAME.c`` (first found in ``source_dirs``) with
+    gcc -lpmix, once; returns the executable's path."""
+    return _builder(build_dir, ["gcc", "-O1", "-Wall"], _pmix_flags_or_skip(), source_dirs)
+
+
+def build_pmix_ops(build_dir: Path) -> str:
+    """tests/pmix/clients/pmix_ops.c built with gcc -lpmix; the executable's path."""
+    return pmix_builder(build_dir, PMIX_CLIENTS)("pmix_ops")
+
+
+def mpicc_builder(build_dir: Path, *source_dirs: Path) -> Callable[[str], str]:
+    """Builds ``NAME.c`` (first found in ``source_dirs``) with mpicc, once."""
+    if not shutil.which("mpicc"):
+        pytest.skip("mpicc not installed (apt-get install libopenmpi-dev openmpi-bin)")
+    return _builder(build_dir, ["mpicc"], [], source_dirs)
 
 
 def find_mpi4py_python() -> str:

@@ -812,40 +812,26 @@ class PmixServer:
 
     # -- host -> libpmix: events ------------------------------------------
 
-    def notify_event(self, code: int, source: Proc, rng: int,
-                     info: Iterable[tuple[str, Any]] = ()) -> "asyncio.Future[int]":
+    async def notify_event(self, code: int, source: Proc, rng: int,
+                           info: Iterable[tuple[str, Any]] = (), timeout: float = 5.0) -> int:
         """``PMIx_Notify_event``: deliver an event to this server's clients in
         range (libpmix filters by each handler's codes and affected procs).
 
-        Returns a future of libpmix's completion status, set on the loop
-        this is called from once libpmix has passed the event on.
+        Returns libpmix's completion status once it has passed the event on
+        (``PMIX_ERR_TIMEOUT`` if that takes longer than ``timeout``).
         """
         lib = self._need()
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future = loop.create_future()
         keep: list = []
         items = [(k, v) for k, v in info if k != C.SERVER_INTERNAL_NOTIFY]
         arr = build_info(items, keep) if items else None
         src = L.pmix_proc_t()
         proc_to_c(source, src)
         keep.append(src)
-        token = next(self._tokens)
-
-        def done(status, _cbdata):
-            # progress thread (or this one, when libpmix completes at once)
-            self._sync_cbs.pop(token, None)
-            loop.call_soon_threadsafe(_set_result, fut, int(status))
-
-        cfunc = L.op_cbfunc_t(done)
-        self._sync_cbs[token] = (cfunc, keep)
-        rc = lib.notify_event(int(code), ctypes.addressof(src), int(rng) & 0xFF,
-                              ctypes.addressof(arr) if arr is not None else None,
-                              len(items), cfunc, None)
-        if rc != C.SUCCESS:
-            self._sync_cbs.pop(token, None)
-            if not fut.done():
-                fut.set_result(C.SUCCESS if rc == C.OPERATION_SUCCEEDED else int(rc))
-        return fut
+        rc = await self._completed(lambda cb, tok: lib.notify_event(
+            int(code), ctypes.addressof(src), int(rng) & 0xFF,
+            ctypes.addressof(arr) if arr is not None else None, len(items), cb, tok),
+            keep, timeout)
+        return C.SUCCESS if rc == C.OPERATION_SUCCEEDED else rc
 
 
 def _set_result(fut: asyncio.Future, value) -> None:

@@ -450,12 +450,10 @@ class PmixHost:
         if self.server is None:
             return Status.ERR_NOT_SUPPORTED
         src = msg["source"]
-        fut = self.server.notify_event(int(msg["code"]), Proc(str(src[0]), int(src[1])),
-                                       int(msg["range"]), info_from_wire(msg.get("info") or []))
-        try:
-            return await asyncio.wait_for(fut, EVENT_TIMEOUT)
-        except asyncio.TimeoutError:
-            return Status.ERR_TIMEOUT
+        return await self.server.notify_event(int(msg["code"]), Proc(str(src[0]), int(src[1])),
+                                              int(msg["range"]),
+                                              info_from_wire(msg.get("info") or []),
+                                              timeout=EVENT_TIMEOUT)
 
     # -- groups --------------------------------------------------------------
 
