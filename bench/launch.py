@@ -1,0 +1,161 @@
+"""Launching jobs: a persistent DVM's ``pydvm run`` against a fresh ``mpirun``.
+
+    python bench/launch.py [--reps 7] [--seq 100]
+
+Side by side in one run, alternating pydvm and mpirun, whole-process wall
+times, medians (one-node DVM, already running, started here):
+
+* ``run -n 1 true`` and ``run -n 4 true``;
+* ``run --pmix -n 4 ./hello`` (C: MPI_Init, MPI_Allreduce, MPI_Finalize),
+  against ``mpirun -n 4 ./hello``;
+* 100 sequential ``-n 1 true`` jobs, and 8 concurrent submitters x 25 jobs:
+  jobs per second;
+* ``python -c "import pydvm"`` minus ``python -c pass``.
+
+Prints a table with pydvm / mpirun ratios (for jobs/s: pydvm's over
+mpirun's) and, last, ``launch ratio R``: the worst time ratio.  Needs
+``mpirun``/``mpicc`` (Debian's openmpi-bin, libopenmpi-dev) for the
+mpirun rows; without them those rows say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+PYDVM = [sys.executable, "-m", "pydvm"]
+HELLO = r"""
+#include <mpi.h>
+int main(int argc, char **argv)
+{
+    int rank, sum;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Allreduce(&rank, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Finalize();
+    return 0;
+}
+"""
+
+
+def wall(argv: list[str], env: dict) -> float:
+    t0 = time.perf_counter()
+    p = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, timeout=300)
+    took = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.decode()[-500:]}")
+    return took
+
+
+def alternate(a: list[str], b: list[str] | None, env_a: dict, env_b: dict, reps: int):
+    """Medians of ``a`` and ``b`` run alternately (after one warm-up each)."""
+    ta, tb = [], []
+    wall(a, env_a)
+    if b:
+        wall(b, env_b)
+    for _ in range(reps):
+        ta.append(wall(a, env_a))
+        if b:
+            tb.append(wall(b, env_b))
+    return statistics.median(ta), (statistics.median(tb) if b else None)
+
+
+def jobs_per_second(argv: list[str], env: dict, total: int, submitters: int) -> float:
+    """``total`` jobs by ``submitters`` threads, each running its share in turn."""
+    share = total // submitters
+    errors: list[str] = []
+
+    def submit() -> None:
+        for _ in range(share):
+            p = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
+            if p.returncode != 0:
+                errors.append(p.stderr.decode()[-300:])
+    threads = [threading.Thread(target=submit) for _ in range(submitters)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    took = time.perf_counter() - t0
+    if errors:
+        raise SystemExit(f"{len(errors)} jobs failed: {errors[0]}")
+    return share * submitters / took
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--seq", type=int, default=100)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="pydvm-bench-launch-"))
+    env = dict(os.environ, PYDVM_STATE_DIR=str(tmp / "state"))
+    env.pop("PYDVM_URI", None)
+    mpi_env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("PYDVM_", "PMIX_", "OMPI_", "SLURM_"))}
+    have_mpi = bool(shutil.which("mpirun") and shutil.which("mpicc"))
+    mpirun = ["mpirun", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0
+                                              else [])
+    hello = tmp / "hello"
+    if have_mpi:
+        (tmp / "hello.c").write_text(HELLO)
+        subprocess.run(["mpicc", "-O1", "-o", str(hello), str(tmp / "hello.c")], check=True)
+    p = subprocess.run(PYDVM + ["start", "--daemonize"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    if p.returncode != 0:
+        raise SystemExit(f"pydvm start failed: {p.stderr}")
+    env["PYDVM_URI"] = p.stdout.strip()
+    run = PYDVM + ["run"]
+    rows = []
+    try:
+        for n in (1, 4):
+            a, b = alternate(run + ["-n", str(n), "true"],
+                             mpirun + ["-n", str(n), "true"] if have_mpi else None,
+                             env, mpi_env, args.reps)
+            rows.append((f"run -n {n} true", a, b, "s"))
+        if have_mpi:
+            a, b = alternate(run + ["--pmix", "-n", "4", str(hello)],
+                             mpirun + ["-n", "4", str(hello)], env, mpi_env, args.reps)
+            rows.append(("run --pmix -n 4 ./hello (MPI_Init, Allreduce, Finalize)", a, b, "s"))
+        a = jobs_per_second(run + ["-n", "1", "true"], env, args.seq, 1)
+        b = jobs_per_second(mpirun + ["-n", "1", "true"], mpi_env, args.seq, 1) \
+            if have_mpi else None
+        rows.append((f"{args.seq} sequential -n 1 true", a, b, "jobs/s"))
+        a = jobs_per_second(run + ["-n", "1", "true"], env, 200, 8)
+        b = jobs_per_second(mpirun + ["-n", "1", "true"], mpi_env, 200, 8) if have_mpi else None
+        rows.append(("8 submitters x 25 jobs, -n 1 true", a, b, "jobs/s"))
+        imp, base = alternate([sys.executable, "-c", "import pydvm"],
+                              [sys.executable, "-c", "pass"], env, env, args.reps)
+        rows.append(('python -c "import pydvm" minus python -c pass', imp - base, None, "s"))
+    finally:
+        subprocess.run(PYDVM + ["stop"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{'what':<58} | {'pydvm':>10} | {'mpirun':>10} | {'ratio':>6}")
+    print("-" * 94)
+    worst = 0.0
+    for what, a, b, unit in rows:
+        if unit == "s":
+            ratio = a / b if b else None
+            fa, fb = f"{a * 1000:.0f} ms", (f"{b * 1000:.0f} ms" if b else "-")
+        else:
+            ratio = b / a if b else None  # time per job, pydvm / mpirun
+            fa, fb = f"{a:.1f}/s", (f"{b:.1f}/s" if b else "-")
+        if ratio is not None:
+            worst = max(worst, ratio)
+        print(f"{what:<58} | {fa:>10} | {fb:>10} | "
+              f"{(f'{ratio:.2f}' if ratio is not None else '-'):>6}")
+    print(f"launch ratio R {worst:.2f} (pydvm / mpirun time, worst row; jobs/s rows as time "
+          "per job)")
+
+
+if __name__ == "__main__":
+    main()
