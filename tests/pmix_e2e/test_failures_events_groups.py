@@ -109,7 +109,7 @@ def test_a_failed_peer_is_notified_on_every_node_before_the_job_ends(pdvm, pmixc
     exe = pmixcc("pmix_events")
     extra = [] if abort else ["--no-abort-on-failure"]
     p = pdvm.run(*extra, "--tag-output", "--host", f"{HEAD}:2,{FAR}:2", "-n", "4", exe,
-                 "register:aborted", "fence", "exit:3:1", "wait:1:20000", timeout=60)
+                 "register:aborted", "fence", "exit:3:1", "waitmine:1:20000", timeout=60)
     assert p.returncode == 1, p.stdout + p.stderr
     got = events(p.stdout)
     ns = re.search(r"\[(pydvm-\w+@\d+),", p.stdout).group(1)
@@ -127,7 +127,7 @@ def test_a_clients_event_reaches_its_range_across_nodes(pdvm, pmixcc, rng):
     this module may come too, naming their own raiser as the affected process.)"""
     exe = pmixcc("pmix_events")
     p = pdvm.run("--tag-output", "--host", f"{HEAD}:1,{FAR}:2", "-n", "3", exe,
-                 "register:-3001", "fence", f"notify:{rng}:-3001", "wait:1:10000", "fence",
+                 "register:-3001", "fence", f"notify:{rng}:-3001", "waitmine:1:20000", "fence",
                  timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
     ns = re.search(r"\[(pydvm-\w+@\d+),", p.stdout).group(1)

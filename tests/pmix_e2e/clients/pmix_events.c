@@ -8,6 +8,9 @@
  *   notify:RANGE:CODE         rank 0 raises CODE with RANGE (namespace, session,
  *                             global, custom = every rank of its own job)
  *   wait:N:MS                 wait up to MS ms until N events arrived
+ *   waitmine:N:MS             the same, counting only events whose affected process
+ *                             is of this job (libpmix also replays events it kept
+ *                             from earlier jobs to a new handler)
  *   spawn:CMD                 PMIx_Spawn one process running CMD; prints its nspace
  *   sleep:MS
  *
@@ -25,13 +28,14 @@
 
 static pmix_proc_t me;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static int nevents = 0;
+static int nevents = 0, nmine = 0;
 
 static void handler(size_t id, pmix_status_t status, const pmix_proc_t *source,
                     pmix_info_t info[], size_t ninfo, pmix_info_t results[], size_t nresults,
                     pmix_event_notification_cbfunc_fn_t cbfunc, void *cbdata)
 {
     char affected[PMIX_MAX_NSLEN + 32] = "-", code[32] = "-";
+    int mine = 0;
     size_t n;
     (void)id; (void)results; (void)nresults;
     for (n = 0; n < ninfo; n++) {
@@ -39,6 +43,7 @@ static void handler(size_t id, pmix_status_t status, const pmix_proc_t *source,
             info[n].value.type == PMIX_PROC) {
             snprintf(affected, sizeof affected, "%s:%u", info[n].value.data.proc->nspace,
                      info[n].value.data.proc->rank);
+            mine = PMIX_CHECK_NSPACE(info[n].value.data.proc->nspace, me.nspace);
         } else if (PMIX_CHECK_KEY(&info[n], PMIX_EXIT_CODE) && info[n].value.type == PMIX_INT) {
             snprintf(code, sizeof code, "%d", info[n].value.data.integer);
         }
@@ -48,6 +53,7 @@ static void handler(size_t id, pmix_status_t status, const pmix_proc_t *source,
     fflush(stdout);
     pthread_mutex_lock(&mu);
     nevents++;
+    nmine += mine;
     pthread_mutex_unlock(&mu);
     if (cbfunc) cbfunc(PMIX_EVENT_ACTION_COMPLETE, NULL, 0, NULL, NULL, cbdata);
 }
@@ -117,11 +123,12 @@ int main(int argc, char **argv)
                 rc = PMIx_Notify_event(code, &me, range, info, ninfo, NULL, NULL);
                 printf("NOTIFY status=%d\n", rc);
             }
-        } else if (!strcmp(op, "wait")) {
+        } else if (!strcmp(op, "wait") || !strcmp(op, "waitmine")) {
             int want = atoi(strtok(NULL, ":")), ms = atoi(strtok(NULL, ":")), got = 0;
+            int only_mine = !strcmp(op, "waitmine");
             for (int t = 0; t < ms; t += 10) {
                 pthread_mutex_lock(&mu);
-                got = nevents;
+                got = only_mine ? nmine : nevents;
                 pthread_mutex_unlock(&mu);
                 if (got >= want) break;
                 usleep(10000);
