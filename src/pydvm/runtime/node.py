@@ -152,10 +152,10 @@ class UplinkRouter:
     def __init__(self, uplink: Channel) -> None:
         self.uplink = uplink
 
-    def forward(self, session: ClientSession, msg: Message) -> None:
+    def forward(self, session: ClientSession, msg: Message, adjust=None) -> None:
         c = session.caller
         head = {"t": msg["t"], "caller": [c.nspace, c.rank, c.uid, c.gid]}
-        dataops.reissue(self.uplink.request, session, msg, head, session.forwarded)
+        dataops.reissue(self.uplink.request, session, msg, head, session.forwarded, adjust)
 
     def cancel(self, session: ClientSession, ref: int) -> None:
         mid = session.forwarded.pop(ref, None)
@@ -679,6 +679,7 @@ class NodeServer:
         here = dataops.NODE in stores
         if here and to_master and t == "unpublish" and not self.store.holds(session.caller.uid):
             here = False  # it would remove nothing here; the master's answer is the answer
+        adjust = None
         if here:
             out = self.request_stats.apply(self.store, session.caller, msg, (session, rid))
             if not to_master:
@@ -689,7 +690,12 @@ class NodeServer:
                 else:
                     session.send(out)
                 return
-        self._forward(session, msg)
+            # An unpublish: the master's answer is the answer, counting the
+            # keys removed here too.
+            removed = out.get("count", 0) if out is not None and out.get("status") == 0 else 0
+            if removed:
+                adjust = dataops.add_count(removed)
+        self._forward(session, msg, adjust)
 
     # A direct client's unpublish skips the node store when it holds nothing
     # of the client's uid (runtime/direct.py): the master must know which
@@ -708,8 +714,8 @@ class NodeServer:
         uids, self._new_holders = self._new_holders, []
         self.uplink.request({"t": "node_holds", "uids": uids, "holds": True}, then)
 
-    def _forward(self, session: ClientSession, msg: Message) -> None:
-        self.router.forward(session, msg)
+    def _forward(self, session: ClientSession, msg: Message, adjust=None) -> None:
+        self.router.forward(session, msg, adjust)
 
     def _cancel(self, session: ClientSession, ref) -> None:
         """The client gave up on request ``ref`` (a cancelled asyncio call):
