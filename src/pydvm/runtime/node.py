@@ -471,6 +471,7 @@ class NodeServer:
                 "PYDVM_APP_IDX": str(p["app_idx"]),
                 "PYDVM_JOB_SIZE": str(msg.get("job_size")),
                 "PYDVM_NODE": self.node,
+                "PYDVM_SESSION": str(job.session_id),
                 "PMIX_NAMESPACE": ns,
                 "PMIX_RANK": str(p["rank"]),
             })
