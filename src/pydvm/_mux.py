@@ -59,7 +59,12 @@ class Mux:
         self._lost = lost
         self._ids = itertools.count(1)
         self._send_lock = threading.Lock()
-        self._cond = threading.Condition(threading.Lock())
+        #: guards what follows; ``_cond`` (on the same lock) wakes waiters,
+        #: and is notified only when some thread sleeps on it (``_sleepers``):
+        #: a lone caller takes nothing but a few uncontended C-level locks.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._sleepers = 0
         #: a thread is reading the connection (the reader).
         self._reading = False
         #: request id -> [answer]: requests whose caller waits for the answer.
@@ -87,14 +92,14 @@ class Mux:
         rid = next(self._ids)
         msg["id"] = rid
         slot: list = [None]
-        with self._cond:
+        with self._lock:
             if self._broken is not None:
                 raise self._broken
             self._waiting[rid] = slot
         try:
             self._send(msg)
         except BaseException:
-            with self._cond:
+            with self._lock:
                 self._waiting.pop(rid, None)
             raise
         try:
@@ -106,7 +111,7 @@ class Mux:
             self._withdraw(rid)
             raise exc.error from None
         if self._failed is not None:  # a request posted before this one was refused
-            with self._cond:
+            with self._lock:
                 failed = self._failed
                 if failed is not None and failed[0] < rid:
                     self._failed = None
@@ -116,7 +121,7 @@ class Mux:
     def post(self, msg: Message) -> None:
         """Send ``msg`` with a fresh id and return at once; its answer is
         read later, and a refusal raised by a later :meth:`check`."""
-        with self._cond:
+        with self._lock:
             if self._broken is not None:
                 raise self._broken
             backlog = len(self._unacked) >= MAX_UNACKED
@@ -124,12 +129,12 @@ class Mux:
             self._settle(lambda: len(self._unacked) < MAX_UNACKED // 2)
         rid = next(self._ids)
         msg["id"] = rid
-        with self._cond:
+        with self._lock:
             self._unacked[rid] = str(msg.get("t"))
         try:
             self._send(msg)
         except BaseException:
-            with self._cond:
+            with self._lock:
                 self._unacked.pop(rid, None)
             raise
         self._drain()
@@ -139,7 +144,7 @@ class Mux:
         failed = self._failed
         if failed is None:
             return
-        with self._cond:
+        with self._lock:
             failed, self._failed = self._failed, None
         if failed is not None:
             raise failed[1]
@@ -170,7 +175,7 @@ class Mux:
 
     def _withdraw(self, rid: int) -> None:
         """Forget request ``rid`` here and ask the peer to drop it."""
-        with self._cond:
+        with self._lock:
             self._waiting.pop(rid, None)
         try:
             self._send({"t": "cancel", "ref": rid})
@@ -179,7 +184,7 @@ class Mux:
 
     def _wait(self, rid: int, slot: list, withdrawable: bool) -> Message:
         while True:
-            with self._cond:
+            with self._lock:
                 while True:
                     if slot[0] is not None:
                         del self._waiting[rid]
@@ -193,19 +198,19 @@ class Mux:
                     if not self._reading:
                         self._reading = True
                         break
-                    self._cond.wait()
+                    self._sleep()
             try:
                 self._read(lambda: slot[0] is not None or (
                     withdrawable and self._failed is not None and self._failed[0] < rid))
             finally:
-                with self._cond:
+                with self._lock:
                     self._reading = False
-                    self._cond.notify_all()
+                    self._notify()
 
     def _settle(self, done: Callable[[], bool]) -> None:
         """Read (or wait for the reader) until ``done()`` holds, under the lock."""
         while True:
-            with self._cond:
+            with self._lock:
                 while True:
                     if done():
                         return
@@ -217,20 +222,19 @@ class Mux:
                     if not self._reading:
                         self._reading = True
                         break
-                    self._cond.wait()
+                    self._sleep()
             try:
                 self._read(done)
             finally:
-                with self._cond:
+                with self._lock:
                     self._reading = False
-                    self._cond.notify_all()
+                    self._notify()
 
     def _read(self, done: Callable[[], bool]) -> None:
         """As the reader: dispatch answers until ``done()`` or the connection ends."""
         while True:
-            with self._cond:
-                if done() or self._broken is not None:
-                    return
+            if done() or self._broken is not None:  # plain reads: no lock needed
+                return
             try:
                 msg = self.ch.recv()
             except (OSError, ConnectionError, ValueError, FrameError) as exc:
@@ -241,7 +245,7 @@ class Mux:
     def _drain(self) -> None:
         """Dispatch the answers already here, without blocking (after a
         post: keeps the backlog small and reports refusals early)."""
-        with self._cond:
+        with self._lock:
             if self._reading:
                 return
             self._reading = True
@@ -254,9 +258,9 @@ class Mux:
             for msg in msgs:
                 self._dispatch(msg)
         finally:
-            with self._cond:
+            with self._lock:
                 self._reading = False
-                self._cond.notify_all()
+                self._notify()
 
     def _dispatch(self, msg: Message) -> None:
         t = msg.get("t")
@@ -266,11 +270,11 @@ class Mux:
         if t != "reply":
             return
         rid = msg.get("id")
-        with self._cond:
+        with self._lock:
             slot = self._waiting.get(rid)
             if slot is not None:
                 slot[0] = msg
-                self._cond.notify_all()
+                self._notify()
                 return
             what = self._unacked.pop(rid, None)
             if what is None:
@@ -284,13 +288,26 @@ class Mux:
                 self._failed = (rid, error_for(
                     st, f"an earlier {what}, sent without waiting for its answer, failed: "
                         f"{msg.get('msg') or st.pmix_name}"))
-                self._cond.notify_all()
+                self._notify()
+
+    def _sleep(self) -> None:
+        """Wait for a notification (the lock held)."""
+        self._sleepers += 1
+        try:
+            self._cond.wait()
+        finally:
+            self._sleepers -= 1
+
+    def _notify(self) -> None:
+        """Wake every sleeping thread (the lock held)."""
+        if self._sleepers:
+            self._cond.notify_all()
 
     def _break(self, text: str) -> None:
-        with self._cond:
+        with self._lock:
             if self._broken is None:
                 self._broken = self._lost(text)
-            self._cond.notify_all()
+            self._notify()
 
 
 class _Abandoned(Exception):

@@ -168,10 +168,17 @@ def lookup_msg(keys: Iterable[str] | str, range: Range | int, wait: bool | int,
 def update_msg(key: str, op: str, value: Any, expected: Any, range: Range | int,
                persistence: Persistence | int | None, access_uids: Iterable[int],
                access_gids: Iterable[int], envelope: bool = True) -> Message:
-    """An atomic update (``op``: ``add``, ``cas`` or ``append``) of ``key``."""
-    fields = {"key": key, "op": op, "value": value,
-              "persist": None if persistence is None else int(persistence),
-              "uids": list(access_uids), "gids": list(access_gids)}
+    """An atomic update (``op``: ``add``, ``cas`` or ``append``) of ``key``.
+    Fields at their default (no persistence, no accessor lists) are left
+    out: updates are small and frequent (a counter), and every field costs
+    packing here and unpacking there."""
+    fields = {"key": key, "op": op, "value": value}
+    if persistence is not None:
+        fields["persist"] = int(persistence)
+    if access_uids:
+        fields["uids"] = list(access_uids)
+    if access_gids:
+        fields["gids"] = list(access_gids)
     if op == "cas":
         fields["expected"] = expected
     return _envelope("update", int(range), fields, envelope)

@@ -281,6 +281,14 @@ class Client:
         """The direct connection's channel (None: not open)."""
         return self._dmux.ch if self._dmux is not None else None
 
+    def _check(self) -> None:
+        """Raise the refusal of an earlier ``ack=False`` publish, if one came back."""
+        if self._mux._failed is not None:
+            self._mux.check()
+        dmux = self._dmux
+        if dmux is not None and dmux._failed is not None:
+            dmux.check()
+
     def _muxes(self) -> list[Mux]:
         return [self._mux] if self._dmux is None else [self._dmux, self._mux]
 
@@ -293,8 +301,7 @@ class Client:
         nothing of this uid).  Without a direct connection everything goes
         to the daemon, which routes it itself.  First raises the refusal of
         an earlier ``ack=False`` publish, if one came back."""
-        for mux in self._muxes():
-            mux.check()
+        self._check()
         # A head-node client, or one without a credential, never looks
         # at the routing table: everything goes to its node server.
         to_master, to_node = (False, False) if self._direct_state == _direct.OFF \
@@ -310,8 +317,7 @@ class Client:
 
     def _post(self, t: str, rng, build) -> None:
         """Send a request where :meth:`_route` would, without waiting."""
-        for mux in self._muxes():
-            mux.check()
+        self._check()
         to_master = self._direct_state != _direct.OFF and _direct.master_part(t, rng)[0]
         dmux = self._direct_mux() if to_master else None
         mux = self._mux if dmux is None else dmux

@@ -71,7 +71,8 @@ from .results import (PURGE_REASON, Found, KeyInfo, Pending, Reason, Reply, Stor
                       StoreStats)
 from .rules import LIFETIME_HORIZONS, ReadVerdict, expires_by, may_read, owns, sweep_interval
 from .touchqueue import TouchQueue
-from .validate import as_persistence, as_range, check_key, check_keys, check_pairs, id_list
+from .validate import (as_persistence, as_range, check_key, check_keys, check_pairs,
+                       check_value, id_list)
 
 log = logging.getLogger("pydvm.store")
 
@@ -148,9 +149,11 @@ def _same(a, b) -> bool:
     return a.__class__ is b.__class__ and a == b
 
 
-def _updated(op: str, current, operand, expected) -> tuple[str, Value | None]:
-    """``(problem, new value)`` of an update; new value None: no change (a
-    compare-and-set that did not match)."""
+def _updated(op: str, current, operand, expected, delta: int | None
+             ) -> tuple[str, Value | None]:
+    """``(problem, new value)`` of an update (``delta``: an add's operand as
+    an int); new value None: no change (a compare-and-set that did not
+    match)."""
     if op == "cas":
         if current is None:
             matches = expected is None or (_plain(expected).__class__ in (str, bytes)
@@ -164,7 +167,7 @@ def _updated(op: str, current, operand, expected) -> tuple[str, Value | None]:
         base = _as_int(current)
         if base is None:
             return f"the value is not an integer ({_describe(current)})", None
-        total = base + _as_int(operand)
+        total = base + delta
         plain = _plain(current)
         if current.__class__ is Typed:
             new: Value = Typed(total, current.pmix_type)
@@ -454,21 +457,24 @@ class DataStore:
         # -- decide: validate -------------------------------------------
         if not isinstance(op, str) or op not in UPDATE_OPS:
             return _bad(f"unknown update operation {op!r} (one of {', '.join(UPDATE_OPS)})")
-        problem, norm = check_pairs({key: value}) if isinstance(key, str) else (
-            check_key(key), {})
+        problem = check_key(key) or check_value(key, value)
         if problem:
             return _bad(problem)
         if op == "cas" and expected is not None:
-            problem, _ = check_pairs({key: expected})
+            problem = check_value(key, expected)
             if problem:
                 return _bad(f"expected: {problem}")
         problem, rng, persist, uids, gids = _item_args(range, persistence, access_uids,
                                                        access_gids)
         if problem:
             return _bad(problem)
-        operand = norm[key]
-        if op == "add" and _as_int(operand) is None:
-            return _bad(f"add needs an integer (int or decimal text), not {_describe(operand)}")
+        operand = value
+        delta = None
+        if op == "add":
+            delta = _as_int(operand)
+            if delta is None:
+                return _bad(f"add needs an integer (int or decimal text), not "
+                            f"{_describe(operand)}")
         if op == "append" and _plain(operand).__class__ not in (str, bytes):
             return _bad(f"append needs str or bytes, not {_describe(operand)}")
         now = self._clock.now()
@@ -481,7 +487,7 @@ class DataStore:
                                  "owner may change it")
         target = next(iter(own.values()))[0] if own else None
         current = target.pairs[key] if target is not None else None
-        problem, new = _updated(op, current, operand, expected)
+        problem, new = _updated(op, current, operand, expected, delta)
         if problem:
             return _bad(f"{op} on {key!r}: {problem}")
         grown = 0

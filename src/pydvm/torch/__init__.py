@@ -31,7 +31,11 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 if not _dist.is_available():  # pragma: no cover - a torch built without distributed
     raise ImportError("pydvm.torch needs a PyTorch build with torch.distributed")
 
+import os
+import threading
+
 from .. import _torchrun
+from ..enums import Range
 from ._store import SCOPES, PydvmStore, shared_client
 from .rendezvous import pydvm_rendezvous_handler, register as _register_scheme
 
@@ -48,3 +52,21 @@ def _register_elastic() -> None:
 
 
 _register_elastic()
+
+
+def _connect_early() -> None:
+    """Inside a job, open the process's connection (and its direct path to
+    the master) in the background now: the first store operation -- in
+    ``init_process_group``, say -- then finds it open.  Failing here costs
+    nothing: the first use connects again, and raises."""
+    def connect() -> None:
+        try:
+            shared_client().count("torch/", range=Range.NAMESPACE)
+        except Exception:  # noqa: BLE001 - retried, and reported, on first use
+            pass
+
+    if all(os.environ.get(v) for v in ("PYDVM_SERVER", "PYDVM_NSPACE", "PYDVM_RANK")):
+        threading.Thread(target=connect, name="pydvm-torch-connect", daemon=True).start()
+
+
+_connect_early()
