@@ -143,17 +143,14 @@ def test_adds_from_every_rank_return_each_value_exactly_once(make_dvm, where):
     """4 ranks x 50 adds to one counter, on two nodes: the values the adds
     returned are exactly 1..200 (no add lost, none answered twice)."""
     dvm, host = _place(make_dvm, where)
-    p = dvm.run("--host", f"{host}:2,{'b' if host != 'b' else dvm_head()}:2", "-n", "4",
+    other = "b" if host != "b" else socket.gethostname()
+    p = dvm.run("--host", f"{host}:2,{other}:2", "-n", "4",
                 *job_script("atomic_ops"), "counter", "50")
     assert p.returncode == 0, p.stdout + p.stderr
     got = sorted(int(v) for ln in p.stdout.splitlines() if ln.startswith("ADDED")
                  for v in ln.split()[1:])
     assert got == list(range(1, 201)), got
     assert dvm.store()["master"]["items"] == 0  # the job's counter went with the job
-
-
-def dvm_head() -> str:
-    return socket.gethostname()
 
 
 @pytest.mark.parametrize("where", PLACES)
@@ -209,3 +206,18 @@ def test_the_asyncio_client_updates_counts_and_reports_unwaited_refusals(make_dv
     assert out == ["ADD 2 5", "CAS b'x' True b'x' False", "APPEND b'ab' b'abcd'",
                    "KEYS 3 aa ac acs", "REMOVED 2", "FLUSH DuplicateKeyError",
                    "NOTINT BadParamError"], out
+
+
+def test_pydvm_store_prefix_lists_only_your_keys_under_it(dvm):
+    p = dvm.run("--host", "b", "-n", "1", "sh", "-c",
+                "pydvm publish t/b=1 t/a=2 other=3 --persistence session && "
+                "pydvm publish t/l=4 --range local --persistence session")
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = dvm.cmd("store", "--json", "--prefix", "t/", check=True).stdout
+    stores = {s["store"]: s for s in __import__("json").loads(out)["stores"]}
+    assert stores["master"]["keys"] == ["t/a", "t/b"], stores["master"]
+    assert [k["key"] for k in stores["master"]["key_info"]] == ["t/a", "t/b"]
+    assert stores["master"]["items"] == 1  # the counts stay whole
+    assert stores["b"]["keys"] == ["t/l"] and stores["a"]["keys"] == []
+    text = dvm.cmd("store", "--prefix", "t/", check=True).stdout
+    assert "t/a" in text and "other" not in text, text

@@ -116,3 +116,14 @@ def test_key_index_stays_sorted_and_bounded_through_adds_and_removals():
         idx.discard(key)
     idx.check_invariants()
     assert len(idx) == 0 and list(idx.prefixed("")) == []
+
+
+def test_describe_and_keys_of_a_uid_by_prefix_are_sorted_and_only_that_uids(store, sched):
+    store.publish(alice, {"t/b": 1, "t/a": b"xy", "u": 1})
+    store.publish(bob, {"t/bob": 1})
+    store.publish(alice2, {"t/c": "z"}, range=Range.NAMESPACE)
+    assert store.keys_of_uid(alice.uid, "t/") == ["t/a", "t/b", "t/c"]
+    assert store.keys_of_uid(bob.uid, "t/") == ["t/bob"]
+    rows = store.describe_uid(alice.uid, prefix="t/", limit=2)
+    assert [(r.key, r.size) for r in rows] == [("t/a", 5), ("t/b", 11)]
+    assert store.describe_uid(alice.uid, prefix="none") == []

@@ -256,15 +256,16 @@ def reissue(send: Callable[[Message, Callable[[Message], None]], int | None],
         outstanding[rid] = remote
 
 
-def stats_row(store: DataStore, uid: int) -> dict:
+def stats_row(store: DataStore, uid: int, prefix: str | None = None) -> dict:
     """One store's entry of ``pydvm store --json``: counts for everyone's
     data, key names only of ``uid``'s own items, and for each of those
     (``key_info``, the first :data:`KEY_INFO_LIMIT`, least recently used
     first; ``key_info_truncated`` says whether there were more) its
     persistence, range, idle seconds, seconds until the idle timeout (None:
-    a lifetime removes it), size and publisher."""
+    a lifetime removes it), size and publisher.  With ``prefix`` (``pydvm
+    store --prefix``) only the keys starting with it, in sorted order."""
     st = store.stats()
-    info = store.describe_uid(uid, limit=KEY_INFO_LIMIT + 1)
+    info = store.describe_uid(uid, limit=KEY_INFO_LIMIT + 1, prefix=prefix)
     return {
         "store": store.name,
         "items": st.items,
@@ -272,7 +273,7 @@ def stats_row(store: DataStore, uid: int) -> dict:
         "parked": st.parked,
         "evictions": st.evictions,
         "expiries": st.expiries,
-        "keys": store.keys_of_uid(uid),
+        "keys": store.keys_of_uid(uid, prefix),
         "key_info": [{"key": k.key, "persistence": k.persistence.word, "range": k.range.word,
                       "idle": round(k.idle, 3), "expires_in": _rounded(k.expires_in),
                       "size": k.size, "item_bytes": k.item_bytes,

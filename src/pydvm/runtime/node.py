@@ -337,9 +337,12 @@ class NodeServer:
         elif t == "stats":
             uid = msg.get("uid")
             uid = uid if isinstance(uid, int) else -1
+            prefix = msg.get("prefix")
+            prefix = prefix if isinstance(prefix, str) else None
             extra = {"metrics": store_sample(self.store, self.request_stats)} \
                 if msg.get("metrics") else {}
-            ch.send(reply(rid, Status.SUCCESS, store=dataops.stats_row(self.store, uid), **extra))
+            ch.send(reply(rid, Status.SUCCESS, store=dataops.stats_row(self.store, uid, prefix),
+                          **extra))
         elif t == "shutdown":
             async def run() -> None:
                 await self._kill_all(KILL_GRACE)

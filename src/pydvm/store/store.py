@@ -1040,35 +1040,51 @@ class DataStore:
         """Whether ``uid`` owns at least one live item here."""
         return uid in self._lru
 
-    def keys_of_uid(self, uid: int) -> list[str]:
-        """Key names held by ``uid``'s items, least recently used first."""
+    def keys_of_uid(self, uid: int, prefix: str | None = None) -> list[str]:
+        """Key names held by ``uid``'s items, least recently used first; with
+        ``prefix``, only those starting with it, in sorted order."""
+        if prefix is not None:
+            return [key for key, _item in self._uid_keys(uid, prefix)]
         return [k for item in self._lru.get(uid, ()) for k in item.pairs]
 
+    def _uid_keys(self, uid: int, prefix: str):
+        """(key, item) of ``uid``'s items, for the keys under ``prefix`` in
+        sorted order (the key index: O(log n + keys under the prefix))."""
+        for key in self._keyindex.prefixed(prefix):
+            for item in self._holders(key):
+                if item.uid == uid:
+                    yield key, item
+
     def describe_uid(self, uid: int, now: float | None = None,
-                     limit: int | None = None) -> list[KeyInfo]:
+                     limit: int | None = None, prefix: str | None = None) -> list[KeyInfo]:
         """The keys of ``uid``'s items, least recently used first, as
-        :class:`KeyInfo` rows (``pydvm store``); at most ``limit`` of them.
+        :class:`KeyInfo` rows (``pydvm store``); at most ``limit`` of them;
+        with ``prefix``, only keys starting with it, in sorted order.
 
         Read-only: touches nothing, so asking does not keep an item alive;
         an item already past its idle timeout (not yet swept) is left out,
         as a lookup would not see it.  ``now`` defaults to the store clock's
-        reading.  Costs O(rows returned + stale items skipped).
+        reading.  Costs O(rows returned + stale items skipped), plus the
+        keys under ``prefix`` of other uids when a prefix is given.
         """
         if now is None:
             now = self._clock.now()
         timeout = self.params.timeout
         rows: list[KeyInfo] = []
-        for item in self._lru.get(uid, ()):
+        if prefix is None:
+            pairs = ((key, item) for item in self._lru.get(uid, ()) for key in item.pairs)
+        else:
+            pairs = self._uid_keys(uid, prefix)
+        for key, item in pairs:
             if self._stale(item, now):
                 continue
+            if limit is not None and len(rows) >= limit:
+                return rows
             idle = max(0.0, now - item.last_access)
             expires = max(0.0, timeout - idle) if timeout and item.idle_expires else None
-            for key, value in item.pairs.items():
-                if limit is not None and len(rows) >= limit:
-                    return rows
-                rows.append(KeyInfo(key, item.persistence, item.range, idle, expires,
-                                    len(key.encode("utf-8")) + value_size(value),
-                                    item.nbytes, item.owner.proc))
+            rows.append(KeyInfo(key, item.persistence, item.range, idle, expires,
+                                len(key.encode("utf-8")) + value_size(item.pairs[key]),
+                                item.nbytes, item.owner.proc))
         return rows
 
     def __len__(self) -> int:
