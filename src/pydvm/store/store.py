@@ -1,4 +1,4 @@
-"""The data store: publish, lookup, unpublish, purge, sweep, evict.
+"""The data store: publish, lookup, unpublish, update, keys, purge, sweep, evict.
 
 A :class:`DataStore` is a plain object.  It performs no I/O, imports no
 event loop, and reads time only through the injected clock; the runtime (or
@@ -27,6 +27,8 @@ index                  used by
                        (a :class:`TouchQueue`)
 ``_idle``              the idle sweep: INDEF/FIRST_READ items, oldest first
                        (a :class:`TouchQueue`)
+``_keyindex``          ``keys`` by prefix: every key of ``_by_key``, sorted
+                       (a :class:`~pydvm.store.keyindex.KeyIndex`)
 =====================  ====================================================
 
 Because every touch stamps ``last_access`` from a monotonic clock and
@@ -47,9 +49,9 @@ index, the per-uid usage and the counters in step.
 
 Decide, then change
 -------------------
-``publish`` works out its whole outcome (bad parameters, duplicates, the
-cap) before it touches anything; a refused publish returns with the store
-exactly as it found it.  Lazily expiring a stale collider, replacing own
+``publish`` and ``update`` work out their whole outcome (bad parameters,
+duplicates or ownership, the cap) before they touch anything; a refused one
+returns with the store exactly as it found it.  Lazily expiring a stale collider, replacing own
 keys and evicting happen only after the publish is certain to proceed.
 """
 
