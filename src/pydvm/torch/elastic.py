@@ -71,14 +71,20 @@ class PydvmRendezvousBackend(RendezvousBackend):
 
     @property
     def name(self) -> str:
+        """``pydvm``: the backend's name, as torchrun reports it."""
         return "pydvm"
 
     def get_state(self) -> tuple[bytes, Token] | None:
+        """The rendezvous state and its fencing token, or None if there is
+        none yet (a lookup that does not wait)."""
         state = self._store._peek(self._key)
         return None if state is None else (state, state)
 
     def set_state(self, state: bytes, token: Token | None = None
                   ) -> tuple[bytes, Token, bool] | None:
+        """Store ``state`` over the one ``token`` was read with (None: over
+        no state); returns the state now held, its token, and whether it
+        is ours -- one compare-and-set."""
         if token is not None and not isinstance(token, bytes):
             current = self.get_state()  # not one of ours: cannot match
             return None if current is None else (*current, False)
@@ -97,9 +103,13 @@ class PydvmRendezvousHandler(DynamicRendezvousHandler):
 
     @property
     def use_agent_store(self) -> bool:
+        """False: workers are not sent to a TCPStore of this agent (it runs none)."""
         return False
 
     def next_rendezvous(self) -> RendezvousInfo:
+        """torch's next round, without a TCPStore server; the round's worker
+        store is named in ``PYDVM_TORCH_ROUND`` for the workers this agent
+        starts next."""
         saved = os.environ.get(SHARE_SWITCH)
         os.environ[SHARE_SWITCH] = "1"  # no TCPStore server in this agent
         try:
