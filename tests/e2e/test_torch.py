@@ -145,7 +145,7 @@ def test_two_concurrent_jobs_using_the_same_key_names_do_not_see_each_other(tdvm
         outs.append(j.stdout.read())
     for tag, out in zip(("first", "second"), outs):
         seen = sorted(ln for ln in out.splitlines() if ln.startswith("SEEN"))
-        assert seen == [f"SEEN {tag} {tag} 2 3"] * 2, (tag, out)
+        assert seen == [f"SEEN {tag} {tag} 2 4"] * 2, (tag, out)
     assert_no_torch_keys(tdvm)
 
 

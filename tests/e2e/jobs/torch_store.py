@@ -193,9 +193,9 @@ elif mode == "isolated":
     s = PydvmStore()
     s.set("shared-name", tag)
     s.add("shared-counter", 1)
-    s.set("go", b"1")
+    s.set(f"in-{RANK}", b"1")
+    s.wait([f"in-{r}" for r in range(SIZE)])  # every rank of this job has added
     time.sleep(0.5)  # the other job runs meanwhile, on the same key names
-    s.wait(["go"])
     print("SEEN", tag, s.get("shared-name").decode(), s.get("shared-counter").decode(),
           s.num_keys(), flush=True)
 
