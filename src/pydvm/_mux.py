@@ -91,11 +91,19 @@ class Mux:
         """
         rid = next(self._ids)
         msg["id"] = rid
+        lock = self._lock
+        lock.acquire()
+        if self._broken is not None:
+            lock.release()
+            raise self._broken
+        if not self._reading and not self._waiting:
+            # Alone (the usual case): read for ourselves, no slot to fill.
+            self._reading = True
+            lock.release()
+            return self._call_alone(msg, rid, withdrawable)
         slot: list = [None]
-        with self._lock:
-            if self._broken is not None:
-                raise self._broken
-            self._waiting[rid] = slot
+        self._waiting[rid] = slot
+        lock.release()
         try:
             self._send(msg)
         except BaseException:
@@ -104,6 +112,49 @@ class Mux:
             raise
         try:
             answer = self._wait(rid, slot, withdrawable)
+        except (KeyboardInterrupt, SystemExit):
+            self._withdraw(rid)
+            raise
+        except _Abandoned as exc:
+            self._withdraw(rid)
+            raise exc.error from None
+        if self._failed is not None:  # a request posted before this one was refused
+            with self._lock:
+                failed = self._failed
+                if failed is not None and failed[0] < rid:
+                    self._failed = None
+                    raise failed[1]
+        return answer
+
+    def _call_alone(self, msg: Message, rid: int, withdrawable: bool) -> Message:
+        """:meth:`call` as the reader from the start: send, then read until our
+        own answer, handing any other answer to whoever waits for it (a thread
+        that came meanwhile, or a post)."""
+        ch = self.ch
+        try:
+            try:
+                self._send(msg)
+                while True:
+                    try:
+                        answer = ch.recv()
+                    except (OSError, ConnectionError, ValueError, FrameError) as exc:
+                        self._break(f"connection lost: {exc}")
+                        raise self._broken from None
+                    if answer.get("id") == rid and answer.get("t") == "reply":
+                        break
+                    self._dispatch(answer)
+                    if self._broken is not None:
+                        raise self._broken
+                    failed = self._failed
+                    if withdrawable and failed is not None and failed[0] < rid:
+                        with self._lock:
+                            self._failed = None
+                        raise _Abandoned(failed[1])
+            finally:
+                with self._lock:
+                    self._reading = False
+                    if self._sleepers:
+                        self._cond.notify_all()
         except (KeyboardInterrupt, SystemExit):
             self._withdraw(rid)
             raise

@@ -301,7 +301,9 @@ class Client:
         nothing of this uid).  Without a direct connection everything goes
         to the daemon, which routes it itself.  First raises the refusal of
         an earlier ``ack=False`` publish, if one came back."""
-        self._check()
+        dmux = self._dmux
+        if self._mux._failed is not None or (dmux is not None and dmux._failed is not None):
+            self._check()
         # A head-node client, or one without a credential, never looks
         # at the routing table: everything goes to its node server.
         to_master, to_node = (False, False) if self._direct_state == _direct.OFF \
