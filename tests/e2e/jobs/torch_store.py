@@ -217,9 +217,12 @@ elif mode == "elastic":
     store = dist.distributed_c10d._get_default_store()
     while isinstance(store, dist.PrefixStore):
         store = store.underlying_store
-    print("WORKER", dist.get_rank(), dist.get_world_size(), t.item(),
-          os.environ.get("PYDVM_TORCH_ROUND", "-").replace(" ", ":"),
-          type(store).__name__, os.environ.get("TORCHELASTIC_USE_AGENT_STORE"), flush=True)
+    # one write per line: the workers of one agent share its output stream
+    sys.stdout.write(" ".join(map(str, [
+        "WORKER", dist.get_rank(), dist.get_world_size(), t.item(),
+        os.environ.get("PYDVM_TORCH_ROUND", "-").replace(" ", ":"), type(store).__name__,
+        os.environ.get("TORCHELASTIC_USE_AGENT_STORE")])) + "\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
 
 else:
