@@ -39,17 +39,19 @@ OPS = ("publish", "lookup", "unpublish")
 #: The client side: Client wired to one end of a socketpair whose other end
 #: has the answer written before each call.
 CLIENT_PROG = r'''
-import itertools, socket, sys, threading
+import socket, sys, threading
 from pydvm import _direct
+from pydvm._mux import Mux
 from pydvm.client import Client
+from pydvm.errors import UnreachableError
 from pydvm.wire import BlockingChannel, pack
 
 op, n = sys.argv[1], int(sys.argv[2])
 a, b = socket.socketpair()
 c = Client.__new__(Client)
 c.server, c.nspace, c.rank, c.node = "bench", "bench-ns", 0, "bench"
-c._ids, c._lock, c._dch = itertools.count(1), threading.Lock(), None
 c._ch, c._envelope = BlockingChannel(a), False
+c._mux, c._dmux, c._opening = Mux(c._ch, UnreachableError), None, threading.Lock()
 c._direct_info, c._direct_state = None, _direct.OFF
 found = [["k", "tcp://127.0.0.1:1", "bench-ns", 0]]
 answers = [pack({"t": "reply", "id": i, "status": 0, "msg": "",

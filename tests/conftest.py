@@ -37,7 +37,7 @@ SERIAL_DIRS = ("multinode", "multiuser", "slurm")
 #: cluster, compiled clients, test hosts): kept on one worker so they are set
 #: up once.
 WHOLE_MODULES = ("pmix", "pmix_e2e", "e2e/test_snippets.py", "e2e/test_hardening.py",
-                 "e2e/test_fuzz.py")
+                 "e2e/test_fuzz.py", "e2e/test_torch.py")
 
 
 def unit_of(nodeid: str) -> str:

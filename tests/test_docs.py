@@ -10,6 +10,7 @@ has a docstring -- an empty entry in the reference is a bug.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import subprocess
 import sys
@@ -24,6 +25,8 @@ from snippets import REPO, blocks, logical_spans  # noqa: E402
 #: Modules whose public names make up the documented API.
 PUBLIC = ["pydvm", "pydvm.client", "pydvm.aio", "pydvm.errors", "pydvm.enums", "pydvm.store",
           "pydvm.store.rules"]
+if importlib.util.find_spec("torch") is not None:  # an optional integration
+    PUBLIC += ["pydvm.torch", "pydvm.torch.rendezvous", "pydvm.torch.elastic"]
 
 
 def pdoc_command() -> str:
@@ -129,13 +132,22 @@ def _pyproject() -> dict:
     return tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
-def _third_party_imports() -> set[str]:
-    """Top-level modules outside the standard library that pydvm's code imports,
-    however lazily (inside a function, after a flag)."""
+#: Subpackages that integrate pydvm with an optional package: they may import
+#: what the extra of the same name declares, and only they may.
+OPTIONAL_INTEGRATIONS = {"torch": REPO / "src" / "pydvm" / "torch"}
+
+
+def _third_party_imports(under: Path | None = None,
+                         skip: tuple[Path, ...] = ()) -> set[str]:
+    """Top-level modules outside the standard library that pydvm's code (or
+    the files ``under`` a directory of it) imports, however lazily (inside a
+    function, after a flag); files under ``skip`` are left out."""
     import ast
 
     mods: set[str] = set()
-    for f in (REPO / "src" / "pydvm").rglob("*.py"):
+    for f in (under or REPO / "src" / "pydvm").rglob("*.py"):
+        if any(d in f.parents for d in skip):
+            continue
         for n in ast.walk(ast.parse(f.read_text())):
             if isinstance(n, ast.Import):
                 mods |= {a.name.split(".")[0] for a in n.names}
@@ -154,11 +166,19 @@ def test_every_package_pydvm_imports_is_an_ordinary_dependency():
     project = _pyproject()["project"]
     base = {_requirement_name(r) for r in project["dependencies"]}
     owners = md.packages_distributions()
-    needed = {m: {_norm(d) for d in owners.get(m, [m])} for m in _third_party_imports()}
+    core = _third_party_imports(skip=tuple(OPTIONAL_INTEGRATIONS.values()))
+    needed = {m: {_norm(d) for d in owners.get(m, [m])} for m in core}
     assert {"hostlist", "prometheus_client"} <= set(needed), needed
     missing = {m: d for m, d in needed.items() if not d & base}
     assert not missing, f"imported by pydvm but only in an extra, or not declared: {missing}"
     extras = project["optional-dependencies"]
+    for extra, where in OPTIONAL_INTEGRATIONS.items():  # pydvm.torch: base + its extra
+        allowed = base | {_requirement_name(r) for r in extras[extra]}
+        wanted = {m: {_norm(d) for d in owners.get(m, [m])} for m in
+                  _third_party_imports(where)}
+        missing = {m: d for m, d in wanted.items() if not d & allowed}
+        assert not missing, f"pydvm.{extra} imports what neither the base nor [{extra}] has: " \
+                            f"{missing}"
     assert {"slurm", "metrics"} <= set(extras)
     for name in ("slurm", "metrics"):
         assert {_requirement_name(r) for r in extras[name]} <= base, name

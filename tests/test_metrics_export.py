@@ -81,13 +81,18 @@ def test_request_timing_counts_each_request_by_op_and_status():
     rs.apply(store, ALICE, {"t": "lookup", "id": 3, "keys": ["k"]}, 3)
     assert rs.apply(store, ALICE, {"t": "lookup", "id": 4, "keys": ["x"], "wait": 0}, 4) is None
     rs.apply(store, ALICE, {"t": "unpublish", "id": 5, "keys": ["k"]}, 5)
+    rs.apply(store, ALICE, {"t": "update", "id": 6, "key": "n", "op": "add", "value": 1}, 6)
+    rs.apply(store, ALICE, {"t": "update", "id": 7, "key": "n", "op": "mul", "value": 1}, 7)
+    rs.apply(store, ALICE, {"t": "keys", "id": 8, "prefix": "n"}, 8)
     s = rs.sample()
     assert sorted(map(tuple, s["requests"])) == sorted([
         ("publish", "PMIX_SUCCESS", 1), ("publish", "PMIX_ERR_DUPLICATE_KEY", 1),
         ("lookup", "PMIX_SUCCESS", 1), ("lookup", PARKED, 1),
-        ("unpublish", "PMIX_SUCCESS", 1)])
+        ("unpublish", "PMIX_SUCCESS", 1), ("update", "PMIX_SUCCESS", 1),
+        ("update", "PMIX_ERR_BAD_PARAM", 1), ("keys", "PMIX_SUCCESS", 1)])
     assert {op: sum(s["latency"][op]) for op in OPS} == {"publish": 2, "lookup": 2,
-                                                         "unpublish": 1}
+                                                         "unpublish": 1, "update": 2,
+                                                         "keys": 1}
     assert all(len(h) == len(LATENCY_BUCKETS) + 1 for h in s["latency"].values())
     assert all(v > 0 for v in s["latency_sum"].values())
 

@@ -165,6 +165,54 @@ def lookup_msg(keys: Iterable[str] | str, range: Range | int, wait: bool | int,
                      envelope)
 
 
+def update_msg(key: str, op: str, value: Any, expected: Any, range: Range | int,
+               persistence: Persistence | int | None, access_uids: Iterable[int],
+               access_gids: Iterable[int], envelope: bool = True) -> Message:
+    """An atomic update (``op``: ``add``, ``cas`` or ``append``) of ``key``.
+    Fields at their default (no persistence, no accessor lists) are left
+    out: updates are small and frequent (a counter), and every field costs
+    packing here and unpacking there."""
+    fields = {"key": key, "op": op, "value": value}
+    if persistence is not None:
+        fields["persist"] = int(persistence)
+    if access_uids:
+        fields["uids"] = list(access_uids)
+    if access_gids:
+        fields["gids"] = list(access_gids)
+    if op == "cas":
+        fields["expected"] = expected
+    return _envelope("update", int(range), fields, envelope)
+
+
+def keys_msg(prefix: str, range: Range | int, limit: int | None,
+             envelope: bool = True) -> Message:
+    """Count (and list up to ``limit``) the keys under ``prefix``."""
+    return _envelope("keys", int(range), {"prefix": prefix, "limit": limit}, envelope)
+
+
+def update_result(r: Message) -> tuple[Any, bool]:
+    """``(value the key holds afterwards or None, whether the store changed)``
+    of an update's answer; raises the matching PMIxError if it was refused."""
+    check(r)
+    value = None
+    for _key, v, _ns, _rank in r.get("found") or ():
+        value = v.value if v.__class__ is Typed else v
+    return value, bool(r.get("count"))
+
+
+def count_of(r: Message) -> int:
+    """The ``count`` of a successful answer (absent: 0); raises if it failed."""
+    check(r)
+    c = r.get("count", 0)
+    return c if isinstance(c, int) and not isinstance(c, bool) else 0
+
+
+def keys_result(r: Message) -> list[str]:
+    """The keys a ``keys`` answer listed; raises if it failed."""
+    check(r)
+    return [k for k in r.get("keys") or () if isinstance(k, str)]
+
+
 def unpublish_msg(keys: Iterable[str] | str | None, envelope: bool = True,
                   node_only: bool = False) -> Message:
     """An unpublish; ``node_only`` asks the daemon for its node store's part
@@ -187,9 +235,13 @@ def node_part_needed(master: Message) -> bool:
 
 def combined(master: Message, node: Message) -> Message:
     """One answer for a request served by both stores (``unpublish``): the
-    master's, unless only the node store's part failed."""
+    master's, unless only the node store's part failed; on success its
+    ``count`` is both stores' (the keys removed from each)."""
     if status_of(master) is Status.SUCCESS and status_of(node) is not Status.SUCCESS:
         return node
+    if _succeeded(master) and _succeeded(node) and node.get("count"):
+        master = dict(master)
+        master["count"] = count_of(master) + count_of(node)
     return master
 
 

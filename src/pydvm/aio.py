@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 from . import _direct, _proto
 from ._proto import Found, LookupResult
 from .enums import Persistence, Range
-from .errors import BadParamError, UnreachableError
+from .errors import BadParamError, UnreachableError, error_for
 from .wire import Channel, Message
 
 __all__ = ["Client", "Found", "LookupResult"]
@@ -47,6 +47,10 @@ class Client:
                               else _direct.OFF)
         self._dch: Channel | None = None
         self._opening: asyncio.Lock | None = None
+        #: answers of publishes sent with ack=False, not yet in.
+        self._unacked: set[asyncio.Future] = set()
+        #: the first refusal among them, until raised.
+        self._failed: Exception | None = None
 
     @property
     def direct(self) -> bool:
@@ -82,14 +86,99 @@ class Client:
 
     async def publish(self, data: Mapping[str, Any], *, range: Range = Range.SESSION,
                       persistence: Persistence | None = None, access_uids: Iterable[int] = (),
-                      access_gids: Iterable[int] = (), replace: bool = False) -> None:
+                      access_gids: Iterable[int] = (), replace: bool = False,
+                      ack: bool = True) -> None:
         """Publish ``data`` as one item; returns once the store accepted it.
 
         Arguments, refusals (raised as :mod:`pydvm.errors` exceptions) and
-        eviction as :meth:`pydvm.Client.publish`.
+        eviction as :meth:`pydvm.Client.publish`.  ``ack=False`` returns
+        once the request is sent; a refusal is raised by the next call,
+        :meth:`flush` or :meth:`close`.
         """
-        _proto.check(await self._route("publish", range, lambda env: _proto.publish_msg(
-            data, range, persistence, access_uids, access_gids, replace, env)))
+        build = lambda env: _proto.publish_msg(  # noqa: E731
+            data, range, persistence, access_uids, access_gids, replace, env)
+        if ack:
+            _proto.check(await self._route("publish", range, build))
+            return
+        self._check_failed()
+        to_master, _ = _direct.master_part("publish", range)
+        dch = await self._direct_channel() if to_master else None
+        ch = self._ch if dch is None else dch
+        if ch.closed:
+            raise self._closed_error(ch)
+        fut = asyncio.get_running_loop().create_future()
+        self._unacked.add(fut)
+
+        def answered(r: Message) -> None:
+            self._unacked.discard(fut)
+            if self._failed is None and not _proto._succeeded(r):
+                st = _proto.status_of(r)
+                self._failed = error_for(
+                    st, "an earlier publish, sent without waiting for its answer, failed: "
+                        f"{r.get('msg') or st.pmix_name}")
+            if not fut.done():
+                fut.set_result(None)
+
+        try:
+            ch.request(build(self._envelope if dch is None else False), answered)
+        except TypeError as exc:
+            self._unacked.discard(fut)
+            raise BadParamError(f"cannot encode request: {exc}") from None
+
+    async def add(self, key: str, delta: int | str | bytes = 1, *, range: Range = Range.SESSION,
+                  persistence: Persistence | None = None, access_uids: Iterable[int] = (),
+                  access_gids: Iterable[int] = ()) -> Any:
+        """Add ``delta`` atomically; returns the new value (as
+        :meth:`pydvm.Client.add`)."""
+        return _proto.update_result(await self._route(
+            "update", range, lambda env: _proto.update_msg(
+                key, "add", delta, None, range, persistence, access_uids, access_gids, env)))[0]
+
+    async def compare_and_set(self, key: str, expected: Any, desired: Any, *,
+                              range: Range = Range.SESSION,
+                              persistence: Persistence | None = None,
+                              access_uids: Iterable[int] = (),
+                              access_gids: Iterable[int] = ()) -> tuple[Any, bool]:
+        """Store ``desired`` if ``key`` holds ``expected``; returns ``(value,
+        stored)`` (as :meth:`pydvm.Client.compare_and_set`)."""
+        return _proto.update_result(await self._route(
+            "update", range, lambda env: _proto.update_msg(
+                key, "cas", desired, expected, range, persistence, access_uids, access_gids,
+                env)))
+
+    async def append(self, key: str, suffix: str | bytes, *, range: Range = Range.SESSION,
+                     persistence: Persistence | None = None, access_uids: Iterable[int] = (),
+                     access_gids: Iterable[int] = ()) -> Any:
+        """Append ``suffix`` atomically; returns the new value (as
+        :meth:`pydvm.Client.append`)."""
+        return _proto.update_result(await self._route(
+            "update", range, lambda env: _proto.update_msg(
+                key, "append", suffix, None, range, persistence, access_uids, access_gids,
+                env)))[0]
+
+    async def keys(self, prefix: str = "", *, range: Range = Range.SESSION,
+                   limit: int | None = None) -> list[str]:
+        """The keys under ``prefix`` a lookup could return (as
+        :meth:`pydvm.Client.keys`)."""
+        return _proto.keys_result(await self._route(
+            "keys", range, lambda env: _proto.keys_msg(prefix, range, limit, env)))
+
+    async def count(self, prefix: str = "", *, range: Range = Range.SESSION) -> int:
+        """How many keys :meth:`keys` would list without a limit."""
+        return _proto.count_of(await self._route(
+            "keys", range, lambda env: _proto.keys_msg(prefix, range, 0, env)))
+
+    async def flush(self) -> None:
+        """Wait for the answers of the publishes sent with ``ack=False``;
+        raise the first refusal among them (once)."""
+        if self._unacked:
+            await asyncio.gather(*list(self._unacked))
+        self._check_failed()
+
+    def _check_failed(self) -> None:
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed
 
     async def lookup(self, keys: Iterable[str] | str, *, range: Range = Range.SESSION,
                      wait: bool | int = False, timeout: float | None = None) -> LookupResult:
@@ -102,17 +191,24 @@ class Client:
         return _proto.lookup_result(await self._route(
             "lookup", range, lambda env: _proto.lookup_msg(keys, range, wait, timeout, env)))
 
-    async def unpublish(self, keys: Iterable[str] | str | None = None) -> None:
+    async def unpublish(self, keys: Iterable[str] | str | None = None) -> int:
         """Remove the named keys from every item this user owns; with no keys,
         everything this process published.  Succeeds whether or not anything
-        matched."""
-        _proto.check(await self._route("unpublish", None,
-                                       lambda env, node_only=False: _proto.unpublish_msg(
-                                           keys, env, node_only)))
+        matched; returns how many keys it removed."""
+        return _proto.count_of(await self._route(
+            "unpublish", None,
+            lambda env, node_only=False: _proto.unpublish_msg(keys, env, node_only)))
 
     async def close(self) -> None:
-        """Close the connection; requests still in flight get
-        :class:`~pydvm.errors.UnreachableError`."""
+        """Close the connection once the publishes sent with ``ack=False``
+        are answered (raising a refusal among them, as :meth:`flush`);
+        requests still in flight get :class:`~pydvm.errors.UnreachableError`."""
+        try:
+            await self.flush()
+        finally:
+            self._close()
+
+    def _close(self) -> None:
         self._ch.close("client closed")
         if self._dch is not None:
             self._dch.close("client closed")
@@ -120,12 +216,16 @@ class Client:
     async def __aenter__(self) -> "Client":
         return self
 
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
+    async def __aexit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            await self.close()
+        else:
+            self._close()
 
     async def _route(self, t: str, rng, build) -> Message:
         """Send a request where the routing table says (see
         :meth:`pydvm.Client._route`) and return its answer."""
+        self._check_failed()
         to_master, to_node = _direct.master_part(t, rng)
         dch = await self._direct_channel() if to_master else None
         if dch is None:
@@ -150,10 +250,13 @@ class Client:
                     self._direct_state = _direct.OFF if self._dch is None else _direct.OPEN
         return self._dch
 
+    def _closed_error(self, ch: Channel) -> UnreachableError:
+        who = "master (direct)" if ch is self._dch else "daemon"
+        return UnreachableError(f"{who} connection closed: {ch.close_reason}")
+
     async def _call(self, ch: Channel, msg: Message) -> Message:
         if ch.closed:
-            who = "master (direct)" if ch is self._dch else "daemon"
-            raise UnreachableError(f"{who} connection closed: {ch.close_reason}")
+            raise self._closed_error(ch)
         try:
             return await ch.call(msg)
         except TypeError as exc:

@@ -557,7 +557,10 @@ def cmd_store(a: argparse.Namespace) -> int:
     from .tool import ToolError
 
     try:
-        r = _tool(a, {"t": "store"})
+        ask = {"t": "store"}
+        if a.prefix is not None:
+            ask["prefix"] = a.prefix
+        r = _tool(a, ask)
     except (ToolError, ValueError) as exc:
         return _tool_failed(exc, a.dvm)
     stores = r["stores"]
@@ -751,6 +754,9 @@ def build_parser() -> argparse.ArgumentParser:
                 "never named.")
     _dvm_option(s)
     _json_option(s, "every store")
+    s.add_argument("--prefix", metavar="P",
+                   help="list only your keys starting with P, in sorted order (e.g. "
+                        "'torch/' for the keys of PyTorch stores); the counts stay whole")
     s.set_defaults(func=cmd_store)
 
     s = _parser(sub, "info", "show parameters and nodes",

@@ -24,16 +24,20 @@ daemon gave the process at launch (``pydvm_direct_data``; see
 Errors come back as exceptions, one class per PMIx status (see
 :mod:`pydvm.errors`); a lookup that found only some keys returns a
 :class:`LookupResult` whose ``status`` is ``Status.ERR_PARTIAL_SUCCESS``.
+
+One client may be shared by all the threads of a process: each call sends
+its request at once and waits for its own answer (:mod:`pydvm._mux`), so a
+lookup waiting in one thread holds up no other thread's requests.
 """
 
 from __future__ import annotations
 
-import itertools
 import socket
 import threading
 from typing import Any, Iterable, Mapping
 
 from . import _direct, _proto
+from ._mux import Mux
 from ._proto import Found, LookupResult
 from .enums import Persistence, Range
 from .errors import BadParamError, UnreachableError
@@ -43,7 +47,8 @@ __all__ = ["Client", "Found", "LookupResult"]
 
 
 class Client:
-    """A connection to this node's daemon.  Thread-safe; one request at a time.
+    """A connection to this node's daemon.  Thread-safe: several threads may
+    have calls in flight at once, each waiting only for its own answer.
 
     ``server`` (the daemon's socket), ``nspace`` and ``rank`` default to the
     job environment (``PYDVM_SERVER``, ``PYDVM_NSPACE``, ``PYDVM_RANK``).
@@ -63,9 +68,9 @@ class Client:
     def __init__(self, server: str | None = None, nspace: str | None = None,
                  rank: int | None = None) -> None:
         self.server, self.nspace, self.rank = _proto.identity_from_env(nspace, rank, server)
-        self._ids = itertools.count(1)
-        self._lock = threading.Lock()
-        self._dch: BlockingChannel | None = None
+        self._dmux: Mux | None = None
+        #: held while the direct connection is being opened (once).
+        self._opening = threading.Lock()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(self.server)
@@ -73,7 +78,8 @@ class Client:
             sock.close()
             raise UnreachableError(f"cannot connect to the daemon at {self.server}: {exc}") from None
         self._ch = BlockingChannel(sock)
-        r = self._call(_proto.hello_msg(self.nspace, self.rank))
+        self._mux = Mux(self._ch, lambda text: UnreachableError(f"daemon {text}"))
+        r = self._exchange(self._mux, _proto.hello_msg(self.nspace, self.rank))
         _proto.check(r)
         self.node = r.get("node")
         #: whether data requests go as envelopes (a daemon passes them on).
@@ -95,6 +101,7 @@ class Client:
         access_uids: Iterable[int] = (),
         access_gids: Iterable[int] = (),
         replace: bool = False,
+        ack: bool = True,
     ) -> None:
         """Publish ``data`` (key -> str/bytes/int/float/bool) as one item.
 
@@ -112,9 +119,23 @@ class Client:
         cap) or :class:`~pydvm.errors.BadParamError`; a refused publish
         stored nothing and evicted nothing.  An accepted one may evict this
         uid's least recently used items to stay within the cap.
+
+        ``ack=False`` returns as soon as the request is sent, without
+        waiting for the store's answer.  Requests on one connection are
+        served in order, so every later call of this client (from any
+        thread) sees the publish done; a refusal is raised -- once -- by
+        the next call of this client (after that call was served: an
+        ``add`` has been applied, say; a waiting lookup is withdrawn), by
+        :meth:`flush`, or by :meth:`close`.  At most 256 such publishes
+        are unanswered at a time (beyond that the next one waits for
+        answers).
         """
-        _proto.check(self._route("publish", range, lambda env: _proto.publish_msg(
-            data, range, persistence, access_uids, access_gids, replace, env)))
+        build = lambda env: _proto.publish_msg(  # noqa: E731
+            data, range, persistence, access_uids, access_gids, replace, env)
+        if ack:
+            _proto.check(self._route("publish", range, build))
+        else:
+            self._post("publish", range, build)
 
     def lookup(
         self,
@@ -130,7 +151,8 @@ class Client:
         process.  ``wait=True`` waits until all keys can be answered,
         ``wait=N`` until N of them can; a waiting lookup consumes nothing
         until it is answered.  ``timeout`` bounds the wait in seconds (None
-        or 0: no limit, as PMIx's ``PMIX_TIMEOUT`` 0).
+        or 0: no limit, as PMIx's ``PMIX_TIMEOUT`` 0).  Other threads'
+        calls on this client proceed while it waits.
 
         Returns a :class:`LookupResult` (SUCCESS, or PARTIAL_SUCCESS with the
         keys found).  A FIRST_READ key it returns is removed from the store.
@@ -140,107 +162,202 @@ class Client:
         :class:`~pydvm.errors.BadParamError`.
         """
         return _proto.lookup_result(self._route(
-            "lookup", range, lambda env: _proto.lookup_msg(keys, range, wait, timeout, env)))
+            "lookup", range, lambda env: _proto.lookup_msg(keys, range, wait, timeout, env),
+            withdrawable=wait is not False and wait is not None))
 
-    def unpublish(self, keys: Iterable[str] | str | None = None) -> None:
+    def unpublish(self, keys: Iterable[str] | str | None = None) -> int:
         """Remove the named keys from every item this user owns; with no
         keys, remove everything this process published.  Succeeds whether or
-        not anything matched."""
-        _proto.check(self._route("unpublish", None,
-                                 lambda env, node_only=False: _proto.unpublish_msg(
-                                     keys, env, node_only)))
+        not anything matched; returns how many keys it removed (a key held
+        by two of this user's items counts twice)."""
+        return _proto.count_of(self._route(
+            "unpublish", None,
+            lambda env, node_only=False: _proto.unpublish_msg(keys, env, node_only)))
+
+    def add(self, key: str, delta: int | str | bytes = 1, *, range: Range = Range.SESSION,
+            persistence: Persistence | None = None, access_uids: Iterable[int] = (),
+            access_gids: Iterable[int] = ()) -> Any:
+        """Add ``delta`` to the integer ``key`` holds, atomically, and return
+        the new value.
+
+        The value may be an int or decimal text (str or bytes) and keeps its
+        form: a counter published as ``b"3"`` becomes ``b"5"`` after
+        ``add(key, 2)``.  An absent key is created holding ``delta`` as given
+        (as a new item of this process, with ``range``, ``persistence`` and
+        the accessor lists, which are ignored otherwise).  The key must be
+        this user's (same uid; same gid when both are known): one held by
+        another user's item, readable here, is refused
+        :class:`~pydvm.errors.NoPermissionsError`.  A value that is not an
+        integer, or a result beyond 64 bits, is
+        :class:`~pydvm.errors.BadParamError`; an item grown larger than the
+        per-uid cap :class:`~pydvm.errors.OutOfResourceError` (growth may
+        evict this uid's least recently used other items, as a publish
+        does).  The item keeps its owner, range and persistence.  Lookups
+        waiting for the key are answered.
+        """
+        return _proto.update_result(self._route("update", range, lambda env: _proto.update_msg(
+            key, "add", delta, None, range, persistence, access_uids, access_gids, env)))[0]
+
+    def compare_and_set(self, key: str, expected: Any, desired: Any, *,
+                        range: Range = Range.SESSION, persistence: Persistence | None = None,
+                        access_uids: Iterable[int] = (),
+                        access_gids: Iterable[int] = ()) -> tuple[Any, bool]:
+        """Store ``desired`` under ``key`` if it holds ``expected``, atomically.
+
+        ``expected`` None means the key must be absent; ``""`` or ``b""``
+        also matches an absent key (it reads as empty).  Values compare by
+        Python type and value (``b"1"`` never equals ``"1"`` or ``1``).
+        Returns ``(value, stored)``: what the key holds afterwards (None if
+        it is absent) and whether this call stored ``desired``.  Ownership,
+        the cap and new items as :meth:`add`.
+        """
+        return _proto.update_result(self._route("update", range, lambda env: _proto.update_msg(
+            key, "cas", desired, expected, range, persistence, access_uids, access_gids,
+            env)))
+
+    def append(self, key: str, suffix: str | bytes, *, range: Range = Range.SESSION,
+               persistence: Persistence | None = None, access_uids: Iterable[int] = (),
+               access_gids: Iterable[int] = ()) -> Any:
+        """Append ``suffix`` to the value of ``key`` (str to str, bytes to
+        bytes), atomically; return the new value.  An absent key is created
+        holding ``suffix``.  Ownership, the cap and new items as :meth:`add`."""
+        return _proto.update_result(self._route("update", range, lambda env: _proto.update_msg(
+            key, "append", suffix, None, range, persistence, access_uids, access_gids,
+            env)))[0]
+
+    def keys(self, prefix: str = "", *, range: Range = Range.SESSION,
+             limit: int | None = None) -> list[str]:
+        """The keys starting with ``prefix`` that a lookup in ``range`` by
+        this process could return, in sorted order: the first ``limit``
+        (at most 10,000 in one call; :meth:`count` says how many there
+        are).  Touches nothing: listing keeps no item alive."""
+        return _proto.keys_result(self._route(
+            "keys", range, lambda env: _proto.keys_msg(prefix, range, limit, env)))
+
+    def count(self, prefix: str = "", *, range: Range = Range.SESSION) -> int:
+        """How many keys :meth:`keys` would list without a limit."""
+        return _proto.count_of(self._route(
+            "keys", range, lambda env: _proto.keys_msg(prefix, range, 0, env)))
+
+    def flush(self) -> None:
+        """Wait for the answers of every publish sent with ``ack=False``;
+        raise the first refusal among them (once)."""
+        for mux in self._muxes():
+            mux.flush()
 
     def close(self) -> None:
-        """Close the connection.  Items this process published stay, as their
-        persistence says; a call waiting in another thread fails with
+        """Close the connection, once the publishes sent with ``ack=False``
+        are answered (raising a refusal among them, as :meth:`flush`).
+        Items this process published stay, as their persistence says; a call
+        waiting in another thread fails with
         :class:`~pydvm.errors.UnreachableError`."""
-        self._ch.close()
-        if self._dch is not None:
-            self._dch.close()
+        try:
+            self.flush()
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        for mux in self._muxes():
+            try:
+                # wakes a thread blocked reading it (close alone would not)
+                mux.ch.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            mux.ch.close()
 
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._close()  # an exception is on its way: do not mask it
 
     # -- plumbing ---------------------------------------------------------
 
-    def _route(self, t: str, rng, build) -> Message:
+    @property
+    def _dch(self) -> BlockingChannel | None:
+        """The direct connection's channel (None: not open)."""
+        return self._dmux.ch if self._dmux is not None else None
+
+    def _check(self) -> None:
+        """Raise the refusal of an earlier ``ack=False`` publish, if one came back."""
+        if self._mux._failed is not None:
+            self._mux.check()
+        dmux = self._dmux
+        if dmux is not None and dmux._failed is not None:
+            dmux.check()
+
+    def _muxes(self) -> list[Mux]:
+        return [self._mux] if self._dmux is None else [self._dmux, self._mux]
+
+    def _route(self, t: str, rng, build, withdrawable: bool = False) -> Message:
         """Send a request where the routing table says and return its answer.
 
         ``build(envelope)`` makes the request (``build(envelope, True)``:
         an unpublish's node-store part, sent to the daemon once the master
         has answered, unless the master says this node's store holds
         nothing of this uid).  Without a direct connection everything goes
-        to the daemon, which routes it itself."""
-        with self._lock:
-            # A head-node client, or one without a credential, never looks
-            # at the routing table: everything goes to its node server.
-            to_master, to_node = (False, False) if self._direct_state == _direct.OFF \
-                else _direct.master_part(t, rng)
-            dch = self._direct_channel() if to_master else None
-            if dch is None:
-                return self._exchange(self._ch, build(self._envelope))
-            master = self._exchange(dch, build(False))
-            if not to_node or not _proto.node_part_needed(master):
-                return master
-            node = self._exchange(self._ch, build(self._envelope, True))
-            return _proto.combined(master, node)
+        to the daemon, which routes it itself.  First raises the refusal of
+        an earlier ``ack=False`` publish, if one came back."""
+        dmux = self._dmux
+        if self._mux._failed is not None or (dmux is not None and dmux._failed is not None):
+            self._check()
+        # A head-node client, or one without a credential, never looks
+        # at the routing table: everything goes to its node server.
+        to_master, to_node = (False, False) if self._direct_state == _direct.OFF \
+            else _direct.master_part(t, rng)
+        dmux = self._direct_mux() if to_master else None
+        if dmux is None:
+            return self._exchange(self._mux, build(self._envelope), withdrawable)
+        master = self._exchange(dmux, build(False), withdrawable)
+        if not to_node or not _proto.node_part_needed(master):
+            return master
+        node = self._exchange(self._mux, build(self._envelope, True))
+        return _proto.combined(master, node)
 
-    def _direct_channel(self) -> BlockingChannel | None:
+    def _post(self, t: str, rng, build) -> None:
+        """Send a request where :meth:`_route` would, without waiting."""
+        self._check()
+        to_master = self._direct_state != _direct.OFF and _direct.master_part(t, rng)[0]
+        dmux = self._direct_mux() if to_master else None
+        mux = self._mux if dmux is None else dmux
+        try:
+            mux.post(build(self._envelope if dmux is None else False))
+        except TypeError as exc:
+            raise BadParamError(f"cannot encode request: {exc}") from None
+
+    def _direct_mux(self) -> Mux | None:
         """The direct connection, opened on first use; None: use the daemon."""
         state = self._direct_state
         if state == _direct.OPEN:
-            return self._dch
+            return self._dmux
         if state == _direct.OFF:
             return None
+        with self._opening:
+            state = self._direct_state
+            if state == _direct.UNUSED:
+                if not _direct.socket_open(self._ch.sock):
+                    raise _direct.daemon_gone()  # our process was reaped: act for nobody
+                dch = _direct.open_blocking(self._direct_info)
+                if dch is None:
+                    self._direct_state = _direct.OFF
+                else:
+                    self._dmux = Mux(dch, self._direct_lost)
+                    self._direct_state = _direct.OPEN
+                state = self._direct_state
         if state == _direct.LOST:
             raise UnreachableError("direct connection to the master lost")
-        if not _direct.socket_open(self._ch.sock):
-            raise _direct.daemon_gone()  # our process was reaped: act for nobody
-        self._dch = _direct.open_blocking(self._direct_info)
-        self._direct_state = _direct.OFF if self._dch is None else _direct.OPEN
-        return self._dch
+        return self._dmux if state == _direct.OPEN else None
 
-    def _call(self, msg: Message) -> Message:
-        with self._lock:
-            return self._exchange(self._ch, msg)
+    def _direct_lost(self, text: str) -> UnreachableError:
+        self._direct_state = _direct.LOST
+        return UnreachableError(f"master (direct) {text}")
 
-    def _exchange(self, ch: BlockingChannel, msg: Message) -> Message:
-        """Send one request on ``ch`` and wait for its answer."""
-        msg["id"] = rid = next(self._ids)
+    def _exchange(self, mux: Mux, msg: Message, withdrawable: bool = False) -> Message:
+        """Send one request through ``mux`` and wait for its answer."""
         try:
-            ch.send(msg)
+            return mux.call(msg, withdrawable=withdrawable)
         except TypeError as exc:  # a value msgpack cannot encode
             raise BadParamError(f"cannot encode request: {exc}") from None
-        except OSError as exc:
-            raise self._lost(ch, f"connection lost: {exc}") from None
-        try:
-            return self._answer(ch, rid)
-        except (KeyboardInterrupt, SystemExit):
-            # Abandoned while waiting (Ctrl-C in a waiting lookup): withdraw
-            # it, so it does not stay parked in the store.
-            try:
-                ch.send({"t": "cancel", "ref": rid})
-            except OSError:
-                pass
-            raise
-
-    def _answer(self, ch: BlockingChannel, rid: int) -> Message:
-        while True:
-            try:
-                r = ch.recv()
-            except (OSError, ConnectionError, ValueError) as exc:
-                raise self._lost(ch, f"connection lost: {exc}") from None
-            if r.get("t") == "reply" and r.get("id") == rid:
-                return r
-            if r.get("t") == "error":
-                raise self._lost(ch, f"dropped the connection: {r.get('msg')}")
-            # Anything else is the late reply of an abandoned call: skipped.
-
-    def _lost(self, ch: BlockingChannel, what: str) -> UnreachableError:
-        if ch is self._dch:
-            self._direct_state = _direct.LOST
-            return UnreachableError(f"master (direct) {what}")
-        return UnreachableError(f"daemon {what}")

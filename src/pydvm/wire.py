@@ -730,7 +730,8 @@ def _client_spin() -> float:
 class BlockingChannel:
     """A framed connection for synchronous code (the blocking client).
 
-    One request at a time per thread; a lock makes it safe to share.
+    Not thread-safe by itself: one thread sends at a time and one reads at
+    a time (the client's :class:`pydvm._mux.Mux` sees to both).
     """
 
     def __init__(self, sock: socket.socket, max_frame: int = MAX_FRAME) -> None:
@@ -788,6 +789,24 @@ class BlockingChannel:
                 return msgs[0]  # the usual case: one answer, nothing queued
             self._queue.extend(msgs)
         return self._queue.pop(0)
+
+    def recv_ready(self) -> list[Message]:
+        """Every message already received, without waiting for more (an
+        empty list if none).  Raises ConnectionError at end of file."""
+        if self._timeout is not None:
+            # a socket with a timeout would wait for data despite MSG_DONTWAIT
+            self.sock.settimeout(None)
+            self._timeout = None
+        while True:
+            try:
+                data = self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                break
+            if not data:
+                raise ConnectionError("server closed the connection")
+            self._queue.extend(self._decoder.feed(data))
+        out, self._queue = self._queue, []
+        return out
 
     def close(self) -> None:
         try:

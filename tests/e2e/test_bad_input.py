@@ -233,11 +233,28 @@ BAD_REQUESTS = [
     {"t": "publish", "pairs": {"k": [1, 2]}},
     {"t": "unpublish", "keys": 5},
     {"t": "unpublish", "keys": [5]},
+    {"t": "update", "op": "add", "value": 1},
+    {"t": "update", "key": "", "op": "add", "value": 1},
+    {"t": "update", "key": "k", "value": 1},
+    {"t": "update", "key": "k", "op": "multiply", "value": 1},
+    {"t": "update", "key": "k", "op": "add"},
+    {"t": "update", "key": "k", "op": "add", "value": "one"},
+    {"t": "update", "key": "k", "op": "add", "value": 1.5},
+    {"t": "update", "key": "k", "op": "append", "value": 7},
+    {"t": "update", "key": "k", "op": "cas", "value": b"x", "expected": [1]},
+    {"t": "update", "key": "k", "op": "add", "value": 1, "range": 99},
+    {"t": "update", "key": "k", "op": "add", "value": 1, "range": 2, "persist": "x"},
+    {"t": "update", "key": "k", "op": "cas", "value": {"a": 1}, "range": 2},
+    {"t": "keys", "prefix": 5},
+    {"t": "keys", "prefix": "k", "limit": -1},
+    {"t": "keys", "prefix": "k", "range": 2, "limit": "all"},
+    {"t": "keys", "prefix": "k", "range": 42},
 ]
 
 
 def test_data_request_with_wrong_field_types_gets_bad_param_with_message(dvm, held):
-    """Malformed publish/lookup/unpublish fields get BAD_PARAM (same id, a message); nothing else changes."""
+    """Malformed publish/lookup/unpublish/update/keys fields get BAD_PARAM (same id, a
+    message), on the node store (LOCAL) and the master's alike; nothing else changes."""
     peer = client(held)
     for msg in BAD_REQUESTS:
         r = peer.call(msg)

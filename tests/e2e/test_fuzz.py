@@ -78,13 +78,13 @@ KEYS = ["fz0", "fz1", "fz2", "fz3"]
 #: Never sent to the master: they stop the DVM or end/kill/launch jobs.
 MASTER_FORBIDDEN = frozenset({"stop", "shutdown", "session_end", "kill_job", "run"})
 #: Every message type of the protocol (both directions), plus a few unknown ones.
-TYPES = ["publish", "lookup", "unpublish", "hello"] + sorted({  # client -> daemon first
+TYPES = ["publish", "lookup", "unpublish", "update", "keys", "hello"] + sorted({  # client first
     "auth", "ready", "cancel", "output", "exited",                  # daemon -> master
     "launch", "kill", "purge", "stats", "shutdown", "ping",         # master -> daemon
     "run", "kill_job", "ps", "stop", "session_new", "session_end", "store", "info",  # tools
     "challenge", "reply", "error", "started",                       # answers
     "bogus", "", "PUBLISH",
-} - {"publish", "lookup", "unpublish", "hello"})
+} - {"publish", "lookup", "unpublish", "update", "keys", "hello"})
 MASTER_TYPES = [t for t in TYPES if t not in MASTER_FORBIDDEN]
 #: Tool requests that may succeed; any other non-data type is refused.
 _TOOL_OK = frozenset({"session_new", "store", "info", "purge", "ping", "ps"})
@@ -137,6 +137,13 @@ def field_strategies(nspaces: list[str], ranks: list[int]) -> dict[str, st.Searc
                                                          st.floats(), st.booleans())),
                                         min_size=1, max_size=3)),
         "keys": mostly(key_lists | st.none()),
+        "key": mostly(st.sampled_from(KEYS)),
+        "op": mostly(st.sampled_from(["add", "add", "cas", "append"])),
+        "value": mostly(st.one_of(st.integers(-3, 3), st.sampled_from([b"", b"1", "1", b"x"]),
+                                  st.binary(max_size=4))),
+        "expected": mostly(st.none() | st.sampled_from([b"", b"1", "1", 0, 1])),
+        "prefix": mostly(st.sampled_from(["", "fz", "fz1", "zz"])),
+        "limit": mostly(st.none() | st.integers(0, 3)),
         "range": mostly(st.sampled_from([2, 2, 3, 4, 4, 5, 0, 1, 6, 7, 8])),
         "persist": mostly(st.sampled_from([0, 1, 2, 3, 4, 5, 255, None, 77])),
         "uids": mostly(ids),
@@ -182,6 +189,9 @@ TYPE_FIELDS = {
                 "requestor", "req_uid", "req_gid", "req_app", "caller"],
     "lookup": ["keys", "range", "wait", "timeout", "requestor", "req_uid", "req_gid", "caller"],
     "unpublish": ["keys", "requestor", "req_uid", "caller"],
+    "update": ["key", "op", "value", "expected", "range", "persist", "uids", "gids",
+               "requestor", "req_uid", "req_gid", "caller"],
+    "keys": ["prefix", "range", "limit", "requestor", "req_uid", "caller"],
     "hello": ["nspace", "rank"],
     "auth": ["role", "mac", "node", "pid"],
     "session_new": ["hosts"],
@@ -200,7 +210,8 @@ TYPE_FIELDS = {
 
 
 #: Fields a message is little without: present seven times in eight (others half the time).
-ESSENTIAL = frozenset({"pairs", "keys", "nspace", "rank", "role", "mac", "horizon"})
+ESSENTIAL = frozenset({"pairs", "keys", "nspace", "rank", "role", "mac", "horizon", "key", "op",
+                       "value"})
 
 
 def messages(types: list[str], common: list[str],
@@ -313,6 +324,10 @@ EXPLICIT = [
     pack({"t": "publish", "id": 5, "pairs": {"fz1": {"a": [1, {"b": None}]}}, "range": 2}),
     pack({"t": "publish", "id": 6, "pairs": {"fz2": 1}, "uids": [2**32 - 1], "gids": [0]}),
     pack({"t": "unpublish", "id": 7, "keys": None}),
+    pack({"t": "update", "id": 14, "key": "fz0", "op": "add", "value": 2**64 - 1}),
+    pack({"t": "update", "id": 15, "key": "fz0", "op": "add", "value": 1}),
+    pack({"t": "update", "id": 16, "key": "fz1", "op": "cas", "value": b"x", "expected": b""}),
+    pack({"t": "keys", "id": 17, "prefix": "fz", "limit": 2**63}),
     pack({"t": "purge", "id": 8, "horizon": 5, "nspace": "x", "rank": 2**64 - 1}),
     pack({"t": "session_new", "id": 9, "hosts": [["a", -1]]}),
     pack({"t": "session_new", "id": 10, "hosts": {"a": 1}}),
@@ -497,12 +512,13 @@ class Prediction:
                     p.optional[idkey(rid)] += 1  # may be parked: answered at most once
                 else:
                     p.required[idkey(rid)] += 1
-                if t == "publish":
+                if t in ("publish", "update"):  # both may store a new item
                     store = "master"
                     if state == "client" and dataops.request_range(m) == Range.LOCAL:
                         store = held.node
-                    pairs = m.get("pairs")
-                    keys = [k for k in pairs if isinstance(k, str)] if isinstance(pairs, dict) else []
+                    pairs = m.get("pairs") if t == "publish" else [m.get("key")]
+                    keys = [k for k in pairs if isinstance(k, str)] \
+                        if isinstance(pairs, (dict, list)) else []
                     p.publishes.append((idkey(rid), store, keys))
             elif state in ("tool", "client") and t == "cancel":
                 continue  # a notice (like a daemon's), never answered
@@ -626,10 +642,11 @@ def _exercise(fz: Fuzzed, kind: str, data: bytes, p: Prediction, peer: FuzzPeer)
 def run_fuzz(fz: Fuzzed, kind: str, record_property) -> None:
     fields = field_strategies([fz.held.nspace, "pydvm-x@1"], [fz.held.rank])
     if kind.startswith("master"):
-        msgs = messages(MASTER_TYPES, ["publish", "lookup", "unpublish", "info", "store",
-                                       "session_new", "purge", "auth"], fields)
+        msgs = messages(MASTER_TYPES, ["publish", "lookup", "unpublish", "update", "info",
+                                       "store", "session_new", "purge", "auth"], fields)
     else:
-        msgs = messages(TYPES, ["publish", "lookup", "unpublish", "hello"], fields)
+        msgs = messages(TYPES, ["publish", "lookup", "unpublish", "update", "keys", "hello"],
+                        fields)
     before = SENT[kind]
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=SEED is None,

@@ -132,3 +132,38 @@ def test_unreachable_data_server_fails_fast_and_the_relay_reconnects(dvms, tmp_p
 
     wait_for(published, timeout=30, interval=0.5, what="the relay to reconnect")
     assert s2.store()["master"]["keys"] == ["back"]
+
+
+ADD_FIVE = """
+from pydvm import Client, Persistence
+with Client() as c:
+    print("ADDED", *[c.add("shared", 1, persistence=Persistence.SESSION) for _ in range(5)])
+"""
+
+COUNT_AND_REMOVE = """
+from pydvm import Client
+with Client() as c:
+    print("VALUE", c.lookup("shared")["shared"], "COUNT", c.count("sha"),
+          "KEYS", *c.keys(""), "REMOVED", c.unpublish("shared"))
+"""
+
+
+def test_atomic_updates_key_counts_and_unpublish_counts_are_served_by_the_data_server(dvms):
+    """Adds from two relaying DVMs' jobs meet in one counter held by S (each
+    value returned once); counting, listing and unpublish answer from there."""
+    import sys
+
+    s, c1, c2 = dvms["S"], dvms["C1"], dvms["C2"]
+    runs = [c1.run_bg("--host", "p1:1,p2:1", "-n", "2", sys.executable, "-c", ADD_FIVE),
+            c2.run_bg("-n", "1", sys.executable, "-c", ADD_FIVE)]
+    got = []
+    for r in runs:
+        out, err = r.communicate(timeout=60)
+        assert r.returncode == 0, out + err
+        got += [int(v) for ln in out.splitlines() if ln.startswith("ADDED") for v in ln.split()[1:]]
+    assert sorted(got) == list(range(1, 16)), got
+    assert s.store()["master"]["keys"] == ["shared"]
+    q = c2.run("-n", "1", sys.executable, "-c", COUNT_AND_REMOVE)
+    assert q.stdout.split() == ["VALUE", "15", "COUNT", "1", "KEYS", "shared", "REMOVED", "1"], \
+        q.stdout + q.stderr
+    assert s.store()["master"]["items"] == 0

@@ -24,6 +24,21 @@ RUNNABLE = [b for doc in DOCS for b in ALL_BLOCKS[doc] if b.runnable and not b.f
 NEEDS = (("mpicc", "libopenmpi-dev openmpi-bin"), ("gcc", "gcc"))
 
 
+def needs_torch(block: Block) -> bool:
+    """The snippet runs PyTorch: it imports it, runs torchrun, or runs a
+    Python file of its document that imports it."""
+    if "import torch" in block.text or "torchrun" in block.text:
+        return True
+    return any(b.filename and b.filename in block.text and "import torch" in b.text
+               for b in ALL_BLOCKS[block.path])
+
+
+def torch_missing() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is None
+
+
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory):
     """One scratch directory per document, holding that document's Python files."""
@@ -46,6 +61,8 @@ def test_snippet_runs_as_written(scratch, block: Block):
     for tool, package in NEEDS:
         if re.search(rf"(^|\s){re.escape(tool)}\s", block.text) and not shutil.which(tool):
             pytest.skip(f"{block.id} needs {tool} (apt-get install {package})")
+    if needs_torch(block) and torch_missing():
+        pytest.skip(f"{block.id} needs PyTorch (pip install 'pydvm[torch]')")
     s = scratch(block.path)
     out = s.run_python(block) if block.lang == "python" else s.run_shell(block.text)
     problems = out.problems() + (unshown(block.text, out) if block.lang != "python" else [])

@@ -28,7 +28,8 @@ import math
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from pydvm.store import DataStore, FakeScheduler, Pending, Reply, StoreParams, item_nbytes
+from pydvm.store import (DataStore, FakeScheduler, Pending, Reply, StoreParams, Typed,
+                         item_nbytes, value_size)
 from pydvm.store.rules import ReadVerdict, may_read, owns, sweep_interval
 from storekit import (
     GID_A, GID_B, GID_C, UID_A, UID_B, UID_C, Persistence as P, Range, Status, caller, snapshot,
@@ -84,6 +85,18 @@ range_st = st.sampled_from([Range.SESSION, Range.SESSION, Range.GLOBAL, Range.UN
 uids_st = st.lists(st.sampled_from([UID_A, UID_B, UID_C]), max_size=2)
 gids_st = st.lists(st.sampled_from([GID_A, GID_B, GID_C]), max_size=2)
 
+#: operands of updates: counters (ints, decimal text), what they are compared
+#: with, what is appended -- and values of every other kind, which add refuses.
+update_values = st.one_of(
+    st.integers(-3, 3), st.integers(-(2**63), 2**64 - 1), st.sampled_from(["1", b"2", "-4", b"+1"]),
+    st.sampled_from([b"", "", b"a", "a", b"ab", 0, 1, True, 1.0]),
+    st.builds(Typed, st.integers(0, 255), st.just(12)),
+    values,
+)
+expected_st = st.one_of(st.none(), st.sampled_from([b"", "", b"a", "a", 0, 1, True]), values)
+update_op_st = st.sampled_from(["add", "add", "cas", "cas", "append"])
+prefix_st = st.sampled_from(["", "k", "k1", "k2", "k3", "k4", "k63", "x"])
+
 #: horizon -> persistences it removes (literal SPEC 5 table)
 REMOVES = {
     P.PROC: {P.PROC},
@@ -131,6 +144,58 @@ def _covers(target: dict, who) -> bool:
     if target.get("session_id") is not None and who.session_id != target["session_id"]:
         return False
     return True
+
+
+def _plain(v):
+    return v.value if isinstance(v, Typed) else v
+
+
+def _oracle_update(op, current, operand, expected):
+    """(status, new value or None) of an update, written from the rules
+    stated in DataStore.update's docstring, independently of its code."""
+    def as_int(v):
+        v = _plain(v)
+        if type(v) is int:
+            return v
+        if type(v) in (str, bytes):
+            t = v.decode("latin-1") if type(v) is bytes else v
+            body = t[1:] if t[:1] in ("+", "-") else t
+            if body and all(c in "0123456789" for c in body) and len(t) <= 40:
+                return int(t)
+        return None
+
+    if op == "add" and as_int(operand) is None:
+        return Status.ERR_BAD_PARAM, None
+    if op == "append" and type(_plain(operand)) not in (str, bytes):
+        return Status.ERR_BAD_PARAM, None
+    if op == "cas":
+        if current is None:
+            ok = expected is None or (type(_plain(expected)) in (str, bytes)
+                                      and len(_plain(expected)) == 0)
+        else:
+            ok = (expected is not None and type(_plain(current)) is type(_plain(expected))
+                  and _plain(current) == _plain(expected))
+        return Status.SUCCESS, operand if ok else None
+    if current is None:
+        return Status.SUCCESS, operand
+    if op == "add":
+        base = as_int(current)
+        if base is None:
+            return Status.ERR_BAD_PARAM, None
+        total = base + as_int(operand)
+        if isinstance(current, Typed):
+            return (Status.SUCCESS, Typed(total, current.pmix_type)) if 0 <= total <= 255 \
+                else (Status.ERR_BAD_PARAM, None)
+        if not -(2**63) <= total <= 2**64 - 1:
+            return Status.ERR_BAD_PARAM, None
+        if type(current) is int:
+            return Status.SUCCESS, total
+        return Status.SUCCESS, (str(total).encode() if type(current) is bytes else str(total))
+    cur, extra = _plain(current), _plain(operand)
+    if type(cur) is not type(extra) or type(cur) not in (str, bytes):
+        return Status.ERR_BAD_PARAM, None
+    return Status.SUCCESS, (Typed(cur + extra, current.pmix_type) if isinstance(current, Typed)
+                            else cur + extra)
 
 
 def _item_state(it):
@@ -410,12 +475,119 @@ class StoreMachine(RuleBasedStateMachine):
                     assert iid in live and _item_state(live[iid]) == state
         assert len(self.answers) == self.drained
 
+    @rule(who=st.sampled_from(CALLERS), key=key_st, op=update_op_st, value=update_values,
+          expected=expected_st, rng=range_st, persistence=persist_st, uids=uids_st)
+    def update(self, who, key, op, value, expected, rng, persistence, uids):
+        self._update(who, self._key(key), op, value, expected, rng, persistence, uids)
+
+    @rule(nspace=st.sampled_from(NSPACES), first=st.integers(0, 15), n=st.integers(4, 40),
+          key=key_st, delta=st.integers(-2, 5), rng=st.sampled_from([Range.SESSION,
+                                                                       Range.NAMESPACE]))
+    def counter_burst(self, nspace, first, n, key, delta, rng):
+        """A job's processes add to one counter in turn, as ranks do."""
+        ranks = RANKS[nspace]
+        for j in range(n):
+            who = BY_PROC[(nspace, ranks[(first + j) % len(ranks)])]
+            self._update(who, self._key(key), "add", delta, None, rng, None, [])
+
+    def _update(self, who, key, op, value, expected, rng, persistence, uids):
+        store = self.store
+        now = self.sched.now()
+        before = snapshot(store)
+        pre = {it.id: (it, _item_state(it)) for it in store.items()}
+        persist = P.NSPACE if persistence in (None, P.INVALID) else persistence
+        uids_n = tuple(dict.fromkeys(uids))
+        # oracle: the duplicate rule picks the key's item; then the operation; then the cap
+        colliders = [it for it, _ in sorted(pre.values(), key=lambda p: p[0].id)
+                     if it.range is rng and key in it.pairs and not self._stale(it, now)
+                     and may_read(who, it, rng, store.dvm_nspace) is ReadVerdict.OK]
+        valid_values = not isinstance(value, (list, dict, type(None))) and not (
+            isinstance(value, int) and not isinstance(value, bool)
+            and not -(2**63) <= value <= 2**64 - 1)
+        target = next((it for it in colliders if owns(who, it)), None)
+        # refusals in the order the docstring gives: the arguments, the owner, the value
+        operand_status, _ = _oracle_update(op, None, value, None)
+        if not valid_values or operand_status is Status.ERR_BAD_PARAM:
+            expected_status, new = Status.ERR_BAD_PARAM, None
+        elif any(not owns(who, it) for it in colliders):
+            expected_status, new = Status.ERR_NO_PERMISSIONS, None
+        else:
+            expected_status, new = _oracle_update(op, target.pairs[key] if target else None,
+                                                  value, expected)
+        if expected_status is Status.SUCCESS and new is not None and self.cap:
+            size = (target.nbytes - value_size(target.pairs[key]) + value_size(new)
+                    if target is not None else item_nbytes({key: new}, uids_n, ()))
+            if size > self.cap:
+                expected_status = Status.ERR_OUT_OF_RESOURCE
+
+        reply = store.update(who, key, op, value, expected=expected, range=rng,
+                             persistence=persistence, access_uids=uids)
+        assert reply.status is expected_status, (reply, expected_status, op, value, target)
+        event(f"update {op} {reply.status.name}{' changed' if reply.count else ''}")
+        if reply.status is not Status.SUCCESS:
+            assert snapshot(store) == before, "refused update changed the store"
+            assert len(self.answers) == self.drained, "refused update answered a lookup"
+            return
+        assert reply.count == (0 if new is None else 1)
+        if new is None:  # a compare-and-set that did not match: a read, nothing else
+            assert reply.found == (() if target is None else
+                                   ((key, target.pairs[key], target.owner.proc),))
+            assert len(self.answers) == self.drained
+            live = {it.id: it for it in store.items()}
+            for iid, (it, state) in pre.items():
+                if iid in live and iid != getattr(target, "id", None):
+                    assert _item_state(live[iid]) == state, "a cas miss changed another item"
+            return
+        owner = target.owner if target is not None else who
+        assert [tuple(f) for f in reply.found] == [(key, new, owner.proc)]
+        if self._drain(allow_timeout=False):
+            event("update answered a parked lookup")
+            return  # parked lookups may have consumed FIRST_READ keys anywhere
+        live = {it.id: it for it in store.items()}
+        if target is not None:
+            it = live[target.id]
+            assert it.pairs[key] == new and type(it.pairs[key]) is type(new)
+            assert (it.owner, it.range, it.persistence) == (target.owner, target.range,
+                                                            target.persistence)
+            assert it.last_access == now
+            kept = {k: v for k, v in pre[target.id][1][0].items() if k != key}
+            assert {k: v for k, v in it.pairs.items() if k != key} == kept
+        else:
+            made = [it for iid, it in live.items() if iid not in pre]
+            assert len(made) == 1
+            assert (made[0].owner, made[0].pairs, made[0].range, made[0].persistence,
+                    made[0].access_uids) == (who, {key: new}, rng, persist, uids_n)
+        for iid, (it, state) in pre.items():
+            if iid not in live:  # evicted (the uid's, never the target) or stale
+                assert self._stale(it, now) or (it.uid == who.uid and iid != target.id
+                                                if target is not None else it.uid == who.uid)
+            elif it.uid != who.uid and iid != getattr(target, "id", None):
+                assert _item_state(live[iid]) == state
+
+    @rule(who=st.sampled_from(CALLERS), prefix=prefix_st, rng=range_st,
+          limit=st.sampled_from([None, 0, 1, 3]))
+    def keys(self, who, prefix, rng, limit):
+        now = self.sched.now()
+        before = snapshot(self.store)
+        expected = sorted({k for it in self.store.items() if not self._stale(it, now)
+                           for k in it.pairs if k.startswith(prefix)
+                           and may_read(who, it, rng, self.store.dvm_nspace) is ReadVerdict.OK})
+        reply = self.store.keys(who, prefix, range=rng, limit=limit)
+        assert reply.status is Status.SUCCESS
+        assert reply.count == len(expected)
+        assert list(reply.keys) == (expected if limit is None else expected[:limit])
+        assert snapshot(self.store) == before, "keys changed the store"
+        event(f"keys counted {'some' if expected else 'none'}")
+
     @rule(who=st.sampled_from(CALLERS), keys=st.lists(key_st, min_size=1, max_size=3))
     def unpublish(self, who, keys):
         keys = self._keys(keys)
         pre = {it.id: (it, set(it.pairs)) for it in self.store.items()}
         parked = self.store.stats().parked
-        assert self.store.unpublish(who, keys).status is Status.SUCCESS
+        reply = self.store.unpublish(who, keys)
+        assert reply.status is Status.SUCCESS
+        assert reply.count == sum(len(ks & set(keys)) for it, ks in pre.values()
+                                  if owns(who, it)), "unpublish miscounted what it removed"
         live = {it.id: it for it in self.store.items()}
         for iid, (it, ks) in pre.items():
             left = ks - set(keys) if owns(who, it) else ks
@@ -429,7 +601,10 @@ class StoreMachine(RuleBasedStateMachine):
     def unpublish_all(self, who):
         pre = {it.id: (it, _item_state(it)) for it in self.store.items()}
         parked = self.store.stats().parked
-        assert self.store.unpublish_all(who).status is Status.SUCCESS
+        reply = self.store.unpublish_all(who)
+        assert reply.status is Status.SUCCESS
+        assert reply.count == sum(len(state[0]) for it, state in pre.values()
+                                  if it.owner.proc == who.proc)
         live = {it.id: it for it in self.store.items()}
         for iid, (it, state) in pre.items():
             if it.owner.proc == who.proc:

@@ -1,4 +1,4 @@
-"""Applying data requests (publish, lookup, unpublish) to a store.
+"""Applying data requests (publish, lookup, unpublish, update, keys) to a store.
 
 Shared by the master (for requests relayed by daemons and sent by tools) and
 the daemons (LOCAL-range requests of their own clients), so that both stores
@@ -11,8 +11,14 @@ Wire fields of a data request::
                gids:[int], replace:bool
     lookup:    keys:[str], range:int, wait:int|None, timeout:float|None
     unpublish: keys:[str] | None (None: everything the caller published)
+    update:    key:str, op:"add"|"cas"|"append", value, expected (cas),
+               range:int, persist:int|None, uids:[int], gids:[int]
+    keys:      prefix:str, range:int, limit:int|None
 
-Replies carry ``found: [[key, value, nspace, rank], ...]``.
+Replies carry ``found: [[key, value, nspace, rank], ...]`` (a lookup's
+keys; the key an update leaves, with its value and owner), ``count`` (keys
+an unpublish removed, 1 when an update changed the store, keys a ``keys``
+request matched; absent: 0) and ``keys`` (what a ``keys`` request listed).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from ..errors import Status
 from ..store import Caller, DataStore, Pending, Reply
 from ..wire import BODY, Message, reply, unpack_payload
 
-DATA_OPS = frozenset({"publish", "lookup", "unpublish"})
+DATA_OPS = frozenset({"publish", "lookup", "unpublish", "update", "keys"})
 
 #: Fields a daemon forwards to the master for each op; anything else a
 #: client sent (notably requestor claims) is dropped on the daemon.
@@ -32,7 +38,14 @@ FORWARDED_FIELDS = {
     "publish": ("pairs", "range", "persist", "uids", "gids", "replace"),
     "lookup": ("keys", "range", "wait", "timeout"),
     "unpublish": ("keys",),
+    "update": ("key", "op", "value", "expected", "range", "persist", "uids", "gids"),
+    "keys": ("prefix", "range", "limit"),
 }
+
+#: A ``keys`` reply lists at most this many keys, of at most this many
+#: UTF-8 bytes in all (its ``count`` is never bounded), so it fits a frame.
+KEYS_LISTED = 10_000
+KEYS_LISTED_BYTES = 4 * 1024 * 1024
 
 
 #: The two kinds of store a data request can reach.
@@ -46,7 +59,8 @@ def stores_for(t: str, rng: Any) -> tuple[str, ...]:
     master's direct connections (:mod:`.direct`) and the clients that open
     one (:mod:`pydvm._direct`) all read it.  LOCAL items live in the
     node store, every other range in the master's; ``unpublish`` goes to
-    both (removal is a question of ownership, not of range).
+    both (removal is a question of ownership, not of range).  ``update``
+    goes where ``publish`` goes and ``keys`` where ``lookup`` goes.
     """
     if t == "unpublish":
         return (NODE, MASTER)
@@ -91,7 +105,22 @@ def encode(rid: Any, r: Reply) -> Message:
     out = reply(rid, r.status, r.message)
     if r.found:
         out["found"] = [[f.key, f.value, f.publisher[0], f.publisher[1]] for f in r.found]
+    if r.count:
+        out["count"] = r.count
+    if r.keys:
+        out["keys"] = list(r.keys)
     return out
+
+
+def add_count(n: int) -> Callable[[Message], None]:
+    """An answer adjuster that adds ``n`` to a successful answer's ``count``:
+    an unpublish whose node-store part removed ``n`` keys answers with the
+    master's answer, which counts only its own."""
+    def adjust(r: Message) -> None:
+        if r.get("status") == 0:
+            c = r.get("count", 0)
+            r["count"] = (c if isinstance(c, int) and not isinstance(c, bool) else 0) + n
+    return adjust
 
 
 def apply(store: DataStore, caller: Caller, msg: Message, ticket: Hashable) -> Message | None:
@@ -132,6 +161,25 @@ def apply(store: DataStore, caller: Caller, msg: Message, ticket: Hashable) -> M
     elif t == "unpublish":
         keys = msg.get("keys")
         r = store.unpublish_all(caller) if keys is None else store.unpublish(caller, keys)
+    elif t == "update":
+        r = store.update(
+            caller,
+            msg.get("key"),
+            msg.get("op"),
+            msg.get("value"),
+            msg.get("expected"),
+            request_range(msg),
+            msg.get("persist"),
+            msg.get("uids") or (),
+            msg.get("gids") or (),
+        )
+    elif t == "keys":
+        limit = msg.get("limit")
+        if limit is None or (isinstance(limit, int) and not isinstance(limit, bool)
+                             and limit > KEYS_LISTED):
+            limit = KEYS_LISTED
+        r = store.keys(caller, msg.get("prefix", ""), request_range(msg), limit=limit,
+                       max_bytes=KEYS_LISTED_BYTES)
     else:
         return reply(rid, Status.ERR_BAD_PARAM, f"unknown data operation {t!r}")
     return encode(rid, r)
@@ -154,7 +202,8 @@ def _is_int(v: Any) -> bool:
 
 
 def reissue(send: Callable[[Message, Callable[[Message], None]], int | None],
-            to: Any, msg: Message, head: Message, outstanding: dict[int, int]) -> None:
+            to: Any, msg: Message, head: Message, outstanding: dict[int, int],
+            adjust: Callable[[Message], None] | None = None) -> None:
     """Pass a data request one hop on and route its one reply back.
 
     Used by a daemon (client -> master) and a relaying master (daemon ->
@@ -171,7 +220,8 @@ def reissue(send: Callable[[Message, Callable[[Message], None]], int | None],
     to the next hop's, so a vanished sender's waiting lookups can be
     cancelled there.  ``send`` is :meth:`Channel.request`-like: it returns
     the next hop's id, or None when it already answered (the next hop is
-    unreachable).
+    unreachable).  ``adjust`` (rarely given: :func:`add_count`) changes the
+    answer before it goes back, which then costs decoding it here.
     """
     rid = msg["id"]
     fwd = dict(head)
@@ -189,10 +239,16 @@ def reissue(send: Callable[[Message, Callable[[Message], None]], int | None],
     def answered(r: Message) -> None:
         outstanding.pop(rid, None)
         body = r.get(BODY)
+        if body is not None and adjust is not None:
+            inner = unpack_payload(body)
+            if inner is not None:
+                r, body = inner, None
         if body is not None:
             to.channel.send_raw(body)
         else:
             r["id"] = rid
+            if adjust is not None:
+                adjust(r)
             to.send_answer(rid, r)
 
     remote = send(fwd, answered)
@@ -200,15 +256,16 @@ def reissue(send: Callable[[Message, Callable[[Message], None]], int | None],
         outstanding[rid] = remote
 
 
-def stats_row(store: DataStore, uid: int) -> dict:
+def stats_row(store: DataStore, uid: int, prefix: str | None = None) -> dict:
     """One store's entry of ``pydvm store --json``: counts for everyone's
     data, key names only of ``uid``'s own items, and for each of those
     (``key_info``, the first :data:`KEY_INFO_LIMIT`, least recently used
     first; ``key_info_truncated`` says whether there were more) its
     persistence, range, idle seconds, seconds until the idle timeout (None:
-    a lifetime removes it), size and publisher."""
+    a lifetime removes it), size and publisher.  With ``prefix`` (``pydvm
+    store --prefix``) only the keys starting with it, in sorted order."""
     st = store.stats()
-    info = store.describe_uid(uid, limit=KEY_INFO_LIMIT + 1)
+    info = store.describe_uid(uid, limit=KEY_INFO_LIMIT + 1, prefix=prefix)
     return {
         "store": store.name,
         "items": st.items,
@@ -216,7 +273,7 @@ def stats_row(store: DataStore, uid: int) -> dict:
         "parked": st.parked,
         "evictions": st.evictions,
         "expiries": st.expiries,
-        "keys": store.keys_of_uid(uid),
+        "keys": store.keys_of_uid(uid, prefix),
         "key_info": [{"key": k.key, "persistence": k.persistence.word, "range": k.range.word,
                       "idle": round(k.idle, 3), "expires_in": _rounded(k.expires_in),
                       "size": k.size, "item_bytes": k.item_bytes,

@@ -84,7 +84,7 @@ LATENCY_BUCKETS: tuple[float, ...] = (
 )
 
 #: Operations timed, in the order they are exported.
-OPS = ("publish", "lookup", "unpublish")
+OPS = ("publish", "lookup", "unpublish", "update", "keys")
 #: The ``status`` label of a lookup that had to wait (its answer comes later).
 PARKED = "parked"
 #: Node states (see :mod:`pydvm.runtime.nodes`) and job states (``JobRecord.state``, as

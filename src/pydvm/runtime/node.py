@@ -158,10 +158,10 @@ class UplinkRouter:
     def __init__(self, uplink: Channel) -> None:
         self.uplink = uplink
 
-    def forward(self, session: ClientSession, msg: Message) -> None:
+    def forward(self, session: ClientSession, msg: Message, adjust=None) -> None:
         c = session.caller
         head = {"t": msg["t"], "caller": [c.nspace, c.rank, c.uid, c.gid]}
-        dataops.reissue(self.uplink.request, session, msg, head, session.forwarded)
+        dataops.reissue(self.uplink.request, session, msg, head, session.forwarded, adjust)
 
     def cancel(self, session: ClientSession, ref: int) -> None:
         mid = session.forwarded.pop(ref, None)
@@ -364,9 +364,12 @@ class NodeServer:
         elif t == "stats":
             uid = msg.get("uid")
             uid = uid if isinstance(uid, int) else -1
+            prefix = msg.get("prefix")
+            prefix = prefix if isinstance(prefix, str) else None
             extra = {"metrics": store_sample(self.store, self.request_stats)} \
                 if msg.get("metrics") else {}
-            ch.send(reply(rid, Status.SUCCESS, store=dataops.stats_row(self.store, uid), **extra))
+            ch.send(reply(rid, Status.SUCCESS, store=dataops.stats_row(self.store, uid, prefix),
+                          **extra))
         elif t == "shutdown":
             async def run() -> None:
                 await self._kill_all(KILL_GRACE)
@@ -508,6 +511,7 @@ class NodeServer:
                 "PYDVM_APP_IDX": str(p["app_idx"]),
                 "PYDVM_JOB_SIZE": str(msg.get("job_size")),
                 "PYDVM_NODE": self.node,
+                "PYDVM_SESSION": str(job.session_id),
                 "PMIX_NAMESPACE": ns,
                 "PMIX_RANK": str(p["rank"]),
             })
@@ -765,6 +769,7 @@ class NodeServer:
         here = dataops.NODE in stores
         if here and to_master and t == "unpublish" and not self.store.holds(session.caller.uid):
             here = False  # it would remove nothing here; the master's answer is the answer
+        adjust = None
         if here:
             out = self.request_stats.apply(self.store, session.caller, msg, (session, rid))
             if not to_master:
@@ -775,7 +780,12 @@ class NodeServer:
                 else:
                     session.send(out)
                 return
-        self._forward(session, msg)
+            # An unpublish: the master's answer is the answer, counting the
+            # keys removed here too.
+            removed = out.get("count", 0) if out is not None and out.get("status") == 0 else 0
+            if removed:
+                adjust = dataops.add_count(removed)
+        self._forward(session, msg, adjust)
 
     # A direct client's unpublish skips the node store when it holds nothing
     # of the client's uid (runtime/direct.py): the master must know which
@@ -794,8 +804,8 @@ class NodeServer:
         uids, self._new_holders = self._new_holders, []
         self.uplink.request({"t": "node_holds", "uids": uids, "holds": True}, then)
 
-    def _forward(self, session: ClientSession, msg: Message) -> None:
-        self.router.forward(session, msg)
+    def _forward(self, session: ClientSession, msg: Message, adjust=None) -> None:
+        self.router.forward(session, msg, adjust)
 
     def _cancel(self, session: ClientSession, ref) -> None:
         """The client gave up on request ``ref`` (a cancelled asyncio call):

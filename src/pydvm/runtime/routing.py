@@ -114,10 +114,11 @@ class RoutingMixin:
         self._data_op(session, msg, caller)
 
     def _data_op(self: "Master", session: PeerSession, msg: Message, caller: Caller,
-                 **extra) -> None:
+                 adjust=None, **extra) -> None:
         """Serve one admitted data request (:meth:`PeerSession.admit`) as
         ``caller``; ``extra`` fields go into an answer given at once (not a
-        relayed one, nor a parked lookup's)."""
+        relayed one, nor a parked lookup's); ``adjust`` changes the answer,
+        given at once or relayed (:func:`dataops.reissue`)."""
         rid = msg["id"]
         if self.relay is not None:
             fields = dataops.op_fields(msg)  # the data server gets a plain request
@@ -126,7 +127,8 @@ class RoutingMixin:
                                                "request payload is not a map"))
                 return
             head = {"t": msg["t"], **Relay.claims(caller)}
-            dataops.reissue(self.relay.request, session, fields, head, session.forwarded)
+            dataops.reissue(self.relay.request, session, fields, head, session.forwarded,
+                            adjust)
             return
         out = self.request_stats.apply(self.store, caller, msg, (session, rid))
         if out is None:
@@ -134,6 +136,8 @@ class RoutingMixin:
         else:
             if extra:
                 out.update(extra)
+            if adjust is not None:
+                adjust(out)
             session.send_answer(rid, out)
 
     def _cancel(self: "Master", session: PeerSession, ref: Any) -> None:
@@ -172,8 +176,8 @@ class MasterRouter:
     def __init__(self, master: "Master") -> None:
         self.master = master
 
-    def forward(self, session: PeerSession, msg: Message) -> None:
-        self.master._data_op(session, msg, session.caller)
+    def forward(self, session: PeerSession, msg: Message, adjust=None) -> None:
+        self.master._data_op(session, msg, session.caller, adjust)
 
     def cancel(self, session: PeerSession, ref: int) -> None:
         self.master._cancel(session, ref)

@@ -172,11 +172,19 @@ class ToolRequestsMixin:
 
     def _tool_store(self: "Master", session: ToolSession, msg: Message) -> None:
         uid = session.uid
+        prefix = msg.get("prefix")
+        if prefix is not None and not isinstance(prefix, str):
+            session.send(reply(msg.get("id"), Status.ERR_BAD_PARAM,
+                               f"prefix must be a str, not {type(prefix).__name__}"))
+            return
+        ask = {"t": "stats", "uid": uid}
+        if prefix is not None:
+            ask["prefix"] = prefix
 
         async def run() -> None:
-            stores = [dataops.stats_row(self.store, uid)]
+            stores = [dataops.stats_row(self.store, uid, prefix)]
             up = [n.name for n in self.nodes.values() if n.up]
-            replies = await self._broadcast({"t": "stats", "uid": uid}, set(up), what="stats")
+            replies = await self._broadcast(ask, set(up), what="stats")
             targets = [n for n in self.nodes.values() if n.up and n.name in up]
             for node, r in zip(targets, replies):
                 if r.get("status") == 0:

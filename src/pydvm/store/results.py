@@ -44,14 +44,21 @@ class Found(NamedTuple):
 class Reply(NamedTuple):
     """The outcome of one store operation.
 
-    ``found`` is non-empty only for lookups that found something (SUCCESS or
-    PARTIAL_SUCCESS).  ``message`` explains refusals (always set for
-    BAD_PARAM).
+    ``found`` holds what a lookup found (SUCCESS or PARTIAL_SUCCESS), and
+    the key an :meth:`~pydvm.store.DataStore.update` leaves behind (its
+    value and owner; empty when the key is absent afterwards).
+    ``message`` explains refusals (always set for BAD_PARAM).  ``count``
+    is what an operation counted: the keys an unpublish removed, 1 when an
+    update changed the store (0: a compare-and-set that did not match),
+    the keys :meth:`~pydvm.store.DataStore.keys` matched.  ``keys`` are
+    the keys a ``keys`` request listed.
     """
 
     status: Status
     found: tuple[Found, ...] = ()
     message: str = ""
+    count: int = 0
+    keys: tuple[str, ...] = ()
 
 
 class Pending(NamedTuple):

@@ -1,4 +1,4 @@
-"""The data store: publish, lookup, unpublish, purge, sweep, evict.
+"""The data store: publish, lookup, unpublish, update, keys, purge, sweep, evict.
 
 A :class:`DataStore` is a plain object.  It performs no I/O, imports no
 event loop, and reads time only through the injected clock; the runtime (or
@@ -27,6 +27,8 @@ index                  used by
                        (a :class:`TouchQueue`)
 ``_idle``              the idle sweep: INDEF/FIRST_READ items, oldest first
                        (a :class:`TouchQueue`)
+``_keyindex``          ``keys`` by prefix: every key of ``_by_key``, sorted
+                       (a :class:`~pydvm.store.keyindex.KeyIndex`)
 =====================  ====================================================
 
 Because every touch stamps ``last_access`` from a monotonic clock and
@@ -47,9 +49,9 @@ index, the per-uid usage and the counters in step.
 
 Decide, then change
 -------------------
-``publish`` works out its whole outcome (bad parameters, duplicates, the
-cap) before it touches anything; a refused publish returns with the store
-exactly as it found it.  Lazily expiring a stale collider, replacing own
+``publish`` and ``update`` work out their whole outcome (bad parameters,
+duplicates or ownership, the cap) before they touch anything; a refused one
+returns with the store exactly as it found it.  Lazily expiring a stale collider, replacing own
 keys and evicting happen only after the publish is certain to proceed.
 """
 
@@ -57,18 +59,22 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from typing import Callable, Hashable, Iterable, Mapping
 
 from ..enums import Persistence, Range
 from ..errors import Status
 from .clock import Clock, Timer, TimerHandle
-from .model import Caller, Item, Value, item_nbytes, value_size
+from .keyindex import KeyIndex
+from .model import (INT_MAX, INT_MIN, Caller, Item, Typed, Value, check_typed, item_nbytes,
+                    value_size)
 from .parked import ParkedLookups
 from .results import (PURGE_REASON, Found, KeyInfo, Pending, Reason, Reply, StoreParams,
                       StoreStats)
 from .rules import LIFETIME_HORIZONS, ReadVerdict, expires_by, may_read, owns, sweep_interval
 from .touchqueue import TouchQueue
-from .validate import as_persistence, as_range, check_keys, check_pairs, id_list
+from .validate import (as_persistence, as_range, check_key, check_keys, check_pairs,
+                       check_value, id_list)
 
 log = logging.getLogger("pydvm.store")
 
@@ -79,8 +85,109 @@ SWEEP_BUDGET = 1000
 AnswerSink = Callable[[Hashable, Reply], None]
 
 
+#: The operations of :meth:`DataStore.update`.
+UPDATE_OPS = ("add", "cas", "append")
+
+
 def _bad(message: str) -> Reply:
     return Reply(Status.ERR_BAD_PARAM, message=message)
+
+
+def _item_args(range, persistence, access_uids, access_gids):
+    """Validate what a new item is stored with: ``(problem, range,
+    persistence, uids, gids)``, problem "" when all is well."""
+    rng = as_range(range)
+    if rng is None:
+        return f"unknown range {range!r}", None, None, None, None
+    if persistence is None:
+        persist = Persistence.NSPACE
+    else:
+        persist = as_persistence(persistence)
+        if persist is None:
+            return f"unknown persistence {persistence!r}", None, None, None, None
+        if persist is Persistence.INVALID:
+            persist = Persistence.NSPACE
+    uids = id_list(access_uids)
+    gids = id_list(access_gids)
+    if uids is None:
+        return "access uids must be a list of non-negative integers", None, None, None, None
+    if gids is None:
+        return "access gids must be a list of non-negative integers", None, None, None, None
+    return "", rng, persist, uids, gids
+
+
+def _plain(value):
+    """The plain Python value of a stored value (a Typed one unwrapped)."""
+    return value.value if value.__class__ is Typed else value
+
+
+def _describe(value) -> str:
+    plain = _plain(value)
+    text = repr(plain)
+    return f"{type(plain).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+#: Decimal text an ``add`` accepts: an optional sign and ASCII digits.
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
+
+
+def _as_int(value) -> int | None:
+    """The integer ``value`` holds -- an int, a typed PMIx integer, or
+    decimal text as str or bytes -- else None (a bool, a float, other text)."""
+    plain = _plain(value)
+    cls = plain.__class__
+    if cls is int:
+        return plain
+    if cls is str or cls is bytes:
+        text = plain.decode("ascii", "replace") if cls is bytes else plain
+        if len(text) <= 40 and _DECIMAL.fullmatch(text):
+            return int(text)
+    return None
+
+
+def _same(a, b) -> bool:
+    """Compare-and-set's equality: same plain Python type, equal values."""
+    a, b = _plain(a), _plain(b)
+    return a.__class__ is b.__class__ and a == b
+
+
+def _updated(op: str, current, operand, expected, delta: int | None
+             ) -> tuple[str, Value | None]:
+    """``(problem, new value)`` of an update (``delta``: an add's operand as
+    an int); new value None: no change (a compare-and-set that did not
+    match)."""
+    if op == "cas":
+        if current is None:
+            matches = expected is None or (_plain(expected).__class__ in (str, bytes)
+                                           and not _plain(expected))
+        else:
+            matches = expected is not None and _same(current, expected)
+        return "", operand if matches else None
+    if current is None:
+        return "", operand
+    if op == "add":
+        base = _as_int(current)
+        if base is None:
+            return f"the value is not an integer ({_describe(current)})", None
+        total = base + delta
+        plain = _plain(current)
+        if current.__class__ is Typed:
+            new: Value = Typed(total, current.pmix_type)
+            problem = check_typed(new)
+            return (f"the result {problem}", None) if problem else ("", new)
+        if not INT_MIN <= total <= INT_MAX:
+            return f"the result {total} does not fit in 64 bits", None
+        if plain.__class__ is int:
+            return "", total
+        text = str(total)
+        return "", text.encode("ascii") if plain.__class__ is bytes else text
+    # append
+    plain, extra = _plain(current), _plain(operand)
+    if plain.__class__ is not extra.__class__ or plain.__class__ not in (str, bytes):
+        return (f"cannot append {type(extra).__name__} to {type(plain).__name__}", None)
+    if current.__class__ is Typed:
+        return "", Typed(plain + extra, current.pmix_type)
+    return "", plain + extra
 
 
 class DataStore:
@@ -137,6 +244,8 @@ class DataStore:
         #: when two or more do.  Most keys have one holder; storing it bare
         #: saves a dict per key and a cache miss per lookup.  See _holders.
         self._by_key: dict[str, Item | dict[int, Item]] = {}
+        #: the keys of _by_key in sorted order (keys(), by prefix).
+        self._keyindex = KeyIndex()
         #: nspace -> rank -> {id: Item} of the owner.  Nested so that a
         #: removal touches small dicts rather than one big one.
         self._by_owner: dict[str, dict[int, dict[int, Item]]] = {}
@@ -190,47 +299,22 @@ class DataStore:
         problem, norm = check_pairs(pairs)
         if problem:
             return _bad(problem)
-        rng = as_range(range)
-        if rng is None:
-            return _bad(f"unknown range {range!r}")
-        if persistence is None:
-            persist = Persistence.NSPACE
-        else:
-            persist = as_persistence(persistence)
-            if persist is None:
-                return _bad(f"unknown persistence {persistence!r}")
-            if persist is Persistence.INVALID:
-                persist = Persistence.NSPACE
-        uids = id_list(access_uids)
-        gids = id_list(access_gids)
-        if uids is None:
-            return _bad("access uids must be a list of non-negative integers")
-        if gids is None:
-            return _bad("access gids must be a list of non-negative integers")
+        problem, rng, persist, uids, gids = _item_args(range, persistence, access_uids,
+                                                       access_gids)
+        if problem:
+            return _bad(problem)
         if not isinstance(replace, bool):
             return _bad("replace must be a bool")
         nbytes = item_nbytes(norm, uids, gids)
         now = self._clock.now()
 
         # -- decide: duplicate rule ---------------------------------------
-        probe = Item(-1, norm, caller, rng, persist, uids, gids, now, nbytes)
-        own: dict[int, tuple[Item, list[str]]] = {}
-        stale: dict[int, Item] = {}
-        for key in norm:
-            for item in self._holders(key):
-                if item.range is not rng:
-                    continue
-                if self._stale(item, now):
-                    stale[item.id] = item  # dead already; the sweep just hasn't come
-                    continue
-                if may_read(caller, item, rng, self.dvm_nspace) is not ReadVerdict.OK:
-                    continue
-                if not owns(caller, item):
-                    return Reply(
-                        Status.ERR_DUPLICATE_KEY,
-                        message=f"key {key!r} is held by another user's item",
-                    )
-                own.setdefault(item.id, (item, []))[1].append(key)
+        own, stale, foreign = self._colliders(caller, norm, rng, now)
+        if foreign is not None:
+            return Reply(
+                Status.ERR_DUPLICATE_KEY,
+                message=f"key {foreign!r} is held by another user's item",
+            )
         if own and not replace:
             dup = next(iter(own.values()))[1][0]
             return Reply(
@@ -239,38 +323,265 @@ class DataStore:
             )
 
         # -- decide: cap ----------------------------------------------------
+        refusal = self._over_cap(nbytes)
+        if refusal is not None:
+            return refusal
+
+        # -- change: the publish is certain to proceed ----------------------
+        self._expire(stale, now)
+        for item, keys in own.values():
+            if item.live:
+                self._remove_keys(item, keys, Reason.REPLACED, now)
+        self._store_new(caller, norm, rng, persist, uids, gids, nbytes, now, "publish")
+
+        # -- answer parked lookups this publish may satisfy -----------------
+        self._wake(norm, now)
+        return Reply(Status.SUCCESS)
+
+    def _colliders(self, caller: Caller, keys: Iterable[str], rng: Range, now: float
+                   ) -> tuple[dict[int, tuple[Item, list[str]]], dict[int, Item], str | None]:
+        """The duplicate rule's view of ``keys`` for ``caller`` in range
+        ``rng``: the caller's own items holding them (with which keys), the
+        stale items met (dead already, not yet swept), and the first key held
+        by another owner's item the caller can read (None: none).  Items of
+        another range, or that the caller cannot read, do not collide."""
+        own: dict[int, tuple[Item, list[str]]] = {}
+        stale: dict[int, Item] = {}
+        for key in keys:
+            for item in self._holders(key):
+                if item.range is not rng:
+                    continue
+                if self._stale(item, now):
+                    stale[item.id] = item
+                    continue
+                if may_read(caller, item, rng, self.dvm_nspace) is not ReadVerdict.OK:
+                    continue
+                if not owns(caller, item):
+                    return own, stale, key
+                own.setdefault(item.id, (item, []))[1].append(key)
+        return own, stale, None
+
+    def _over_cap(self, nbytes: int) -> Reply | None:
+        """The refusal of an item of ``nbytes`` larger than the whole cap."""
         cap = self.params.max_size
         if cap and nbytes > cap:
             return Reply(
                 Status.ERR_OUT_OF_RESOURCE,
                 message=f"item of {nbytes} bytes exceeds prte_data_server_max_size={cap}",
             )
+        return None
 
-        # -- change: the publish is certain to proceed ----------------------
+    def _expire(self, stale: Mapping[int, Item], now: float) -> None:
         for item in stale.values():
             if item.live:
                 self._remove_item(item, Reason.EXPIRED, now)
-        for item, keys in own.values():
-            if item.live:
-                self._remove_keys(item, keys, Reason.REPLACED, now)
+
+    def _store_new(self, caller: Caller, norm: dict[str, Value], rng: Range,
+                   persist: Persistence, uids: tuple[int, ...], gids: tuple[int, ...],
+                   nbytes: int, now: float, what: str) -> Item:
+        """Insert a new item (room made under the cap first)."""
+        cap = self.params.max_size
         if cap:
             self._make_room(caller.uid, nbytes, cap, now)
-        probe.id = self._new_id()
-        self._insert(probe)
+        item = Item(self._new_id(), norm, caller, rng, persist, uids, gids, now, nbytes)
+        self._insert(item)
         if self.params.verbose >= 2:
-            log.info("[%s] publish %s by %s:%d uid=%d (%d bytes, %s, %s)", self.name,
+            log.info("[%s] %s %s by %s:%d uid=%d (%d bytes, %s, %s)", self.name, what,
                      list(norm), caller.nspace, caller.rank, caller.uid, nbytes,
                      rng.name, persist.name)
+        return item
 
-        # -- answer parked lookups this publish may satisfy -----------------
-        for p in self._parked.wanting(norm):
+    def _wake(self, keys: Iterable[str], now: float) -> None:
+        """Re-ask the parked lookups waiting on ``keys`` (a publish or an
+        update stored them); answer those now satisfied."""
+        for p in self._parked.wanting(keys):
             if p.ticket not in self._parked:
                 continue  # answered earlier in this loop
             reply = self._try_answer(p.requestor, p.keys, p.range, p.need, now)
             if reply is not None:
                 self._parked.remove(p.ticket)
                 self._on_answer(p.ticket, reply)
-        return Reply(Status.SUCCESS)
+
+    # ------------------------------------------------------------------
+    # update: add, compare-and-set, append
+    # ------------------------------------------------------------------
+
+    def update(
+        self,
+        caller: Caller,
+        key: str,
+        op: str,
+        value: Value,
+        expected: Value | None = None,
+        range: Range | int = Range.SESSION,
+        persistence: Persistence | int | None = None,
+        access_uids: Iterable[int] = (),
+        access_gids: Iterable[int] = (),
+    ) -> Reply:
+        """Change the value of ``key`` atomically, as ``caller``.
+
+        ``op`` is one of :data:`UPDATE_OPS`:
+
+        * ``"add"``: add the integer ``value`` to the key's value, an
+          integer held as an int (or a typed PMIx integer) or as decimal
+          text (str or bytes); the value keeps its form (``b"3"`` plus 2 is
+          ``b"5"``).  An absent key is created holding ``value`` as given.
+        * ``"cas"`` (compare-and-set): store ``value`` if the key holds
+          ``expected`` (same plain Python type and equal; a PMIx type code
+          is not compared), or if it is absent and ``expected`` is None or
+          empty (``""``, ``b""``: an absent key reads as empty).
+        * ``"append"``: append ``value`` (str to str, bytes to bytes); an
+          absent key is created holding ``value``.
+
+        The key is the one the duplicate rule of :meth:`publish` would see:
+        held by an item of range ``range`` that ``caller`` can read.  One of
+        ``caller``'s own items (same uid, and gid when both are known) is
+        changed in place: it keeps its owner, range, persistence and
+        accessor lists, is re-accounted (growing it may evict ``caller``'s
+        uid's least recently used *other* items) and counts as accessed
+        (restamped, as a lookup would).  A key held by another owner's item
+        is refused ``NO_PERMISSIONS`` -- only its owner may change it, as
+        only its owner may remove it.  An absent key is created as a new
+        item of ``caller``'s with ``range``, ``persistence`` and the
+        accessor lists (ignored otherwise).  Nothing is consumed:
+        FIRST_READ keys go only when a lookup returns them.
+
+        Returns SUCCESS with ``found`` holding the key's value afterwards
+        (and its owner; empty when the key is absent afterwards: a
+        compare-and-set that found no key and did not create it) and
+        ``count`` 1 when the store changed, 0 when a compare-and-set did
+        not match.  Refusals leave the store as it was: BAD_PARAM (message
+        names the problem: an unknown op, a value of the wrong type, an
+        ``add`` to a value that is not an integer or whose result does not
+        fit), NO_PERMISSIONS, OUT_OF_RESOURCE (the item would be larger
+        than the whole cap).  Wakes parked lookups waiting on the key.
+        """
+        # -- decide: validate -------------------------------------------
+        if not isinstance(op, str) or op not in UPDATE_OPS:
+            return _bad(f"unknown update operation {op!r} (one of {', '.join(UPDATE_OPS)})")
+        problem = check_key(key) or check_value(key, value)
+        if problem:
+            return _bad(problem)
+        if op == "cas" and expected is not None:
+            problem = check_value(key, expected)
+            if problem:
+                return _bad(f"expected: {problem}")
+        problem, rng, persist, uids, gids = _item_args(range, persistence, access_uids,
+                                                       access_gids)
+        if problem:
+            return _bad(problem)
+        operand = value
+        delta = None
+        if op == "add":
+            delta = _as_int(operand)
+            if delta is None:
+                return _bad(f"add needs an integer (int or decimal text), not "
+                            f"{_describe(operand)}")
+        if op == "append" and _plain(operand).__class__ not in (str, bytes):
+            return _bad(f"append needs str or bytes, not {_describe(operand)}")
+        now = self._clock.now()
+
+        # -- decide: whose key, and its new value ---------------------------
+        own, stale, foreign = self._colliders(caller, (key,), rng, now)
+        if foreign is not None:
+            return Reply(Status.ERR_NO_PERMISSIONS,
+                         message=f"key {key!r} is held by another user's item; only its "
+                                 "owner may change it")
+        target = next(iter(own.values()))[0] if own else None
+        current = target.pairs[key] if target is not None else None
+        problem, new = _updated(op, current, operand, expected, delta)
+        if problem:
+            return _bad(f"{op} on {key!r}: {problem}")
+        grown = 0
+        if new is not None:
+            grown = (target.nbytes + value_size(new) - value_size(current)
+                     if target is not None else item_nbytes({key: new}, uids, gids))
+            refusal = self._over_cap(grown)
+            if refusal is not None:
+                return refusal
+
+        # -- change -----------------------------------------------------------
+        self._expire(stale, now)
+        if new is None:  # a compare-and-set that did not match: a read
+            if target is None:
+                return Reply(Status.SUCCESS)
+            self._touch(target, now)
+            return Reply(Status.SUCCESS, (Found(key, current, target.owner.proc),))
+        if target is not None:
+            self._touch(target, now)  # first: the most recently used is evicted last
+            cap = self.params.max_size
+            if cap and grown > target.nbytes:
+                # Room for the growth; the target itself, now the uid's most
+                # recently used item and alone no larger than the cap, goes last.
+                self._make_room(target.uid, grown - target.nbytes, cap, now)
+            target.pairs[key] = new
+            self._usage[target.uid] += grown - target.nbytes
+            target.nbytes = grown
+            owner = target.owner
+            if self.params.verbose >= 2:
+                log.info("[%s] %s %r of %s:%d by %s:%d (item now %d bytes)", self.name, op,
+                         key, owner.nspace, owner.rank, caller.nspace, caller.rank, grown)
+        else:
+            owner = self._store_new(caller, {key: new}, rng, persist, uids, gids, grown, now,
+                                    op).owner
+        answer = Reply(Status.SUCCESS, (Found(key, new, owner.proc),), count=1)
+        self._wake((key,), now)
+        return answer
+
+    # ------------------------------------------------------------------
+    # keys: count and list by prefix
+    # ------------------------------------------------------------------
+
+    def keys(
+        self,
+        caller: Caller,
+        prefix: str = "",
+        range: Range | int = Range.SESSION,
+        limit: int | None = None,
+        max_bytes: int | None = None,
+    ) -> Reply:
+        """Count and list the keys starting with ``prefix`` that a lookup by
+        ``caller`` in ``range`` could return.
+
+        Returns SUCCESS with ``count`` (every such key, counted once however
+        many items hold it) and ``keys``: the first ``limit`` of them in
+        sorted order (None: all; 0: count only), stopping early once their
+        UTF-8 lengths add up to more than ``max_bytes`` (``count`` still
+        says how many there are).  Read-only, like :meth:`stats`: touches,
+        consumes and expires nothing; an item past its idle timeout is not
+        counted.  BAD_PARAM for a prefix that is not a str, an unknown
+        range or a bad limit.  Costs ``O(log n + keys under the prefix)``.
+        """
+        if not isinstance(prefix, str):
+            return _bad(f"prefix must be a str, not {type(prefix).__name__}")
+        rng = as_range(range)
+        if rng is None:
+            return _bad(f"unknown range {range!r}")
+        for name, v in (("limit", limit), ("max_bytes", max_bytes)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                return _bad(f"{name} must be a non-negative integer, not {v!r}")
+        now = self._clock.now()
+        count = 0
+        listed: list[str] = []
+        room = max_bytes
+        full = limit == 0
+        for key in self._keyindex.prefixed(prefix):
+            for item in self._holders(key):
+                if self._stale(item, now):
+                    continue
+                if may_read(caller, item, rng, self.dvm_nspace) is ReadVerdict.OK:
+                    count += 1
+                    if not full:
+                        size = len(key.encode("utf-8"))
+                        if room is not None and size > room:
+                            full = True
+                        else:
+                            listed.append(key)
+                            if room is not None:
+                                room -= size
+                            full = limit is not None and len(listed) >= limit
+                    break
+        return Reply(Status.SUCCESS, count=count, keys=tuple(listed))
 
     def _make_room(self, uid: int, nbytes: int, cap: int, now: float) -> None:
         """Evict ``uid``'s least recently used items until ``nbytes`` fits."""
@@ -412,17 +723,21 @@ class DataStore:
 
         Ownership alone decides (:func:`~pydvm.store.rules.owns`); range and
         accessor lists are not consulted.  SUCCESS whether or not anything
-        matched; BAD_PARAM for a malformed or empty key list.
+        matched, with ``count`` the keys removed (a key held by two of the
+        caller's items counts twice); BAD_PARAM for a malformed or empty
+        key list.
         """
         problem, klist = check_keys(keys)
         if problem:
             return _bad(problem)
         now = self._clock.now()
+        removed = 0
         for key in klist:
             for item in list(self._holders(key)):
                 if owns(caller, item):
                     self._remove_keys(item, [key], Reason.UNPUBLISHED, now)
-        return Reply(Status.SUCCESS)
+                    removed += 1
+        return Reply(Status.SUCCESS, count=removed)
 
     def unpublish_all(self, caller: Caller) -> Reply:
         """``unpublish()`` with no keys: everything ``caller``'s process published.
@@ -430,10 +745,11 @@ class DataStore:
         Only what ``caller`` also owns (:func:`~pydvm.store.rules.owns`): a
         process's items all carry its uid, so for a real process this is all
         of them, while a relayed claim naming somebody else's process can
-        never remove what its uid could not.
+        never remove what its uid could not.  ``count`` is the keys removed.
         """
-        self.purge(Persistence.INVALID, nspace=caller.nspace, rank=caller.rank, owner=caller)
-        return Reply(Status.SUCCESS)
+        _, keys = self._purge(Persistence.INVALID, caller.nspace, caller.rank, None, None,
+                              caller)
+        return Reply(Status.SUCCESS, count=keys)
 
     # ------------------------------------------------------------------
     # purge
@@ -462,6 +778,10 @@ class DataStore:
         explicit unpublish) parked lookups whose requestor the target covers
         are dropped unanswered.  Raises ValueError for an ill-formed target.
         """
+        return self._purge(horizon, nspace, rank, app_idx, session_id, owner)[0]
+
+    def _purge(self, horizon, nspace, rank, app_idx, session_id, owner) -> tuple[int, int]:
+        """:meth:`purge`, returning ``(items removed, keys removed)``."""
         h = as_persistence(horizon)
         if h is None or h not in (LIFETIME_HORIZONS | {Persistence.INVALID}):
             raise ValueError(f"{horizon!r} is not a purge horizon")
@@ -490,7 +810,9 @@ class DataStore:
             and (owner is None or owns(owner, item))
         ]
         reason = PURGE_REASON[h]
+        keys = 0
         for item in doomed:
+            keys += len(item.pairs)
             self._remove_item(item, reason, now)
         if h in LIFETIME_HORIZONS:
             for p in self._parked.of_requestors(nspace, rank, app_idx, session_id):
@@ -499,7 +821,7 @@ class DataStore:
         if doomed and self.params.verbose >= 1:
             log.info("[%s] purge %s ns=%s rank=%s app=%s session=%s removed %d item(s)",
                      self.name, h.name, nspace, rank, app_idx, session_id, len(doomed))
-        return len(doomed)
+        return len(doomed), keys
 
     # ------------------------------------------------------------------
     # idle sweep
@@ -580,6 +902,7 @@ class DataStore:
             held = self._by_key.get(key)
             if held is None:
                 self._by_key[key] = item
+                self._keyindex.add(key)
             elif held.__class__ is dict:
                 held[iid] = item  # type: ignore[index]
             else:
@@ -630,6 +953,7 @@ class DataStore:
             held = self._by_key[key]
             if held is item:
                 del self._by_key[key]
+                self._keyindex.discard(key)
             else:
                 del held[iid]  # type: ignore[union-attr]
                 if len(held) == 1:  # type: ignore[arg-type]
@@ -718,35 +1042,51 @@ class DataStore:
         """Whether ``uid`` owns at least one live item here."""
         return uid in self._lru
 
-    def keys_of_uid(self, uid: int) -> list[str]:
-        """Key names held by ``uid``'s items, least recently used first."""
+    def keys_of_uid(self, uid: int, prefix: str | None = None) -> list[str]:
+        """Key names held by ``uid``'s items, least recently used first; with
+        ``prefix``, only those starting with it, in sorted order."""
+        if prefix is not None:
+            return [key for key, _item in self._uid_keys(uid, prefix)]
         return [k for item in self._lru.get(uid, ()) for k in item.pairs]
 
+    def _uid_keys(self, uid: int, prefix: str):
+        """(key, item) of ``uid``'s items, for the keys under ``prefix`` in
+        sorted order (the key index: O(log n + keys under the prefix))."""
+        for key in self._keyindex.prefixed(prefix):
+            for item in self._holders(key):
+                if item.uid == uid:
+                    yield key, item
+
     def describe_uid(self, uid: int, now: float | None = None,
-                     limit: int | None = None) -> list[KeyInfo]:
+                     limit: int | None = None, prefix: str | None = None) -> list[KeyInfo]:
         """The keys of ``uid``'s items, least recently used first, as
-        :class:`KeyInfo` rows (``pydvm store``); at most ``limit`` of them.
+        :class:`KeyInfo` rows (``pydvm store``); at most ``limit`` of them;
+        with ``prefix``, only keys starting with it, in sorted order.
 
         Read-only: touches nothing, so asking does not keep an item alive;
         an item already past its idle timeout (not yet swept) is left out,
         as a lookup would not see it.  ``now`` defaults to the store clock's
-        reading.  Costs O(rows returned + stale items skipped).
+        reading.  Costs O(rows returned + stale items skipped), plus the
+        keys under ``prefix`` of other uids when a prefix is given.
         """
         if now is None:
             now = self._clock.now()
         timeout = self.params.timeout
         rows: list[KeyInfo] = []
-        for item in self._lru.get(uid, ()):
+        if prefix is None:
+            pairs = ((key, item) for item in self._lru.get(uid, ()) for key in item.pairs)
+        else:
+            pairs = self._uid_keys(uid, prefix)
+        for key, item in pairs:
             if self._stale(item, now):
                 continue
+            if limit is not None and len(rows) >= limit:
+                return rows
             idle = max(0.0, now - item.last_access)
             expires = max(0.0, timeout - idle) if timeout and item.idle_expires else None
-            for key, value in item.pairs.items():
-                if limit is not None and len(rows) >= limit:
-                    return rows
-                rows.append(KeyInfo(key, item.persistence, item.range, idle, expires,
-                                    len(key.encode("utf-8")) + value_size(value),
-                                    item.nbytes, item.owner.proc))
+            rows.append(KeyInfo(key, item.persistence, item.range, idle, expires,
+                                len(key.encode("utf-8")) + value_size(item.pairs[key]),
+                                item.nbytes, item.owner.proc))
         return rows
 
     def __len__(self) -> int:
@@ -782,6 +1122,8 @@ class DataStore:
         assert self._stored_keys - sum(self._removed_keys.values()) == live_keys, \
             "removed-key counters disagree with the keys stored and live"
         assert session_counts == self._by_session, "session index disagrees with the items"
+        self._keyindex.check_invariants()
+        assert list(self._keyindex) == sorted(self._by_key), "key index disagrees with _by_key"
         cap = self.params.max_size
         if cap:
             assert all(v <= cap for v in usage.values()), f"a uid is over the cap: {usage}"

@@ -64,6 +64,20 @@ def check_keys(keys) -> tuple[str, tuple[str, ...]]:
     return "", tuple(klist)
 
 
+def check_value(key: str, value) -> str:
+    """'' if ``value`` may be stored (under ``key``, named in the problem)."""
+    if isinstance(value, bool) or isinstance(value, (str, bytes, float)):
+        return ""
+    if isinstance(value, int):
+        if not INT_MIN <= value <= INT_MAX:
+            return f"int value of {key!r} does not fit in 64 bits"
+        return ""
+    if value.__class__ is Typed:
+        problem = check_typed(value)
+        return f"value of {key!r}: {problem}" if problem else ""
+    return f"unsupported value type {type(value).__name__} for key {key!r}"
+
+
 def check_pairs(pairs) -> tuple[str, dict[str, Value]]:
     if not isinstance(pairs, dict) and not isinstance(pairs, Mapping):
         return "pairs must be a mapping of key to value", {}
@@ -71,19 +85,8 @@ def check_pairs(pairs) -> tuple[str, dict[str, Value]]:
         return "nothing to publish (no pairs)", {}
     norm: dict[str, Value] = {}
     for key, value in pairs.items():
-        problem = check_key(key)
+        problem = check_key(key) or check_value(key, value)
         if problem:
             return problem, {}
-        if isinstance(value, bool) or isinstance(value, (str, bytes, float)):
-            pass
-        elif isinstance(value, int):
-            if not INT_MIN <= value <= INT_MAX:
-                return f"int value of {key!r} does not fit in 64 bits", {}
-        elif value.__class__ is Typed:
-            problem = check_typed(value)
-            if problem:
-                return f"value of {key!r}: {problem}", {}
-        else:
-            return f"unsupported value type {type(value).__name__} for key {key!r}", {}
         norm[key] = value
     return "", norm
