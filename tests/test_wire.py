@@ -529,6 +529,7 @@ def test_closing_an_in_process_link_answers_outstanding_requests_unreach():
 import socket  # noqa: E402
 import threading  # noqa: E402
 
+from pydvm import protocol as codec  # noqa: E402
 from pydvm import wire as wire_mod  # noqa: E402
 from pydvm.wire import SPIN_BACKOFF_MAX, BlockingChannel  # noqa: E402
 
@@ -683,21 +684,21 @@ def test_packb_reentered_on_one_thread_keeps_both_encodings(monkeypatch):
         pass
 
     inner = {}
-    real = wire_mod._default
+    real = codec._default
 
     def default(obj):
         if isinstance(obj, Hook):
-            inner["bytes"] = wire_mod.packb({"inner": [1, 2, 3], "pad": "y" * 300})
+            inner["bytes"] = codec.packb({"inner": [1, 2, 3], "pad": "y" * 300})
             return "hooked"
         return real(obj)
 
-    monkeypatch.setattr(wire_mod, "_default", default)
-    wire_mod._packers.p = None  # the next Packer made calls the hook above
+    monkeypatch.setattr(codec, "_default", default)
+    codec._packers.p = None  # the next Packer made calls the hook above
     try:
-        out = wire_mod.packb({"a": Hook(), "b": "x" * 100})
+        out = codec.packb({"a": Hook(), "b": "x" * 100})
         assert msgpack.unpackb(out) == {"a": "hooked", "b": "x" * 100}
         assert msgpack.unpackb(inner["bytes"]) == {"inner": [1, 2, 3], "pad": "y" * 300}
-        again = wire_mod.packb({"a": Hook()})  # the reused Packer is still sound
+        again = codec.packb({"a": Hook()})  # the reused Packer is still sound
         assert msgpack.unpackb(again) == {"a": "hooked"}
     finally:
-        wire_mod._packers.p = None  # drop the Packer holding the test's hook
+        codec._packers.p = None  # drop the Packer holding the test's hook

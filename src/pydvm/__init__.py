@@ -9,7 +9,7 @@ from ._proto import Found, LookupResult
 from .client import Client
 from .enums import Persistence, Range
 from .errors import PMIxError, Status
-from .store.model import Typed
+from .protocol import Typed
 
 __version__ = "0.1.0"
 

@@ -26,20 +26,31 @@ peer credentials).
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import os
-import select
-import socket
-from typing import Any
 
+from ._blocking import BlockingChannel
 from .errors import PMIxError, Status, UnreachableError, error_for
-from .runtime import dataops
-from .runtime.auth import DvmUri, UriError
-from .runtime.credential import Credential, token_from_env
-from .wire import BlockingChannel, Channel, Message
+from .protocol import MASTER, NODE, Credential, DvmUri, Message, UriError, stores_for, \
+    token_from_env
 
-log = logging.getLogger("pydvm.client")
+TYPE_CHECKING = False  # (not typing's: importing typing costs every job process)
+if TYPE_CHECKING:  # for type checkers and the API reference only
+    import socket
+    from typing import Any
+
+    from .wire import Channel
+
+
+class _LazyLog:
+    """The client's logger, imported on first use: a job process that never
+    logs does not pay for importing ``logging``."""
+
+    def __getattr__(self, name: str):
+        import logging
+        return getattr(logging.getLogger("pydvm.client"), name)
+
+
+log = _LazyLog()
 
 #: Seconds to open and authenticate the direct connection before giving up
 #: on it (then the daemon path is used).
@@ -50,8 +61,8 @@ UNUSED, OPEN, OFF, LOST = "unused", "open", "off", "lost"
 
 def master_part(t: str, rng: Any) -> tuple[bool, bool]:
     """(goes to the master, also to the node store) for a request."""
-    stores = dataops.stores_for(t, rng)
-    return dataops.MASTER in stores, dataops.NODE in stores
+    stores = stores_for(t, rng)
+    return MASTER in stores, NODE in stores
 
 
 class DirectInfo:
@@ -117,6 +128,7 @@ def open_blocking(info: DirectInfo) -> BlockingChannel | None:
     master's refusal, or NoPermissionsError for an unusable credential."""
     if info.problem:
         raise error_for(Status.ERR_NO_PERMISSIONS, info.problem)
+    import socket  # at the first direct connection, not at ``import pydvm``
     sock = _connect_unix(info.unix) if info.unix else None
     if sock is None:
         try:
@@ -143,8 +155,11 @@ def open_blocking(info: DirectInfo) -> BlockingChannel | None:
         return None
 
 
-async def open_async(info: DirectInfo) -> Channel | None:
+async def open_async(info: DirectInfo) -> "Channel | None":
     """:func:`open_blocking` for the asyncio client."""
+    import asyncio
+
+    from .wire import Channel
     if info.problem:
         raise error_for(Status.ERR_NO_PERMISSIONS, info.problem)
     loop = asyncio.get_running_loop()
@@ -193,9 +208,10 @@ async def open_async(info: DirectInfo) -> Channel | None:
     return ch
 
 
-def _connect_unix(path: str) -> socket.socket | None:
+def _connect_unix(path: str) -> "socket.socket | None":
     """A connection to the master's direct-data Unix socket; None (logged at
     debug level) if it cannot be made: then TCP is tried."""
+    import socket
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(CONNECT_TIMEOUT)
     try:
@@ -207,9 +223,11 @@ def _connect_unix(path: str) -> socket.socket | None:
     return sock
 
 
-def socket_open(sock: socket.socket) -> bool:
+def socket_open(sock: "socket.socket") -> bool:
     """False once the peer has closed ``sock`` (the daemon dropped this
     client: its process was reaped).  Never blocks, never consumes data."""
+    import select
+    import socket
     try:
         readable, _, _ = select.select([sock], [], [], 0)
         if not readable:
@@ -225,5 +243,5 @@ def daemon_gone() -> UnreachableError:
     return UnreachableError("daemon dropped the connection")
 
 
-def _ignore(ch: Channel, msg: Message) -> None:
+def _ignore(ch: "Channel", msg: Message) -> None:
     pass

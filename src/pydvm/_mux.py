@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from .errors import PMIxError, Status, error_for
-from .wire import BlockingChannel, FrameError, Message
+from ._blocking import BlockingChannel
+from .protocol import FrameError, Message
 
 #: Requests sent without waiting (:meth:`Mux.post`) that may be unanswered
 #: at once; a post beyond it first waits for the oldest answers.  Keeps

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from .enums import Persistence, Range
 from .errors import BadParamError, Status, UnreachableError, error_for
-from .store.model import DEFAULT_TYPES, TYPE_NAMES, Typed
-from .wire import BODY, Message, pack_payload
+from .protocol import BODY, DEFAULT_TYPES, TYPE_NAMES, Message, Typed, pack_payload
+
+TYPE_CHECKING = False  # (not typing's: importing typing costs every job process)
+if TYPE_CHECKING:  # for type checkers and the API reference only
+    from typing import Any
 
 
-@dataclass(frozen=True, slots=True)
 class Found:
     """One key returned by a lookup: its value and who published it.
 
@@ -24,14 +25,43 @@ class Found:
     publish with a given PMIx type, pass ``pydvm.Typed(value, code)``.
     """
 
+    __slots__ = ("key", "value", "nspace", "rank", "pmix_type")
+    _FIELDS = __slots__
+
     key: str
     value: Any
     nspace: str
     rank: int
-    pmix_type: str = ""
+    pmix_type: str
+
+    def __init__(self, key: str, value: Any, nspace: str, rank: int,
+                 pmix_type: str = "") -> None:
+        # immutable: written once here, then __setattr__ refuses
+        for name, v in zip(self._FIELDS, (key, value, nspace, rank, pmix_type)):
+            object.__setattr__(self, name, v)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"cannot assign to field {name!r} (Found is immutable)")
+
+    __delattr__ = __setattr__
+
+    def _astuple(self) -> tuple:
+        return (self.key, self.value, self.nspace, self.rank, self.pmix_type)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not Found:
+            return NotImplemented
+        return self._astuple() == other._astuple()
+
+    def __hash__(self) -> int:
+        return hash(self._astuple())
+
+    def __repr__(self) -> str:
+        return ("Found(" + ", ".join(f"{n}={v!r}" for n, v in zip(self._FIELDS, self._astuple()))
+                + ")")
 
 
-class LookupResult(Mapping[str, Any]):
+class LookupResult(Mapping):
     """The answer to a lookup: a mapping of found key to value.
 
     ``status`` is ``Status.SUCCESS`` when every key was found and

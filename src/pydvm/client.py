@@ -32,16 +32,20 @@ lookup waiting in one thread holds up no other thread's requests.
 
 from __future__ import annotations
 
-import socket
 import threading
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from . import _direct, _proto
 from ._mux import Mux
 from ._proto import Found, LookupResult
 from .enums import Persistence, Range
 from .errors import BadParamError, UnreachableError
-from .wire import BlockingChannel, Message
+from ._blocking import BlockingChannel
+from .protocol import Message
+
+TYPE_CHECKING = False  # (not typing's: importing typing costs every job process)
+if TYPE_CHECKING:  # for type checkers and the API reference only
+    from typing import Any
 
 __all__ = ["Client", "Found", "LookupResult"]
 
@@ -71,6 +75,7 @@ class Client:
         self._dmux: Mux | None = None
         #: held while the direct connection is being opened (once).
         self._opening = threading.Lock()
+        import socket  # at the first connection, not at ``import pydvm``
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(self.server)
@@ -260,6 +265,7 @@ class Client:
         for mux in self._muxes():
             try:
                 # wakes a thread blocked reading it (close alone would not)
+                import socket
                 mux.ch.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass

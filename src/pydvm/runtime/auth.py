@@ -21,39 +21,13 @@ import asyncio
 import hashlib
 import hmac
 import os
-import re
 import secrets
-from dataclasses import dataclass
 from pathlib import Path
 
+from ..protocol import DvmUri, UriError  # noqa: F401 (re-exported)
 from ..wire import Channel, Message
 
 HANDSHAKE_TIMEOUT = 10.0
-_URI_RE = re.compile(r"^tcp://(?P<host>\[[^\]]+\]|[^:/]+):(?P<port>\d+)/(?P<dvm>[A-Za-z0-9_-]+)$")
-
-
-class UriError(ValueError):
-    """A DVM URI that cannot be parsed, or whose secret cannot be found."""
-
-
-@dataclass(frozen=True)
-class DvmUri:
-    host: str
-    port: int
-    dvmid: str
-
-    def __str__(self) -> str:
-        return f"tcp://{self.host}:{self.port}/{self.dvmid}"
-
-    @classmethod
-    def parse(cls, text: str) -> "DvmUri":
-        m = _URI_RE.match(text.strip())
-        if not m:
-            raise UriError(f"not a pydvm URI: {text!r} (expected tcp://HOST:PORT/DVMID)")
-        host = m["host"].strip("[]")
-        return cls(host, int(m["port"]), m["dvm"])
-
-
 def tool_socket_path(dvmid: str) -> Path:
     """Where a multi-user DVM serves tools of any local user (peer credentials)."""
     return Path("/tmp") / f"pydvm-mu-{dvmid}" / "tool.sock"

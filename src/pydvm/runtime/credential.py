@@ -28,57 +28,21 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
-from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
+from ..protocol import (  # noqa: F401 (re-exported: the client's half lives there)
+    CLIENT_ROLE, CREDENTIAL_ENV, Credential, prove, token_from_env,
+)
+
 #: The environment variable a launched process finds its credential in.
-ENV = "PYDVM_DIRECT_CRED"
+ENV = CREDENTIAL_ENV
 #: Domain separation: the key credentials are derived with, from the secret.
 DOMAIN = b"pydvm direct-data credential v1"
 #: The role a direct client announces in its ``auth`` answer.
-ROLE = "client"
-
-
-@dataclass(frozen=True)
-class Credential:
-    """One process's credential (what :data:`ENV` holds), minus its
-    namespace and rank, which the process has in ``PYDVM_NSPACE`` /
-    ``PYDVM_RANK``."""
-
-    node: str
-    uid: int
-    gid: int
-    app: int
-    session: int
-    nonce: bytes
-    key: bytes
-
-    def token(self) -> str:
-        """The environment form: ``v1:UID:GID:APP:SESSION:NONCE:KEY:NODE``."""
-        return (f"v1:{self.uid}:{self.gid}:{self.app}:{self.session}:"
-                f"{self.nonce.hex()}:{self.key.hex()}:{self.node}")
-
-    @classmethod
-    def parse(cls, token: str) -> "Credential":
-        """Read a :meth:`token`; ValueError if it is not one."""
-        parts = token.strip().split(":", 7)
-        if len(parts) != 8 or parts[0] != "v1" or not parts[7]:
-            raise ValueError("not a v1 direct-data credential")
-        uid, gid, app, session = (int(p) for p in parts[1:5])
-        nonce, key = bytes.fromhex(parts[5]), bytes.fromhex(parts[6])
-        if len(key) != 32 or not nonce:
-            raise ValueError("malformed direct-data credential")
-        return cls(parts[7], uid, gid, app, session, nonce, key)
-
-    def answer(self, challenge: bytes, nspace: str, rank: int) -> dict[str, Any]:
-        """The fields of the ``auth`` answer to the master's ``challenge``."""
-        return {"role": ROLE, "nspace": nspace, "rank": rank, "node": self.node,
-                "uid": self.uid, "gid": self.gid, "app": self.app, "session": self.session,
-                "nonce": self.nonce, "proof": prove(self.key, challenge)}
+ROLE = CLIENT_ROLE
 
 
 def domain_key(secret: bytes) -> bytes:
@@ -92,11 +56,6 @@ def process_key(dkey: bytes, dvm: str, node: str, nspace: str, rank: int, uid: i
     fields = msgpack.packb([dvm, node, nspace, rank, uid, gid, app, session, nonce],
                            use_bin_type=True)
     return hmac.new(dkey, fields, hashlib.sha256).digest()
-
-
-def prove(key: bytes, challenge: bytes) -> bytes:
-    """The client's answer to a challenge: it holds ``key``."""
-    return hmac.new(key, challenge + ROLE.encode(), hashlib.sha256).digest()
 
 
 class Voucher:
@@ -139,8 +98,3 @@ def verify(dkey: bytes, dvm: str, challenge: bytes, msg: dict[str, Any]) -> tupl
     if not hmac.compare_digest(prove(key, challenge), proof):
         return None
     return ns, rank, node, uid, gid, app, session
-
-
-def token_from_env() -> str | None:
-    """This process's credential token, if it was launched with one."""
-    return os.environ.get(ENV) or None

@@ -27,6 +27,7 @@ from typing import Any, Callable, Hashable
 
 from ..enums import Range
 from ..errors import Status
+from ..protocol import MASTER, NODE, stores_for  # noqa: F401 (re-exported)
 from ..store import Caller, DataStore, Pending, Reply
 from ..wire import BODY, Message, reply, unpack_payload
 
@@ -46,27 +47,6 @@ FORWARDED_FIELDS = {
 #: UTF-8 bytes in all (its ``count`` is never bounded), so it fits a frame.
 KEYS_LISTED = 10_000
 KEYS_LISTED_BYTES = 4 * 1024 * 1024
-
-
-#: The two kinds of store a data request can reach.
-NODE, MASTER = "node", "master"
-
-
-def stores_for(t: str, rng: Any) -> tuple[str, ...]:
-    """Which stores serve a data request of type ``t`` and range ``rng``.
-
-    The routing table, in one place: a node server (:mod:`.node`), the
-    master's direct connections (:mod:`.direct`) and the clients that open
-    one (:mod:`pydvm._direct`) all read it.  LOCAL items live in the
-    node store, every other range in the master's; ``unpublish`` goes to
-    both (removal is a question of ownership, not of range).  ``update``
-    goes where ``publish`` goes and ``keys`` where ``lookup`` goes.
-    """
-    if t == "unpublish":
-        return (NODE, MASTER)
-    if rng == Range.LOCAL:
-        return (NODE,)
-    return (MASTER,)
 
 
 def request_range(msg: Message) -> Any:

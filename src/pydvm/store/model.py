@@ -16,53 +16,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Union
 
 from ..enums import Persistence, Range
-
-
-@dataclass(frozen=True, slots=True)
-class Typed:
-    """A value published with an explicit PMIx data type (immutable).
-
-    A PMIx client's ``PMIX_UINT8`` or ``PMIX_SIZE`` must come back with that
-    type, so the store keeps the type code next to the plain Python value.
-    Values whose type is the default for their Python type (STRING, BYTE_OBJECT,
-    INT64, DOUBLE, BOOL: see :data:`DEFAULT_TYPES`) are stored bare instead,
-    so what native and PMIx clients exchange most is never wrapped.
-
-    ``pmix_type`` is a PMIx type code (SPEC 8 numbering style: ``PMIX_UINT8``
-    is 12); only the codes of :data:`TYPE_CATEGORY` are accepted, each with a
-    value of its category (see :func:`check_typed`).  Size accounting is by
-    category (SPEC 3): every integer width and float/double 8, bool 1, a
-    string its UTF-8 length, a byte object its length.
-    """
-
-    value: Union[str, bytes, int, float, bool]
-    pmix_type: int
-
-    @property
-    def type_name(self) -> str:
-        """The PMIx name of :attr:`pmix_type`, e.g. ``"PMIX_UINT8"``."""
-        return "PMIX_" + TYPE_NAMES.get(self.pmix_type, str(self.pmix_type))
-
-
-#: PMIx type code -> (category, name).  Categories: "str", "bytes", "bool",
-#: "float", or ("int", bits, signed) for integers.
-TYPE_CATEGORY: dict[int, object] = {
-    1: "bool", 2: ("int", 8, False), 3: "str", 4: ("int", 64, False),
-    5: ("int", 32, True), 6: ("int", 32, True), 7: ("int", 8, True), 8: ("int", 16, True),
-    9: ("int", 32, True), 10: ("int", 64, True), 11: ("int", 32, False),
-    12: ("int", 8, False), 13: ("int", 16, False), 14: ("int", 32, False),
-    15: ("int", 64, False), 16: "float", 17: "float", 20: ("int", 32, True),
-    27: "bytes", 30: ("int", 8, False), 33: ("int", 8, False), 40: ("int", 32, False),
-}
-TYPE_NAMES: dict[int, str] = {
-    1: "BOOL", 2: "BYTE", 3: "STRING", 4: "SIZE", 5: "PID", 6: "INT", 7: "INT8",
-    8: "INT16", 9: "INT32", 10: "INT64", 11: "UINT", 12: "UINT8", 13: "UINT16",
-    14: "UINT32", 15: "UINT64", 16: "FLOAT", 17: "DOUBLE", 20: "STATUS",
-    27: "BYTE_OBJECT", 30: "PERSIST", 33: "DATA_RANGE", 40: "PROC_RANK",
-}
-#: The PMIx type a bare value stands for (and the one a Typed of that type
-#: is stored as: bare).  bool before int: bool is a subclass of int.
-DEFAULT_TYPES: dict[type, int] = {str: 3, bytes: 27, bool: 1, int: 10, float: 17}
+from ..protocol import DEFAULT_TYPES, TYPE_CATEGORY, TYPE_NAMES, Typed  # noqa: F401 (re-exported)
 
 
 def pmix_type_of(value) -> int:

@@ -1,0 +1,440 @@
+"""What a client and the runtime agree on, with no I/O.
+
+* **values** -- :class:`Typed` (a value with an explicit PMIx type) and the
+  PMIx type tables;
+* **frames** -- the length-prefixed msgpack encoding every connection
+  carries (``pack``, :class:`FrameDecoder`, envelopes, ``reply``);
+* **DVM URIs** -- :class:`DvmUri`;
+* **the direct-data credential** a launched process presents to the master
+  (:class:`Credential`);
+* **the routing table** -- :func:`stores_for`: which store serves a request.
+
+``import pydvm`` (every job process that uses the client) loads this, so it
+stays light: no asyncio, no dataclasses, no logging, nothing of the store or
+the runtime.  The runtime imports the same names from here (re-exported by
+:mod:`pydvm.wire`, :mod:`pydvm.runtime.auth`, :mod:`pydvm.runtime.credential`,
+:mod:`pydvm.runtime.dataops` and :mod:`pydvm.store.model`).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from collections import namedtuple
+from collections.abc import Callable
+
+
+import msgpack
+
+from .enums import Range
+from .errors import Status
+
+TYPE_CHECKING = False  # (not typing's: importing typing costs every job process)
+if TYPE_CHECKING:  # for type checkers and the API reference only
+    from typing import Any
+
+# ----------------------------------------------------------------------
+# values
+# ----------------------------------------------------------------------
+
+
+class Typed:
+    """A value published with an explicit PMIx data type (immutable).
+
+    A PMIx client's ``PMIX_UINT8`` or ``PMIX_SIZE`` must come back with that
+    type, so the store keeps the type code next to the plain Python value.
+    Values whose type is the default for their Python type (STRING, BYTE_OBJECT,
+    INT64, DOUBLE, BOOL: see :data:`DEFAULT_TYPES`) are stored bare instead,
+    so what native and PMIx clients exchange most is never wrapped.
+
+    ``pmix_type`` is a PMIx type code (SPEC 8 numbering style: ``PMIX_UINT8``
+    is 12); only the codes of :data:`TYPE_CATEGORY` are accepted, each with a
+    value of its category (see :func:`check_typed`).  Size accounting is by
+    category (SPEC 3): every integer width and float/double 8, bool 1, a
+    string its UTF-8 length, a byte object its length.
+    """
+
+    __slots__ = ("value", "pmix_type")
+
+    value: str | bytes | int | float | bool
+    pmix_type: int
+
+    def __init__(self, value: str | bytes | int | float | bool, pmix_type: int) -> None:
+        object.__setattr__(self, "value", value)
+        object.__setattr__(self, "pmix_type", pmix_type)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"cannot assign to field {name!r} (Typed is immutable)")
+
+    __delattr__ = __setattr__
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not Typed:
+            return NotImplemented
+        return (self.value, self.pmix_type) == (other.value, other.pmix_type)
+
+    def __hash__(self) -> int:
+        return hash((self.value, self.pmix_type))
+
+    def __repr__(self) -> str:
+        return f"Typed(value={self.value!r}, pmix_type={self.pmix_type!r})"
+
+    def __reduce__(self):
+        return (Typed, (self.value, self.pmix_type))
+
+    @property
+    def type_name(self) -> str:
+        """The PMIx name of :attr:`pmix_type`, e.g. ``"PMIX_UINT8"``."""
+        return "PMIX_" + TYPE_NAMES.get(self.pmix_type, str(self.pmix_type))
+
+
+#: PMIx type code -> (category, name).  Categories: "str", "bytes", "bool",
+#: "float", or ("int", bits, signed) for integers.
+TYPE_CATEGORY: dict[int, object] = {
+    1: "bool", 2: ("int", 8, False), 3: "str", 4: ("int", 64, False),
+    5: ("int", 32, True), 6: ("int", 32, True), 7: ("int", 8, True), 8: ("int", 16, True),
+    9: ("int", 32, True), 10: ("int", 64, True), 11: ("int", 32, False),
+    12: ("int", 8, False), 13: ("int", 16, False), 14: ("int", 32, False),
+    15: ("int", 64, False), 16: "float", 17: "float", 20: ("int", 32, True),
+    27: "bytes", 30: ("int", 8, False), 33: ("int", 8, False), 40: ("int", 32, False),
+}
+TYPE_NAMES: dict[int, str] = {
+    1: "BOOL", 2: "BYTE", 3: "STRING", 4: "SIZE", 5: "PID", 6: "INT", 7: "INT8",
+    8: "INT16", 9: "INT32", 10: "INT64", 11: "UINT", 12: "UINT8", 13: "UINT16",
+    14: "UINT32", 15: "UINT64", 16: "FLOAT", 17: "DOUBLE", 20: "STATUS",
+    27: "BYTE_OBJECT", 30: "PERSIST", 33: "DATA_RANGE", 40: "PROC_RANK",
+}
+#: The PMIx type a bare value stands for (and the one a Typed of that type
+#: is stored as: bare).  bool before int: bool is a subclass of int.
+DEFAULT_TYPES: dict[type, int] = {str: 3, bytes: 27, bool: 1, int: 10, float: 17}
+
+
+
+# ----------------------------------------------------------------------
+# frames
+# ----------------------------------------------------------------------
+
+HEADER = struct.Struct("!I")
+#: Largest frame accepted by default.  Large enough for a publish up to the
+#: default store cap (16 MiB) with room to spare; a peer announcing more is
+#: dropped before the body is read.
+MAX_FRAME = 64 * 1024 * 1024
+
+Message = dict  # a decoded frame: str keys, "t" its type
+ReplyCallback = Callable[[Message], None]
+
+
+class FrameError(Exception):
+    """The byte stream cannot be read as frames any more.
+
+    ``messages`` holds the whole messages decoded before the bad frame, so
+    a caller can still answer them before closing.
+    """
+
+    def __init__(self, text: str, messages: list | None = None) -> None:
+        super().__init__(text)
+        self.messages: list = messages or []
+
+
+#: msgpack extension code of a :class:`~pydvm.store.model.Typed` value: its
+#: data is the msgpack array ``[pmix_type, value]``.
+EXT_TYPED = 1
+
+
+def _default(obj: Any) -> Any:
+    """msgpack's hook for what it cannot pack itself (called only for those)."""
+    if obj.__class__ is Typed:
+        return msgpack.ExtType(EXT_TYPED, msgpack.packb([obj.pmix_type, obj.value],
+                                                        use_bin_type=True))
+    raise TypeError(f"cannot serialize {type(obj).__name__}")
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    """msgpack's hook for extension values (called only when one occurs).
+
+    A malformed one is returned as the raw ExtType: the store refuses it as
+    an unsupported value (BAD_PARAM) rather than the frame being dropped.
+    """
+    if code == EXT_TYPED:
+        try:
+            t, v = msgpack.unpackb(data, raw=False)
+            if isinstance(t, int) and not isinstance(t, bool):
+                return Typed(v, t)
+        except Exception:
+            pass
+    return msgpack.ExtType(code, data)
+
+
+_packers = threading.local()
+
+
+def packb(obj: Any) -> bytes:
+    """msgpack encoding used on every connection (Typed values as extensions).
+
+    Each thread reuses one ``Packer`` (``msgpack.packb`` builds a new one per
+    call, which costs as much as the packing).  It is taken out while in
+    use, so a pack re-entered on the same thread (a signal handler's) makes
+    its own instead of writing into the first one's buffer."""
+    p = getattr(_packers, "p", None)
+    if p is None:
+        p = msgpack.Packer(use_bin_type=True, default=_default)
+    else:
+        _packers.p = None
+    try:
+        return p.pack(obj)
+    finally:
+        _packers.p = p
+
+
+def unpackb(data) -> Any:
+    return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_ext_hook)
+
+
+#: First byte of an *enveloped* frame body: a byte msgpack never produces.
+ENVELOPE = 0xC1
+_ENV_HEAD = struct.Struct("!BI")
+#: Key under which an enveloped message carries its opaque payload.
+BODY = "_body"
+
+
+def pack(msg: Message) -> bytes:
+    """Encode one message as a frame (enveloped if it carries a payload)."""
+    if BODY in msg:
+        return b"".join(pack_parts(msg))
+    body = packb(msg)
+    return HEADER.pack(len(body)) + body
+
+
+def pack_parts(msg: Message) -> list:
+    """An enveloped message as the pieces of its frame, payload not copied.
+
+    Envelope layout (the frame body)::
+
+        0xC1 | u32 BE header length | msgpack map (the header) | payload
+
+    The header holds what a hop needs to route the message; the payload is
+    opaque bytes (normally a msgpack map) that a hop passes on untouched.
+    """
+    payload = msg[BODY]
+    header = packb({k: v for k, v in msg.items() if k != BODY})
+    return [HEADER.pack(_ENV_HEAD.size + len(header) + len(payload)),
+            _ENV_HEAD.pack(ENVELOPE, len(header)), header, payload]
+
+
+def frame_of(body) -> bytes:
+    """A frame carrying an already-encoded body (as sent on by a router)."""
+    return HEADER.pack(len(body)) + bytes(body)
+
+
+def unpack_body(body: bytes) -> Message:
+    """Decode one frame body; raises FrameError if it is not a typed map.
+
+    An enveloped body decodes to its header map with the payload, undecoded,
+    under :data:`BODY` (a memoryview of the frame: no copy).
+    """
+    payload = None
+    if body[:1] == b"\xc1":
+        if len(body) < _ENV_HEAD.size:
+            raise FrameError("truncated envelope")
+        _, hlen = _ENV_HEAD.unpack_from(body, 0)
+        end = _ENV_HEAD.size + hlen
+        if end > len(body):
+            raise FrameError(f"envelope header of {hlen} bytes overruns its frame")
+        view = memoryview(body)
+        payload = view[end:]
+        body = view[_ENV_HEAD.size:end]
+    try:
+        msg = unpackb(body)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise FrameError(f"undecodable frame body ({type(exc).__name__}: {exc})") from None
+    if not isinstance(msg, dict):
+        raise FrameError(f"frame is a {type(msg).__name__}, not a map")
+    if not isinstance(msg.get("t"), str):
+        raise FrameError("frame has no string message type 't'")
+    if payload is not None:
+        msg[BODY] = payload
+    elif BODY in msg:
+        del msg[BODY]  # only an envelope may carry a payload
+    return msg
+
+
+def unpack_payload(payload) -> dict | None:
+    """Decode an envelope's payload as a map; None if it is not one."""
+    try:
+        out = unpackb(payload)
+    except Exception:
+        return None
+    return out if isinstance(out, dict) else None
+
+
+def pack_payload(obj: dict) -> bytes:
+    """Encode a map as an envelope payload (or a frame body)."""
+    return packb(obj)
+
+
+def reply(req_id: Any, status: Status | int, msg: str = "", **fields: Any) -> Message:
+    """Build the reply to request ``req_id``."""
+    out: Message = {"t": "reply", "id": req_id, "status": int(status), "msg": msg}
+    out.update(fields)
+    return out
+
+
+class FrameDecoder:
+    """Incremental frame parser: feed bytes, get whole messages.
+
+    Pure and synchronous, so it can be fuzzed without sockets.
+    """
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Message]:
+        """Add ``data``; return every complete message.  Raises FrameError."""
+        buf = self._buf
+        if not buf and len(data) >= 4:
+            # Fast path: exactly one whole frame, the common case of a request.
+            (size,) = HEADER.unpack_from(data, 0)
+            if size == len(data) - 4 and size <= self.max_frame:
+                return [unpack_body(data[4:])]
+        buf += data
+        out: list[Message] = []
+        pos = 0
+        n = len(buf)
+        while n - pos >= 4:
+            (size,) = HEADER.unpack_from(buf, pos)
+            if size > self.max_frame:
+                raise FrameError(f"frame of {size} bytes exceeds the limit of {self.max_frame}",
+                                 out)
+            if n - pos - 4 < size:
+                break
+            body = bytes(buf[pos + 4 : pos + 4 + size])
+            pos += 4 + size
+            try:
+                out.append(unpack_body(body))
+            except FrameError as exc:
+                raise FrameError(str(exc), out) from None
+        if pos:
+            del buf[:pos]
+        return out
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of an incomplete frame held (a truncated frame at EOF)."""
+        return len(self._buf)
+
+
+
+# ----------------------------------------------------------------------
+# DVM URIs
+# ----------------------------------------------------------------------
+
+_URI_PATTERN = r"^tcp://(?P<host>\[[^\]]+\]|[^:/]+):(?P<port>\d+)/(?P<dvm>[A-Za-z0-9_-]+)$"
+_uri_re = None
+
+
+class UriError(ValueError):
+    """A DVM URI that cannot be parsed, or whose secret cannot be found."""
+
+
+class DvmUri(namedtuple("DvmUri", ["host", "port", "dvmid"])):
+    """``tcp://HOST:PORT/DVMID``: where a DVM's master listens (``host``,
+    ``port``), and its id (``dvmid``)."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return f"tcp://{self.host}:{self.port}/{self.dvmid}"
+
+    @classmethod
+    def parse(cls, text: str) -> "DvmUri":
+        """Read a URI; :class:`UriError` naming the expected form if it is not one."""
+        global _uri_re
+        if _uri_re is None:  # compiled on first use: most processes never parse one
+            import re
+            _uri_re = re.compile(_URI_PATTERN)
+        m = _uri_re.match(text.strip())
+        if not m:
+            raise UriError(f"not a pydvm URI: {text!r} (expected tcp://HOST:PORT/DVMID)")
+        host = m["host"].strip("[]")
+        return cls(host, int(m["port"]), m["dvm"])
+
+
+# ----------------------------------------------------------------------
+# the direct-data credential (runtime/credential.py derives and checks it)
+# ----------------------------------------------------------------------
+
+#: The environment variable a launched process finds its credential in.
+CREDENTIAL_ENV = "PYDVM_DIRECT_CRED"
+#: The role a direct client announces in its ``auth`` answer.
+CLIENT_ROLE = "client"
+
+
+class Credential(namedtuple("Credential",
+                            ["node", "uid", "gid", "app", "session", "nonce", "key"])):
+    """One process's credential (what :data:`CREDENTIAL_ENV` holds), minus its
+    namespace and rank, which the process has in ``PYDVM_NSPACE`` /
+    ``PYDVM_RANK``: its node, uid, gid, app index, session, nonce and key."""
+
+    __slots__ = ()
+
+    def token(self) -> str:
+        """The environment form: ``v1:UID:GID:APP:SESSION:NONCE:KEY:NODE``."""
+        return (f"v1:{self.uid}:{self.gid}:{self.app}:{self.session}:"
+                f"{self.nonce.hex()}:{self.key.hex()}:{self.node}")
+
+    @classmethod
+    def parse(cls, token: str) -> "Credential":
+        """Read a :meth:`token`; ValueError if it is not one."""
+        parts = token.strip().split(":", 7)
+        if len(parts) != 8 or parts[0] != "v1" or not parts[7]:
+            raise ValueError("not a v1 direct-data credential")
+        uid, gid, app, session = (int(p) for p in parts[1:5])
+        nonce, key = bytes.fromhex(parts[5]), bytes.fromhex(parts[6])
+        if len(key) != 32 or not nonce:
+            raise ValueError("malformed direct-data credential")
+        return cls(parts[7], uid, gid, app, session, nonce, key)
+
+    def answer(self, challenge: bytes, nspace: str, rank: int) -> dict:
+        """The fields of the ``auth`` answer to the master's ``challenge``."""
+        return {"role": CLIENT_ROLE, "nspace": nspace, "rank": rank, "node": self.node,
+                "uid": self.uid, "gid": self.gid, "app": self.app, "session": self.session,
+                "nonce": self.nonce, "proof": prove(self.key, challenge)}
+
+
+def prove(key: bytes, challenge: bytes) -> bytes:
+    """The client's answer to a challenge: it holds ``key``."""
+    import hashlib  # here: only a process that uses the direct path needs them
+    import hmac
+    return hmac.new(key, challenge + CLIENT_ROLE.encode(), hashlib.sha256).digest()
+
+
+def token_from_env() -> str | None:
+    """This process's credential token, if it was launched with one."""
+    return os.environ.get(CREDENTIAL_ENV) or None
+
+
+# ----------------------------------------------------------------------
+# the routing table
+# ----------------------------------------------------------------------
+
+#: The two kinds of store a data request can reach.
+NODE, MASTER = "node", "master"
+
+
+def stores_for(t: str, rng: Any) -> tuple[str, ...]:
+    """Which stores serve a data request of type ``t`` and range ``rng``.
+
+    The routing table, in one place: a node server, the master's direct
+    connections and the clients that open one all read it.  LOCAL items
+    live in the node store, every other range in the master's;
+    ``unpublish`` goes to both (removal is a question of ownership, not of
+    range).  ``update`` goes where ``publish`` goes and ``keys`` where
+    ``lookup`` goes.
+    """
+    if t == "unpublish":
+        return (NODE, MASTER)
+    if rng == Range.LOCAL:
+        return (NODE,)
+    return (MASTER,)
