@@ -327,6 +327,7 @@ class PmixServer:
         self.tmpdir: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handler: Callable[[Request], Any] | None = None
+        self._answer_now: Callable[[Request], bool] | None = None
         self._running = False
         self._pending: "weakref.WeakSet[_Reply]" = weakref.WeakSet()
         self._held: dict[int, Any] = {}
@@ -339,19 +340,30 @@ class PmixServer:
         self._dmodex_waiters: dict[int, asyncio.Future] = {}
         #: completion callbacks of registrations in flight (kept alive for libpmix).
         self._sync_cbs: dict[int, Any] = {}
-        self.stats = {"requests": 0, "refused": 0, "handler_errors": 0}
+        #: requests (upcalls handed on), refused by the binding, answered by
+        #: ``answer_now`` on libpmix's thread, handlers that raised.
+        self.stats = {"requests": 0, "refused": 0, "answered_now": 0, "handler_errors": 0}
 
     # -- lifecycle -------------------------------------------------------
 
     def start(self, tmpdir: str | os.PathLike | None, loop: asyncio.AbstractEventLoop,
               handler: Callable[[Request], Any], *,
-              extra_info: Iterable[tuple[str, Any]] = ()) -> None:
+              extra_info: Iterable[tuple[str, Any]] = (),
+              answer_now: Callable[[Request], bool] | None = None) -> None:
         """Initialise libpmix as this process's server.
 
         A private directory is created inside ``tmpdir`` (default: the system
         temporary directory) for libpmix's rendezvous files and shared-memory
         stores; :meth:`finalize` removes it.  ``loop`` is the event loop the
         handler runs on; ``handler(request)`` may return a coroutine.
+
+        ``answer_now(request)``, if given, is offered each publish, lookup
+        and unpublish first, on libpmix's progress thread inside the upcall:
+        it returns True once it has answered (called ``request.reply``),
+        False -- having done nothing -- to have the request handed to the
+        loop as usual.  It must never block (no waiting for a lock, for I/O,
+        for the loop) and must not touch what the loop owns except under
+        the host's own lock (see "Threading model" above).
         """
         global _active
         lib = L.load()
@@ -364,6 +376,7 @@ class PmixServer:
             self.lib = lib
             self._loop = loop
             self._handler = handler
+            self._answer_now = answer_now
             base = os.fspath(tmpdir) if tmpdir is not None else None
             if base:
                 os.makedirs(base, exist_ok=True)
@@ -637,6 +650,31 @@ class PmixServer:
             return C.ERR_UNREACH
         return C.SUCCESS
 
+    def _offer(self, req: Request) -> int:
+        """A data request (progress thread): answered here by ``answer_now``
+        if it can be, else handed to the loop.  The upcall's return value:
+        SUCCESS either way (libpmix then waits for the reply, already given
+        or to come).  libpmix 4.2.2 lets the reply come before the upcall
+        returns: its publish / lookup / unpublish callbacks only pack the
+        answer and queue it for the client, and it touches none of the
+        request's memory after an upcall returns SUCCESS."""
+        now = self._answer_now
+        if now is None:
+            return self._post(req)
+        try:
+            answered = now(req)
+        except BaseException as e:
+            # as a handler that raises: the request is answered with an
+            # error, never handed on (it may have been half served)
+            self.stats["requests"] += 1
+            self._handler_failed(req, e)
+            return C.SUCCESS
+        if not answered:
+            return self._post(req)
+        self.stats["requests"] += 1
+        self.stats["answered_now"] += 1
+        return C.SUCCESS
+
     def _dispatch(self, req: Request) -> None:
         # loop thread
         if not self._running:
@@ -734,7 +772,7 @@ class PmixServer:
         gids = _ids_of(directives.pop(C.ACCESS_GRPIDS, None), C.ACCESS_GRPIDS)
         req = Publish(proc_at(proc), pairs, rng, pers, uids, gids, directives)
         req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
-        return self._post(req)
+        return self._offer(req)
 
     def _up_lookup(self, proc, keys, info, ninfo, cbfunc, cbdata):
         klist = argv_at(keys) or []
@@ -747,7 +785,7 @@ class PmixServer:
         timeout = _int_of(t, C.TIMEOUT) if t is not None else None
         req = Lookup(proc_at(proc), klist, rng, wait, timeout, d)
         req.reply = LookupReply(self, cbfunc, cbdata, L.lookup_cbfunc_t, req.kind)
-        return self._post(req)
+        return self._offer(req)
 
     def _up_unpublish(self, proc, keys, info, ninfo, cbfunc, cbdata):
         klist = argv_at(keys)
@@ -757,7 +795,7 @@ class PmixServer:
         rng = _range_of(d.pop(C.RANGE, None))
         req = Unpublish(proc_at(proc), klist, rng, d)
         req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
-        return self._post(req)
+        return self._offer(req)
 
     def _up_spawn(self, proc, job_info, ninfo, apps, napps, cbfunc, cbdata):
         alist = []

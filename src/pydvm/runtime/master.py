@@ -67,6 +67,7 @@ from .nodes import LOST_STATUS, NodeRecord, NodesMixin, StartError, choose_head_
 from .peers import DaemonSession, DirectSession, PeerSession, ToolSession, route_answer
 from .relay import Relay
 from .routing import RoutingMixin
+from .storeguard import GuardedStats, guard_for, guarded_store
 from .toolreqs import ToolRequestsMixin
 
 log = logging.getLogger("pydvm.master")
@@ -202,10 +203,13 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
             raise StartError(str(exc)) from None
         loop = asyncio.get_running_loop()
         poll_after_messages(loop, self.values["pydvm_master_poll_us"])
-        self.store = DataStore(
+        # under the process's store guard, shared with the head node's
+        # PMIx requests answered on libpmix's thread (runtime/storeguard.py)
+        self.request_stats = GuardedStats(guard_for(loop))
+        self.store = guarded_store(
+            guard_for(loop),
             name="master",
             clock=MonotonicClock(),
-            timer=loop,
             on_answer=route_answer,
             params=StoreParams(
                 timeout=self.values["prte_data_server_timeout"],

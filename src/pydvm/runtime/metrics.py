@@ -139,7 +139,9 @@ def parse_address(text: str) -> tuple[str, int]:
 class RequestStats:
     """Counts and latencies of the data requests one store served.
 
-    Plain numbers, updated on the event loop that serves the store.  For
+    Plain numbers, updated under the store's guard (the event loop that
+    serves the store, or a PMIx request answered on libpmix's thread:
+    :class:`~pydvm.runtime.storeguard.GuardedStats`).  For
     each op, ``_ops[op]`` is ``(acc, statuses)``: ``acc[0]`` the sum of the
     times, ``acc[1 + i]`` how many fell in bucket ``i`` of
     :data:`LATENCY_BUCKETS` (not cumulative; the last is +Inf), and
@@ -162,15 +164,18 @@ class RequestStats:
         """
         t0 = perf_counter()
         out = dataops.apply(store, caller, msg, ticket)
-        dt = perf_counter() - t0
-        entry = self._ops.get(msg["t"])
+        self.record(msg["t"], perf_counter() - t0, None if out is None else out.get("status"))
+        return out
+
+    def record(self, op: str, dt: float, status: int | None) -> None:
+        """Count one request of ``op`` that took ``dt`` seconds and was answered
+        ``status`` (None: a lookup that parked)."""
+        entry = self._ops.get(op)
         if entry is not None:
             acc, statuses = entry
             acc[0] += dt
             acc[1 + bisect_left(LATENCY_BUCKETS, dt)] += 1
-            status = None if out is None else out.get("status")
             statuses[status] = statuses.get(status, 0) + 1
-        return out
 
     def sample(self) -> dict[str, Any]:
         """The figures as plain, msgpack-able values (see :func:`store_sample`)."""

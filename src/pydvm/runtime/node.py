@@ -90,6 +90,7 @@ from .jobio import LINE_LIMIT, PARTIAL_WAIT, StdinFeed, output_cost, output_pty,
 from .metrics import RequestStats, store_sample
 from .peers import ClientSession, route_answer
 from .pmixhost import FOREIGN_LAUNCH_PREFIXES, OMPI_JOB_DIRS, PmixHost
+from .storeguard import GuardedStats, StoreGuard, guard_for, guarded_store
 
 log = logging.getLogger("pydvm.node")
 
@@ -204,6 +205,8 @@ class NodeServer:
             self.voucher = Voucher(vouch[0], self.dvmid, node, vouch[1])
             self.voucher.master_unix = same_host_socket(welcome.get("direct_unix"))
         self.store: DataStore | None = None
+        #: the lock the store is used under (made at start; see storeguard).
+        self.guard: StoreGuard | None = None
         self.jobs: dict[str, LocalJob] = {}
         self.socket_dir: Path | None = None
         #: where this node's PMIx jobs keep their shared-memory files, one
@@ -232,10 +235,15 @@ class NodeServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         values = self.values
-        self.store = DataStore(
+        # The store is reached by the loop and, for PMIx requests it can
+        # answer at once, by libpmix's thread: always under the process's
+        # one store guard (runtime/storeguard.py).
+        self.guard = guard_for(loop)
+        self.request_stats = GuardedStats(self.guard)
+        self.store = guarded_store(
+            self.guard,
             name=self.node,
             clock=MonotonicClock(),
-            timer=loop,
             on_answer=route_answer,
             params=StoreParams(
                 timeout=values["prte_data_server_timeout"],
@@ -786,6 +794,40 @@ class NodeServer:
             if removed:
                 adjust = dataops.add_count(removed)
         self._forward(session, msg, adjust)
+
+    def serve_now(self, session, msg: Message) -> Message | None:
+        """:meth:`serve_data` for a request answered where it arrived, on
+        whichever thread holds :attr:`guard` -- a PMIx request on libpmix's
+        thread (:meth:`PmixHost.answer_now
+        <pydvm.runtime.pmixhost.PmixHost.answer_now>`).  The same routing,
+        store rules and counters; returns the one answer, or None having
+        changed nothing when serving it means waiting: a lookup that would
+        park, a router that passes requests on (a daemon's uplink, a
+        relaying master), a node-store publish whose uid the master must
+        first learn holds items here (direct data), or a session at its cap
+        (serve_data refuses it).  Called under :attr:`guard`."""
+        cap = session.max_outstanding
+        if cap is not None and session.outstanding() >= cap:
+            return None
+        t = msg["t"]
+        stores = dataops.stores_for(t, dataops.request_range(msg))
+        to_master = dataops.MASTER in stores
+        if to_master and not getattr(self.router, "answers_now", False):
+            return None
+        here = dataops.NODE in stores
+        if here and t in ("publish", "update") and self.voucher is not None:
+            return None
+        if here and to_master and t == "unpublish" and not self.store.holds(session.caller.uid):
+            here = False
+        adjust = None
+        if here:
+            out = self.request_stats.apply_now(self.store, session.caller, msg)
+            if out is None or not to_master:
+                return out
+            removed = out.get("count", 0) if out.get("status") == 0 else 0
+            if removed:
+                adjust = dataops.add_count(removed)
+        return self.router.serve_now(session, msg, adjust)
 
     # A direct client's unpublish skips the node store when it holds nothing
     # of the client's uid (runtime/direct.py): the master must know which

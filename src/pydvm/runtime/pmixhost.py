@@ -185,29 +185,33 @@ class PmixSession(PeerSession):
         req = self.pending.pop(rid, None) if isinstance(rid, int) else None
         if req is None:
             return  # a refusal of something never admitted, or a late answer
-        status = msg.get("status", Status.ERR_BAD_PARAM)
-        try:
-            if req.kind == "lookup":
-                found = msg.get("found") or ()
-                if status == Status.ERR_PARTIAL_SUCCESS and found:
-                    status = Status.SUCCESS  # libpmix passes data only with SUCCESS
-                if status == Status.SUCCESS:
-                    req.reply(int(status), [(k, to_pmix(v), _proc(ns, r))
-                                            for k, v, ns, r in found])
-                else:
-                    req.reply(int(status))
-            else:
-                req.reply(int(status))
-        except Exception:
-            log.exception("%s: answering a %s failed", self.name, req.kind)
-            if not req.reply.done:
-                req.reply.fail(Status.ERR_BAD_PARAM)
+        answer(req, msg, self.name)
 
     def fail_all(self, status: int) -> None:
         pending, self.pending = self.pending, {}
         for req in pending.values():
             if not req.reply.done:
                 req.reply.fail(status)
+
+
+def answer(req, msg: Message, name: str) -> None:
+    """Give PMIx request ``req`` the store's answer ``msg`` (a reply map)."""
+    status = msg.get("status", Status.ERR_BAD_PARAM)
+    try:
+        if req.kind == "lookup":
+            found = msg.get("found") or ()
+            if status == Status.ERR_PARTIAL_SUCCESS and found:
+                status = Status.SUCCESS  # libpmix passes data only with SUCCESS
+            if status == Status.SUCCESS:
+                req.reply(int(status), [(k, to_pmix(v), _proc(ns, r)) for k, v, ns, r in found])
+            else:
+                req.reply(int(status))
+        else:
+            req.reply(int(status))
+    except Exception:
+        log.exception("%s: answering a %s failed", name, req.kind)
+        if not req.reply.done:
+            req.reply.fail(Status.ERR_BAD_PARAM)
 
 
 def _proc(ns: str, rank: int):
@@ -278,7 +282,8 @@ class PmixHost:
                                     nspace=f"{self.node.dvm_nspace}-{self.node.node}")
                 from ..pmix import constants as C
                 server.start(tmpdir, asyncio.get_running_loop(), self,
-                             extra_info=[(C.HOSTNAME, self.node.node)])
+                             extra_info=[(C.HOSTNAME, self.node.node)],
+                             answer_now=self.answer_now)
             except Exception as exc:
                 ok, what = False, f"cannot start the PMIx server: {exc}"
             else:
@@ -489,37 +494,61 @@ class PmixHost:
         return s
 
     def _up_publish(self, req) -> None:
-        s = self._session_of(req)
-        if s is None:
-            return
-        try:
-            pairs = {k: to_store(v) for k, v in req.pairs.items()}
-        except ValueError:
-            req.reply.fail(Status.ERR_BAD_PARAM)
-            return
-        msg = {"t": "publish", "id": s.new_id(req), "pairs": pairs,
-               "persist": req.persistence, "uids": list(req.access_uids or ()),
-               "gids": list(req.access_gids or ()), "replace": False}
-        if req.range is not None:
-            msg["range"] = req.range
-        self.node.serve_data(s, msg)
+        self._serve(req)
 
     def _up_lookup(self, req) -> None:
-        s = self._session_of(req)
-        if s is None:
-            return
-        msg = {"t": "lookup", "id": s.new_id(req), "keys": list(req.keys), "wait": req.wait,
-               "timeout": req.timeout or None}
-        if req.range is not None:
-            msg["range"] = req.range
-        self.node.serve_data(s, msg)
+        self._serve(req)
 
     def _up_unpublish(self, req) -> None:
+        self._serve(req)
+
+    def _serve(self, req) -> None:
+        """A publish, lookup or unpublish on the loop: the path of a native
+        client's request (``NodeServer.serve_data``), as the process's session."""
         s = self._session_of(req)
         if s is None:
             return
-        self.node.serve_data(s, {"t": "unpublish", "id": s.new_id(req),
-                                 "keys": None if req.keys is None else list(req.keys)})
+        msg = data_request(req, 0)
+        if msg is None:
+            req.reply.fail(Status.ERR_BAD_PARAM)
+            return
+        msg["id"] = s.new_id(req)
+        self.node.serve_data(s, msg)
+
+    def answer_now(self, req) -> bool:
+        """A publish, lookup or unpublish on libpmix's progress thread, inside
+        its upcall (the binding's ``answer_now``): answered here when a store
+        of this process can answer it at once (``NodeServer.serve_now``),
+        else left to the loop (False, nothing done).
+
+        Under the process's store guard (runtime/storeguard.py), taken
+        without waiting: when the loop holds it the request goes to the loop.
+        The answer is given once the guard is released; what the store
+        deferred (other clients' parked lookups it answered, timers, holder
+        notices) is handed to the loop after that.  Identity and refusals are
+        the loop path's: the session the process was registered with, a
+        closed or unknown one refused NO_PERMISSIONS."""
+        guard = self.node.guard
+        if guard is None or not guard.try_enter():
+            return False
+        out = None
+        try:
+            s = self.sessions.get((req.proc.nspace, req.proc.rank))
+            if s is None or s.closed:
+                out = {"status": Status.ERR_NO_PERMISSIONS}
+            else:
+                msg = data_request(req, 0)
+                if msg is None:
+                    out = {"status": Status.ERR_BAD_PARAM}
+                else:
+                    out = self.node.serve_now(s, msg)
+        finally:
+            effects = guard.leave()
+        if out is not None:
+            answer(req, out, "pmix")
+        if effects:
+            guard.post(effects)
+        return out is not None
 
     # -- what the master coordinates --------------------------------------
 
@@ -590,6 +619,28 @@ class PmixHost:
             return reply(msg.get("id"), Status.ERR_TIMEOUT,
                          f"{ns}:{rank} posted no modex data within {DMODEX_TIMEOUT:.0f}s")
         return reply(msg.get("id"), status, data=blob)
+
+
+def data_request(req, rid: int) -> Message | None:
+    """A PMIx publish, lookup or unpublish as a native data request with id
+    ``rid``; None when a value cannot be stored (a STRING that is not UTF-8)."""
+    if req.kind == "publish":
+        try:
+            pairs = {k: to_store(v) for k, v in req.pairs.items()}
+        except ValueError:
+            return None
+        msg = {"t": "publish", "id": rid, "pairs": pairs, "persist": req.persistence,
+               "uids": list(req.access_uids or ()), "gids": list(req.access_gids or ()),
+               "replace": False}
+    elif req.kind == "lookup":
+        msg = {"t": "lookup", "id": rid, "keys": list(req.keys), "wait": req.wait,
+               "timeout": req.timeout or None}
+    else:
+        return {"t": "unpublish", "id": rid,
+                "keys": None if req.keys is None else list(req.keys)}
+    if req.range is not None:
+        msg["range"] = req.range
+    return msg
 
 
 def info_to_wire(items) -> list[list]:

@@ -179,6 +179,23 @@ class MasterRouter:
     def forward(self, session: PeerSession, msg: Message, adjust=None) -> None:
         self.master._data_op(session, msg, session.caller, adjust)
 
+    @property
+    def answers_now(self) -> bool:
+        """Whether :meth:`serve_now` can answer: the master keeps the data
+        (a relaying master passes every request on)."""
+        return self.master.relay is None
+
+    def serve_now(self, session: PeerSession, msg: Message, adjust=None) -> Message | None:
+        """:meth:`forward` for a request answered at once, on the thread
+        holding the store guard (``NodeServer.serve_now``): the master
+        store's answer, or None -- nothing changed -- for a lookup that would
+        park (it then goes through :meth:`forward`)."""
+        m = self.master
+        out = m.request_stats.apply_now(m.store, session.caller, msg)
+        if out is not None and adjust is not None:
+            adjust(out)
+        return out
+
     def cancel(self, session: PeerSession, ref: int) -> None:
         self.master._cancel(session, ref)
 
