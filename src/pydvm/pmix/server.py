@@ -877,11 +877,36 @@ def _set_result(fut: asyncio.Future, value) -> None:
         fut.set_result(value)
 
 
+#: Threads of libpmix whose Python thread state is kept (see _keep_thread_state).
+_kept_threads: set[int] = set()
+
+
+def _keep_thread_state() -> None:
+    """Keep the calling foreign thread's Python thread state for good.
+
+    A ctypes callback on a thread Python did not start gets a thread state
+    for the call only: ``PyGILState_Ensure`` makes one and the matching
+    release destroys it, so every upcall on libpmix's progress thread paid
+    for a new thread state -- and, on Python 3.11, for an mmap of its frame
+    stack and an munmap at the end (system calls, page faults, and TLB
+    shootdowns across the process's threads): about a tenth of that
+    thread's time in a PMIx publish benchmark.  One extra
+    ``PyGILState_Ensure`` that is never released keeps it alive.  libpmix
+    has one progress thread per server (one server per process); the kept
+    state is freed with the interpreter."""
+    tid = threading.get_ident()
+    if tid not in _kept_threads:
+        _kept_threads.add(tid)
+        ctypes.pythonapi.PyGILState_Ensure()
+
+
 def _guarded(name: str, fn, server: PmixServer):
     """Never let an exception cross into C (ctypes would return 0, i.e. SUCCESS)."""
 
     def upcall(*args):
         try:
+            if threading.get_ident() not in _kept_threads:
+                _keep_thread_state()
             if not server._running:
                 return C.ERR_INIT
             return fn(*args)
