@@ -214,9 +214,22 @@ def answer(req, msg: Message, name: str) -> None:
             req.reply.fail(Status.ERR_BAD_PARAM)
 
 
+#: pydvm.pmix's Proc and Value, imported on first use (a node without PMIx
+#: never imports the binding) and kept: the answering path is hot.
+_Proc: Any = None
+_Value: Any = None
+
+
+def _load_types() -> None:
+    global _Proc, _Value
+    from ..pmix import Proc, Value
+    _Proc, _Value = Proc, Value
+
+
 def _proc(ns: str, rank: int):
-    from ..pmix import Proc
-    return Proc(ns, rank)
+    if _Proc is None:
+        _load_types()
+    return _Proc(ns, rank)
 
 
 def to_store(v) -> Any:
@@ -234,10 +247,11 @@ def to_store(v) -> Any:
 
 def to_pmix(x):
     """A store value as a :class:`~pydvm.pmix.Value` with its PMIx type."""
-    from ..pmix import Value
+    if _Value is None:
+        _load_types()
     if x.__class__ is Typed:
-        return Value(x.value, x.pmix_type)
-    return Value.of(x)
+        return _Value(x.value, x.pmix_type)
+    return _Value.of(x)
 
 
 class PmixHost:
@@ -303,6 +317,14 @@ class PmixHost:
         for s in list(self.sessions.values()):
             s.channel.close("node server stopping")
         if self.server is not None:
+            guard = self.node.guard
+            if guard is not None and guard.check:
+                # what a test running with PYDVM_CHECK_STORES reads back
+                st = self.server.stats
+                log.warning("node %s: store checks: %d sections checked, %d broken; pmix: "
+                            "%d requests, %d answered on libpmix's thread, %d found the "
+                            "guard held", self.node.node, guard.checked, guard.broken,
+                            st["requests"], st["answered_now"], guard.busy)
             self.server.finalize()
             self.server = None
 

@@ -350,18 +350,20 @@ class GuardedStats(RequestStats):
         with self.guard:
             return super().sample()
 
-    def apply_now(self, store, caller, msg: Message) -> Message | None:
+    def apply_now(self, store: GuardedStore, caller, msg: Message) -> Message | None:
         """:meth:`apply` for a request that must not wait: its reply, or None
         when it is a lookup that would park -- then nothing is counted and
         the store is as it was (the lookup was parked and withdrawn within
         this one section; only items found past their idle timeout were
-        expired, as any read does).  Called under the guard."""
+        expired, as any read does).  Called under the guard, so the store
+        is used directly (its wrapper would only take the guard again)."""
+        raw = store.raw
         t0 = perf_counter()
-        out = dataops.apply(store, caller, msg, _PROBE)
+        out = dataops.apply(raw, caller, msg, _PROBE)
         if out is None:
-            store.cancel(_PROBE)
+            raw.cancel(_PROBE)
             return None
-        self.record(msg["t"], perf_counter() - t0, out.get("status"))
+        RequestStats.record(self, msg["t"], perf_counter() - t0, out.get("status"))
         return out
 
 
