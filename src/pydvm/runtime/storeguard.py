@@ -274,24 +274,36 @@ del _name, _attr
 class _Handle:
     """A :class:`GuardedTimer` handle (cancelled only under the guard)."""
 
-    __slots__ = ("_timer", "cancelled", "real")
+    __slots__ = ("_timer", "cancelled", "real", "arming")
 
     def __init__(self, timer: "GuardedTimer") -> None:
         self._timer = timer
         self.cancelled = False
         #: the loop's handle once armed (None: not yet, or no longer).
         self.real: asyncio.TimerHandle | None = None
+        #: the deferred arming, while it waits in the guard's effects.
+        self.arming: tuple | None = None
 
     def cancel(self) -> None:
         if self.cancelled:
             return
         self.cancelled = True
+        guard = self._timer.guard
+        if self.arming is not None:
+            # armed and cancelled in one section: drop the arming (no
+            # wake-up of the loop for nothing); if it was handed to the
+            # loop already, it finds the handle cancelled
+            try:
+                guard._effects.remove(self.arming)
+            except ValueError:
+                pass
+            self.arming = None
         real, self.real = self.real, None
         if real is not None:
-            if threading.get_ident() == self._timer.guard.loop_thread:
+            if threading.get_ident() == guard.loop_thread:
                 real.cancel()
             else:
-                self._timer.guard.defer(real.cancel)
+                guard.defer(real.cancel)
 
 
 class GuardedTimer:
@@ -306,11 +318,13 @@ class GuardedTimer:
         if threading.get_ident() == self.guard.loop_thread:
             h.real = self.guard.loop.call_later(delay, self._fire, h, callback, args)
         else:
-            self.guard.defer(self._arm, h, time.monotonic() + delay, callback, args)
+            h.arming = (self._arm, (h, time.monotonic() + delay, callback, args))
+            self.guard._effects.append(h.arming)
         return h
 
     def _arm(self, h: _Handle, deadline: float, callback: Callable, args: tuple) -> None:
         with self.guard:
+            h.arming = None
             if not h.cancelled:
                 h.real = self.guard.loop.call_later(max(0.0, deadline - time.monotonic()),
                                                     self._fire, h, callback, args)
