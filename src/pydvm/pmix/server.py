@@ -27,6 +27,7 @@ at :meth:`PmixServer.finalize` are dropped with the server.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import ctypes
 import inspect
 import itertools
@@ -898,6 +899,19 @@ def _keep_thread_state() -> None:
     if tid not in _kept_threads:
         _kept_threads.add(tid)
         ctypes.pythonapi.PyGILState_Ensure()
+
+
+@atexit.register
+def _finalize_at_exit() -> None:
+    """A server still running when the interpreter exits is finalized first:
+    the interpreter frees every thread state as it shuts down, the kept one
+    of libpmix's thread too, and an upcall after that would use it."""
+    server = _active
+    if server is not None:
+        try:
+            server.finalize()
+        except Exception:  # pragma: no cover - exiting anyway
+            pass
 
 
 def _guarded(name: str, fn, server: PmixServer):
