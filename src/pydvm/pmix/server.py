@@ -11,6 +11,20 @@ refuses (a key over PMIX_MAX_KEYLEN, a value type it cannot carry, an
 oversized value, a malformed directive) is answered by returning that status
 from the upcall: the host never sees the request and nothing is stored.
 
+One exception, the host's choice: a publish, lookup or unpublish is first
+offered to the host's ``answer_now`` (:meth:`PmixServer.start`), on the
+progress thread, inside the upcall.  If it answers, libpmix's callback runs
+there and then (libpmix 4.2.2 allows that: these callbacks only pack the
+answer and queue it for the client) and the request never reaches the loop
+-- two thread wake-ups saved.  ``answer_now`` must not block either; the
+pydvm host takes its store lock without waiting and leaves the request to
+the loop when the loop holds it (:mod:`pydvm.runtime.storeguard`).
+
+libpmix's progress thread is not a Python thread: each ctypes callback on it
+would get a Python thread state for that call only (made and destroyed per
+upcall, with an mmap and munmap of its frame stack on Python 3.11).  The
+first upcall keeps one for good (:func:`_keep_thread_state`).
+
 Reply contract
 --------------
 The host handler runs on the loop thread and answers by calling
@@ -894,7 +908,8 @@ def _keep_thread_state() -> None:
     thread's time in a PMIx publish benchmark.  One extra
     ``PyGILState_Ensure`` that is never released keeps it alive.  libpmix
     has one progress thread per server (one server per process); the kept
-    state is freed with the interpreter."""
+    state is freed with the interpreter, after the server is finalized
+    (:func:`_finalize_at_exit` at the latest)."""
     tid = threading.get_ident()
     if tid not in _kept_threads:
         _kept_threads.add(tid)

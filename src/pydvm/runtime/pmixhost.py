@@ -9,16 +9,40 @@ process of it, and turns each upcall into what pydvm already does:
 =========================  ==================================================
 upcall                     served by
 =========================  ==================================================
-publish, lookup,           :meth:`NodeServer.serve_data` -- the very path of a
-unpublish                  native client's request (node store for LOCAL, the
-                           router for every other range), as the process's
-                           :class:`PmixSession`
+publish, lookup,           :meth:`NodeServer.serve_now` on libpmix's thread
+unpublish                  when a store here can answer at once, else
+                           :meth:`NodeServer.serve_data` -- the very path of a
+                           native client's request (node store for LOCAL, the
+                           router for every other range) -- as the process's
+                           :class:`PmixSession` (below)
 fence, direct modex,       the master (:mod:`pydvm.runtime.collectives`) over
 connect, disconnect,       the node's uplink; the master asks the node hosting
 spawn, abort               a rank for its modex data (``dmodex`` below)
 client finalized,          answered here
 client connected
 =========================  ==================================================
+
+Two paths for publish, lookup and unpublish
+-------------------------------------------
+**At once, on libpmix's thread** (:meth:`PmixHost.answer_now`, offered each
+of these requests first by the binding): when a store of this process can
+answer without waiting or the network -- on the head node the master store
+(every range but LOCAL) and the node store (LOCAL); on a daemon its node
+store (LOCAL lookups, and LOCAL publishes when direct data is off) -- the
+request is served inside the upcall by :meth:`NodeServer.serve_now
+<pydvm.runtime.node.NodeServer.serve_now>` under the process's store guard
+(:mod:`pydvm.runtime.storeguard`), and answered before the upcall returns.
+What the store answered on the way (other clients' parked lookups), timers
+and holder notices go to the loop afterwards.  No thread hand-off: the
+progress thread answers its own client.
+
+**Through the loop**, as a native client's request, for everything else: a
+lookup that must wait (the fast path parks nothing), anything a daemon
+passes to the master, everything of a relaying master, a request that finds
+the guard held by the loop.  Same rules either way: the identity is the
+session's, the routing :func:`~pydvm.runtime.dataops.stores_for`'s, the
+store's rules and counters the same; an unknown or closed session is refused
+NO_PERMISSIONS on both.
 
 Sessions
 --------
