@@ -215,10 +215,10 @@ def test_apply_now_answers_or_leaves_the_store_as_it_was(loop):
     assert store.stats().parked == 0 and not store.raw._parked
     assert stats.sample()["requests"] == []       # nothing counted for it
     with guard:
-        out = stats.apply_now(store, ME, {"t": "publish", "id": 0, "pairs": {"k": "v"}})
-        assert out["status"] == 0
-        out = stats.apply_now(store, OTHER, want)
-    assert out["status"] == 0 and out["found"] == [["k", "v", NS, 0]]
+        r = stats.apply_now(store, ME, {"t": "publish", "id": 0, "pairs": {"k": "v"}})
+        assert r.status == 0
+        r = stats.apply_now(store, OTHER, want)
+    assert r.status == 0 and [tuple(f) for f in r.found] == [("k", "v", (NS, 0))]
     assert sorted(r[:2] for r in stats.sample()["requests"]) == [["lookup", "PMIX_SUCCESS"],
                                                                 ["publish", "PMIX_SUCCESS"]]
     store.check_invariants()

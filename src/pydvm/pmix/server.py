@@ -94,7 +94,7 @@ class _Reply:
     """Base of the reply objects: guards the single C callback invocation."""
 
     __slots__ = ("_server", "_cb", "_cbdata", "_done", "_lock", "kind", "notification",
-                 "__weakref__")
+                 "_tracked", "__weakref__")
 
     def __init__(self, server: "PmixServer", cbfunc: int | None, cbdata: int | None,
                  proto, kind: str):
@@ -105,8 +105,14 @@ class _Reply:
         self.notification = self._done = self._cb is None
         self._lock = threading.Lock()
         self.kind = kind
+        #: listed in the server's pending replies (once handed to the host's
+        #: loop: one answered in its upcall never is).
+        self._tracked = False
+
+    def _track(self) -> None:
         if not self._done:
-            server._pending.add(self)
+            self._tracked = True
+            self._server._pending.add(self)
 
     @property
     def done(self) -> bool:
@@ -118,7 +124,8 @@ class _Reply:
             if self._done:
                 return False
             self._done = True
-        self._server._pending.discard(self)
+        if self._tracked:
+            self._server._pending.discard(self)
         if not self._server._running:
             return False
         return True
@@ -126,7 +133,8 @@ class _Reply:
     def _disarm(self) -> None:
         with self._lock:
             self._done = True
-        self._server._pending.discard(self)
+        if self._tracked:
+            self._server._pending.discard(self)
 
     def _late(self) -> bool:
         if self.notification:
@@ -658,6 +666,7 @@ class PmixServer:
     def _post(self, req: Request) -> int:
         """Hand ``req`` to the loop; the upcall's return value."""
         self.stats["requests"] += 1
+        req.reply._track()
         try:
             self._loop.call_soon_threadsafe(self._dispatch, req)
         except RuntimeError:                  # loop closed
@@ -764,10 +773,8 @@ class PmixServer:
     def _up_publish(self, proc, info, ninfo, cbfunc, cbdata):
         pairs: dict[str, Value] = {}
         directives: dict[str, Value] = {}
-        for key, val in info_at(info, ninfo):
+        for key, val in info_at(info, ninfo, _CLAIMS):
             if key.startswith(C.ATTR_PREFIX):
-                if key in _CLAIMS:
-                    continue
                 if isinstance(val, PmixValueError):
                     raise val
                 directives[key] = val
@@ -781,10 +788,12 @@ class PmixServer:
                                      f"{C.type_name(val.type)} is not supported")
             validate(val, self.max_value_size)
             pairs[key] = val
-        rng = _range_of(directives.pop(C.RANGE, None))
-        pers = _persistence_of(directives.pop(C.PERSISTENCE, None))
-        uids = _ids_of(directives.pop(C.ACCESS_USERIDS, None), C.ACCESS_USERIDS)
-        gids = _ids_of(directives.pop(C.ACCESS_GRPIDS, None), C.ACCESS_GRPIDS)
+        rng = pers = uids = gids = None
+        if directives:
+            rng = _range_of(directives.pop(C.RANGE, None))
+            pers = _persistence_of(directives.pop(C.PERSISTENCE, None))
+            uids = _ids_of(directives.pop(C.ACCESS_USERIDS, None), C.ACCESS_USERIDS)
+            gids = _ids_of(directives.pop(C.ACCESS_GRPIDS, None), C.ACCESS_GRPIDS)
         req = Publish(proc_at(proc), pairs, rng, pers, uids, gids, directives)
         req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
         return self._offer(req)
@@ -794,10 +803,12 @@ class PmixServer:
         for k in klist:
             check_key(k)
         d = _directives(info, ninfo)
-        rng = _range_of(d.pop(C.RANGE, None))
-        wait = _wait_of(d.pop(C.WAIT, None))
-        t = d.pop(C.TIMEOUT, None)
-        timeout = _int_of(t, C.TIMEOUT) if t is not None else None
+        rng = wait = timeout = None
+        if d:
+            rng = _range_of(d.pop(C.RANGE, None))
+            wait = _wait_of(d.pop(C.WAIT, None))
+            t = d.pop(C.TIMEOUT, None)
+            timeout = _int_of(t, C.TIMEOUT) if t is not None else None
         req = Lookup(proc_at(proc), klist, rng, wait, timeout, d)
         req.reply = LookupReply(self, cbfunc, cbdata, L.lookup_cbfunc_t, req.kind)
         return self._offer(req)
@@ -843,8 +854,8 @@ class PmixServer:
         return self._post(req)
 
     def _up_notify_event(self, code, source, rng, info, ninfo, cbfunc, cbdata):
-        items = [(k, v) for k, v in info_at(info, ninfo)
-                 if not isinstance(v, PmixValueError) and k not in _CLAIMS]
+        items = [(k, v) for k, v in info_at(info, ninfo, _CLAIMS)
+                 if not isinstance(v, PmixValueError)]
         req = NotifyEvent(int(code), proc_at(source), int(rng), items)
         # Answered here, not by the host: libpmix 4.2.2 counts this upcall as
         # pending only if it returns PMIX_OPERATION_IN_PROGRESS, and frees
@@ -954,9 +965,7 @@ def _guarded(name: str, fn, server: PmixServer):
 def _directives(info, ninfo) -> dict[str, Value]:
     """Info array -> dict, minus the client's identity claims; bad values refuse."""
     out: dict[str, Value] = {}
-    for key, val in info_at(info, ninfo):
-        if key in _CLAIMS:
-            continue
+    for key, val in info_at(info, ninfo, _CLAIMS):
         if isinstance(val, PmixValueError):
             raise val
         out[key] = val
@@ -976,8 +985,8 @@ def _codes_at(addr, n) -> list[int]:
 
 def _lenient(info, ninfo) -> dict[str, Value]:
     """Info array -> dict, minus identity claims and entries the binding cannot copy."""
-    return {k: v for k, v in info_at(info, ninfo)
-            if not isinstance(v, PmixValueError) and k not in _CLAIMS}
+    return {k: v for k, v in info_at(info, ninfo, _CLAIMS)
+            if not isinstance(v, PmixValueError)}
 
 
 def _int_of(v: Value, what: str) -> int:

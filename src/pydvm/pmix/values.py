@@ -317,8 +317,10 @@ def _value_in(raw: bytes, base: int, addr: int) -> Value:
     return value_from_c(L.pmix_value_t.from_address(addr + base + _TYPE_AT))
 
 
-def info_at(addr: int, n: int) -> list[tuple[str, Value | PmixValueError]]:
-    """Read an info array; a value we cannot convert is kept as its PmixValueError."""
+def info_at(addr: int, n: int, skip: frozenset = frozenset()
+            ) -> list[tuple[str, Value | PmixValueError]]:
+    """Read an info array; a value we cannot convert is kept as its PmixValueError.
+    Entries whose key is in ``skip`` are left out, their values unread."""
     out: list[tuple[str, Value | PmixValueError]] = []
     if not addr or not n:
         return out
@@ -326,6 +328,8 @@ def info_at(addr: int, n: int) -> list[tuple[str, Value | PmixValueError]]:
     for base in range(0, n * _INFO_SIZE, _INFO_SIZE):
         end = raw.find(b"\0", base, base + _KEY_LEN)
         key = _dec(raw[base:end if end >= 0 else base + _KEY_LEN])
+        if key in skip:
+            continue
         try:
             out.append((key, _value_in(raw, base, addr)))
         except PmixValueError as e:

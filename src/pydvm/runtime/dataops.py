@@ -114,7 +114,15 @@ def apply(store: DataStore, caller: Caller, msg: Message, ticket: Hashable) -> M
     fields = op_fields(msg)
     if fields is None:
         return reply(rid, Status.ERR_BAD_PARAM, "request payload is not a map")
-    msg = fields
+    r = run(store, caller, fields, ticket)
+    return None if r is None else encode(rid, r)
+
+
+def run(store: DataStore, caller: Caller, msg: Message, ticket: Hashable) -> Reply | None:
+    """:func:`apply` of a plain request (its own fields), answering with the
+    store's :class:`~pydvm.store.Reply` itself (None: a lookup parked) --
+    for a caller that needs no wire answer (a PMIx request answered in
+    libpmix's upcall)."""
     t = msg["t"]
     if t == "publish":
         r = store.publish(
@@ -137,7 +145,7 @@ def apply(store: DataStore, caller: Caller, msg: Message, ticket: Hashable) -> M
         )
         if isinstance(out, Pending):
             return None
-        r = out
+        return out
     elif t == "unpublish":
         keys = msg.get("keys")
         r = store.unpublish_all(caller) if keys is None else store.unpublish(caller, keys)
@@ -161,8 +169,8 @@ def apply(store: DataStore, caller: Caller, msg: Message, ticket: Hashable) -> M
         r = store.keys(caller, msg.get("prefix", ""), request_range(msg), limit=limit,
                        max_bytes=KEYS_LISTED_BYTES)
     else:
-        return reply(rid, Status.ERR_BAD_PARAM, f"unknown data operation {t!r}")
-    return encode(rid, r)
+        r = Reply(Status.ERR_BAD_PARAM, message=f"unknown data operation {t!r}")
+    return r
 
 
 def parse_caller_fields(v: Any) -> tuple[str, int, int, int | None] | None:

@@ -795,17 +795,18 @@ class NodeServer:
                 adjust = dataops.add_count(removed)
         self._forward(session, msg, adjust)
 
-    def serve_now(self, session, msg: Message) -> Message | None:
-        """:meth:`serve_data` for a request answered where it arrived, on
-        whichever thread holds :attr:`guard` -- a PMIx request on libpmix's
-        thread (:meth:`PmixHost.answer_now
+    def serve_now(self, session, msg: Message):
+        """:meth:`serve_data` for a plain request answered where it arrived,
+        on whichever thread holds :attr:`guard` -- a PMIx request on
+        libpmix's thread (:meth:`PmixHost.answer_now
         <pydvm.runtime.pmixhost.PmixHost.answer_now>`).  The same routing,
-        store rules and counters; returns the one answer, or None having
-        changed nothing when serving it means waiting: a lookup that would
-        park, a router that passes requests on (a daemon's uplink, a
-        relaying master), a node-store publish whose uid the master must
-        first learn holds items here (direct data), or a session at its cap
-        (serve_data refuses it).  Called under :attr:`guard`."""
+        store rules and counters; returns the one answer (the store's
+        :class:`~pydvm.store.Reply`), or None having changed nothing when
+        serving it means waiting: a lookup that would park, a router that
+        passes requests on (a daemon's uplink, a relaying master), a
+        node-store publish whose uid the master must first learn holds
+        items here (direct data), or a session at its cap (serve_data
+        refuses it).  Called under :attr:`guard`."""
         cap = session.max_outstanding
         if cap is not None and session.outstanding() >= cap:
             return None
@@ -819,15 +820,16 @@ class NodeServer:
             return None
         if here and to_master and t == "unpublish" and not self.store.holds(session.caller.uid):
             here = False
-        adjust = None
-        if here:
-            out = self.request_stats.apply_now(self.store, session.caller, msg)
-            if out is None or not to_master:
-                return out
-            removed = out.get("count", 0) if out.get("status") == 0 else 0
-            if removed:
-                adjust = dataops.add_count(removed)
-        return self.router.serve_now(session, msg, adjust)
+        if not here:
+            return self.router.serve_now(session, msg)
+        r = self.request_stats.apply_now(self.store, session.caller, msg)
+        if r is None or not to_master:
+            return r
+        # An unpublish: the master's answer is the answer, counting the keys
+        # removed here too (dataops.add_count on the loop path).
+        removed = r.count if r.status == 0 else 0
+        r = self.router.serve_now(session, msg)
+        return r._replace(count=r.count + removed) if removed and r.status == 0 else r
 
     # A direct client's unpublish skips the node store when it holds nothing
     # of the client's uid (runtime/direct.py): the master must know which

@@ -88,7 +88,7 @@ import os
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import Status
-from ..store import Caller, Typed
+from ..store import Caller, Reply, Typed
 from ..store.model import DEFAULT_TYPES
 from ..wire import MAX_FRAME, Message, unpack_body
 from .peers import PeerSession
@@ -220,10 +220,18 @@ class PmixSession(PeerSession):
 
 def answer(req, msg: Message, name: str) -> None:
     """Give PMIx request ``req`` the store's answer ``msg`` (a reply map)."""
-    status = msg.get("status", Status.ERR_BAD_PARAM)
+    _answer(req, msg.get("status", Status.ERR_BAD_PARAM), msg.get("found") or (), name)
+
+
+def answer_reply(req, r, name: str) -> None:
+    """Give PMIx request ``req`` the store's :class:`~pydvm.store.Reply` ``r``."""
+    _answer(req, r.status, [(f.key, f.value, *f.publisher) for f in r.found], name)
+
+
+def _answer(req, status: int, found, name: str) -> None:
+    """``found``: ``(key, store value, nspace, rank)`` each."""
     try:
         if req.kind == "lookup":
-            found = msg.get("found") or ()
             if status == Status.ERR_PARTIAL_SUCCESS and found:
                 status = Status.SUCCESS  # libpmix passes data only with SUCCESS
             if status == Status.SUCCESS:
@@ -259,7 +267,7 @@ def _proc(ns: str, rank: int):
 def to_store(v) -> Any:
     """A PMIx :class:`~pydvm.pmix.Value` as a store value (bare when default-typed)."""
     x = v.value
-    if isinstance(x, str):
+    if isinstance(x, str) and not x.isascii():
         try:
             x.encode("utf-8")
         except UnicodeEncodeError:
@@ -577,24 +585,21 @@ class PmixHost:
         guard = self.node.guard
         if guard is None or not guard.try_enter():
             return False
-        out = None
+        r = None
         try:
             s = self.sessions.get((req.proc.nspace, req.proc.rank))
             if s is None or s.closed:
-                out = {"status": Status.ERR_NO_PERMISSIONS}
+                r = _REFUSED
             else:
                 msg = data_request(req, 0)
-                if msg is None:
-                    out = {"status": Status.ERR_BAD_PARAM}
-                else:
-                    out = self.node.serve_now(s, msg)
+                r = _BAD if msg is None else self.node.serve_now(s, msg)
         finally:
             effects = guard.leave()
-        if out is not None:
-            answer(req, out, "pmix")
+        if r is not None:
+            answer_reply(req, r, "pmix")
         if effects:
             guard.post(effects)
-        return out is not None
+        return r is not None
 
     # -- what the master coordinates --------------------------------------
 
@@ -665,6 +670,10 @@ class PmixHost:
             return reply(msg.get("id"), Status.ERR_TIMEOUT,
                          f"{ns}:{rank} posted no modex data within {DMODEX_TIMEOUT:.0f}s")
         return reply(msg.get("id"), status, data=blob)
+
+
+_REFUSED = Reply(Status.ERR_NO_PERMISSIONS)
+_BAD = Reply(Status.ERR_BAD_PARAM)
 
 
 def data_request(req, rid: int) -> Message | None:

@@ -185,16 +185,13 @@ class MasterRouter:
         (a relaying master passes every request on)."""
         return self.master.relay is None
 
-    def serve_now(self, session: PeerSession, msg: Message, adjust=None) -> Message | None:
-        """:meth:`forward` for a request answered at once, on the thread
+    def serve_now(self, session: PeerSession, msg: Message):
+        """:meth:`forward` for a plain request answered at once, on the thread
         holding the store guard (``NodeServer.serve_now``): the master
-        store's answer, or None -- nothing changed -- for a lookup that would
-        park (it then goes through :meth:`forward`)."""
+        store's :class:`~pydvm.store.Reply`, or None -- nothing changed --
+        for a lookup that would park (it then goes through :meth:`forward`)."""
         m = self.master
-        out = m.request_stats.apply_now(m.store, session.caller, msg)
-        if out is not None and adjust is not None:
-            adjust(out)
-        return out
+        return m.request_stats.apply_now(m.store, session.caller, msg)
 
     def cancel(self, session: PeerSession, ref: int) -> None:
         self.master._cancel(session, ref)

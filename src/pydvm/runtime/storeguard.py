@@ -85,7 +85,7 @@ import weakref
 from time import perf_counter
 from typing import Any, Callable, Hashable
 
-from ..store import DataStore
+from ..store import DataStore, Reply
 from ..wire import Message
 from . import dataops
 from .metrics import RequestStats
@@ -364,21 +364,22 @@ class GuardedStats(RequestStats):
         with self.guard:
             return super().sample()
 
-    def apply_now(self, store: GuardedStore, caller, msg: Message) -> Message | None:
-        """:meth:`apply` for a request that must not wait: its reply, or None
-        when it is a lookup that would park -- then nothing is counted and
-        the store is as it was (the lookup was parked and withdrawn within
-        this one section; only items found past their idle timeout were
-        expired, as any read does).  Called under the guard, so the store
-        is used directly (its wrapper would only take the guard again)."""
+    def apply_now(self, store: GuardedStore, caller, msg: Message) -> Reply | None:
+        """:meth:`apply` for a plain request that must not wait, answered with
+        the store's :class:`~pydvm.store.Reply` (:func:`dataops.run`), or
+        None when it is a lookup that would park -- then nothing is counted
+        and the store is as it was (the lookup was parked and withdrawn
+        within this one section; only items found past their idle timeout
+        were expired, as any read does).  Called under the guard, so the
+        store is used directly (its wrapper would only take the guard again)."""
         raw = store.raw
         t0 = perf_counter()
-        out = dataops.apply(raw, caller, msg, _PROBE)
-        if out is None:
+        r = dataops.run(raw, caller, msg, _PROBE)
+        if r is None:
             raw.cancel(_PROBE)
             return None
-        RequestStats.record(self, msg["t"], perf_counter() - t0, out.get("status"))
-        return out
+        RequestStats.record(self, msg["t"], perf_counter() - t0, r.status)
+        return r
 
 
 def guarded_store(guard: StoreGuard, **kw) -> GuardedStore:
