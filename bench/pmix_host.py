@@ -8,10 +8,13 @@ ones.  Prints a table and a final summary line.
 
     python bench/pmix_host.py [--iters 2000] [--held 10,5000]
 
-A last row, ``floor``, times publishes answered inside libpmix's own upcall
-(bench/_pmix_floor.py: nothing handed to the loop, nothing stored): the
-cost of libpmix's client/server round trip alone, under any host that
-answers from its event loop.
+Rows ``publish-now`` / ``lookup-now`` (at the first number of names held)
+are the same host answering inside libpmix's upcall, on its progress thread
+(the binding's ``answer_now``, under the host's lock: what pydvm's runtime
+does for requests a store of its process can answer at once).  A last row,
+``floor``, times publishes answered inside the upcall with nothing done at
+all (bench/_pmix_floor.py: nothing stored, no Python beyond the upcall's
+entry): libpmix's client/server round trip alone.
 """
 
 from __future__ import annotations
@@ -44,10 +47,11 @@ def build(tmp: Path) -> str:
 FLOOR = Path(__file__).resolve().parent / "_pmix_floor.py"
 
 
-def run(exe: str, tmp: Path, held: int, iters: int, floor: bool = False
+def run(exe: str, tmp: Path, held: int, iters: int, floor: bool = False, now: bool = False
         ) -> dict[str, list[float]]:
     argv = [exe, str(held), str(iters)] + (["publish"] if floor else [])
-    spec = {"tmpdir": str(tmp / "srv"), "timeout": 600, "clients": [{"rank": 0, "argv": argv}]}
+    spec = {"tmpdir": str(tmp / "srv"), "timeout": 600, "clients": [{"rank": 0, "argv": argv}],
+            "answer_now": now}
     path = tmp / f"spec-{held}.json"
     path.write_text(json.dumps(spec))
     r = subprocess.run([sys.executable, str(FLOOR if floor else HARNESS), str(path)],
@@ -83,12 +87,19 @@ def main() -> int:
                 s = sorted(res[op])
                 rows.append((held, op.lower(), statistics.median(s),
                              s[int(len(s) * 0.9)], len(s)))
+        held = int(a.held.split(",")[0])
+        res = run(exe, tmp, held, a.iters, now=True)
+        for op in ("PUBLISH", "LOOKUP"):
+            s = sorted(res[op])
+            rows.append((held, op.lower() + "-now", statistics.median(s),
+                         s[int(len(s) * 0.9)], len(s)))
         s = sorted(run(exe, tmp, 0, a.iters, floor=True)["PUBLISH"])
         rows.append((0, "floor", statistics.median(s), s[int(len(s) * 0.9)], len(s)))
-    print(f"# {why} ({path}); host answers on its asyncio loop; {os.cpu_count()} cpus")
-    print(f"{'names held':>10}  {'op':<8} {'median us':>10} {'p90 us':>9} {'n':>6}")
+    print(f"# {why} ({path}); host answers on its asyncio loop (-now: in the upcall); "
+          f"{os.cpu_count()} cpus")
+    print(f"{'names held':>10}  {'op':<11} {'median us':>10} {'p90 us':>9} {'n':>6}")
     for held, op, med, p90, n in rows:
-        print(f"{held:>10}  {op:<8} {med:>10.1f} {p90:>9.1f} {n:>6}")
+        print(f"{held:>10}  {op:<11} {med:>10.1f} {p90:>9.1f} {n:>6}")
     summ = ", ".join(f"{op} {med:.0f} us @{held}" for held, op, med, _, _ in rows)
     print(f"pmix_host median: {summ}")
     return 0

@@ -13,9 +13,15 @@ NOT_FOUND, ``wait`` parking with ``timeout``, FIRST_READ consumption,
 unpublish by owner, fence echoing its own contribution, direct modex through
 ``dmodex_request``.
 
+With ``answer_now`` in the spec, the host also gives the server an
+``answer_now``: a publish, an unpublish and a lookup that need not wait are
+answered on libpmix's progress thread, inside the upcall, when no lookup is
+parked (the host's state is behind one lock, taken there without waiting);
+the rest goes to the loop.  The report's ``now`` lists the kinds answered so.
+
 Spec keys: tmpdir, nspace, node, nodes {name: [ranks]}, apps [sizes],
 clients [{rank, argv, env, delay}], env {..}, fail {kind, mode}, timeout,
-max_value_size, regex (bool), lookup_timeout_default.
+max_value_size, regex (bool), lookup_timeout_default, answer_now (bool).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 
 from pydvm.pmix import Handler, PmixError, PmixServer, Proc, Value, constants as C
@@ -73,8 +80,31 @@ class DictHost(Handler):
         self.fail = spec.get("fail") or {}
         self.seen = 0
         self.local_ranks: set[int] = set()
+        #: the host's state, shared with libpmix's thread (answer_now)
+        self.lock = threading.Lock()
+        self.now: list[str] = []
+
+    def answer_now(self, req) -> bool:
+        """libpmix's thread: answer if nothing waits and the lock is free."""
+        if not self.lock.acquire(blocking=False):
+            return False
+        try:
+            if self.parked or (req.kind == "lookup" and req.wait is not None) \
+                    or self.fail.get("kind") == req.kind:
+                return False
+            self.log.append(describe(req))
+            self.seen += 1
+            self.now.append(req.kind)
+            getattr(self, req.kind)(req)
+            return True
+        finally:
+            self.lock.release()
 
     def __call__(self, req):
+        with self.lock:
+            return self._serve(req)
+
+    def _serve(self, req):
         self.log.append(describe(req))
         self.seen += 1
         if self.fail.get("kind") == req.kind:
@@ -134,9 +164,10 @@ class DictHost(Handler):
         self.parked.append(entry)
 
     def _expire(self, entry):
-        if entry in self.parked:
-            self.parked.remove(entry)
-            entry[0].reply(C.ERR_TIMEOUT)
+        with self.lock:
+            if entry in self.parked:
+                self.parked.remove(entry)
+                entry[0].reply(C.ERR_TIMEOUT)
 
     def _wake(self):
         for entry in list(self.parked):
@@ -187,7 +218,8 @@ async def run(spec: dict) -> dict:
     server = PmixServer(**({"max_value_size": spec["max_value_size"]}
                            if "max_value_size" in spec else {}))
     host = DictHost(server, spec)
-    server.start(spec.get("tmpdir"), loop, host)
+    server.start(spec.get("tmpdir"), loop, host,
+                 answer_now=host.answer_now if spec.get("answer_now") else None)
     report: dict = {"clients": []}
     try:
         nspace = spec.get("nspace", "pydvm-test@1")
@@ -234,6 +266,7 @@ async def run(spec: dict) -> dict:
     finally:
         report["requests"] = host.log
         report["parked"] = len(host.parked)
+        report["now"] = host.now
         report["stats"] = dict(server.stats)
         report["pending_replies"] = server.pending_replies
         for req, timer in host.parked:

@@ -289,3 +289,44 @@ def test_killed_server_leaves_dstor_and_cleanup_removes_it(tmp_path, pmix_ops):
     assert left, "expected libpmix's dstor directories to survive a SIGKILL"
     removed = cleanup_stale(srv)
     assert removed and not list(srv.glob("pydvm-pmix.*"))
+
+
+def test_answers_given_inside_the_upcall_are_those_of_the_loop(harness, pmix_ops):
+    """A host's ``answer_now`` answers on libpmix's thread: a publish's or
+    unpublish's status returned from the upcall (errors included), a lookup's
+    data through libpmix's callback called before the upcall returns.  What
+    the client sees is exactly what the loop path gives it."""
+    ops = ["pub:alpha:string:one", "pub:alpha:string:again", "pub:beta:uint8:7",
+           "look:alpha,beta", "look:alpha,missing", "look:missing", "unpub:alpha",
+           "look:alpha", "unpub:*", "look:beta"]
+    runs = {}
+    for now in (False, True):
+        res = harness({"answer_now": now, "clients": [client(pmix_ops, 0, *ops)]}).ok()
+        runs[now] = res
+        assert statuses(res, 0, "PUBLISH") == [0, C.ERR_DUPLICATE_KEY, 0]
+        assert statuses(res, 0, "LOOKUP") == [0, C.ERR_PARTIAL_SUCCESS, C.ERR_NOT_FOUND,
+                                              C.ERR_NOT_FOUND, C.ERR_NOT_FOUND]
+        assert statuses(res, 0, "UNPUBLISH") == [0, 0]
+        assert res.report["pending_replies"] == 0
+    assert found(runs[True], 0) == found(runs[False], 0)
+    assert found(runs[True], 0)["beta"] == (C.UINT8, "7", "pydvm-test@1:0")
+    assert runs[False].report["now"] == [] and runs[False].report["stats"]["answered_now"] == 0
+    now = runs[True].report["now"]
+    assert now == ["publish"] * 3 + ["lookup"] * 3 + ["unpublish", "lookup", "unpublish",
+                                                       "lookup"]
+    assert runs[True].report["stats"]["answered_now"] == len(now)
+
+
+def test_a_waiting_lookup_goes_to_the_loop_when_answers_are_given_in_the_upcall(
+        harness, pmix_ops):
+    """With ``answer_now``, a lookup that must wait is still parked on the loop
+    and answered there by a later publish (handed to the loop while a lookup
+    waits); its timeout still ends it."""
+    res = harness({"answer_now": True, "clients": [
+        client(pmix_ops, 0, "lookd:wait=bool/1,timeout=int/30:late",
+               "lookd:wait=bool/1,timeout=int/1:never"),
+        client(pmix_ops, 1, "sleep:300", "pub:late:string:x"),
+    ]}).ok()
+    assert statuses(res, 0, "LOOKUP") == [0, C.ERR_TIMEOUT]
+    assert found(res, 0)["late"][:2] == (C.STRING, "x")
+    assert "lookup" not in res.report["now"]

@@ -270,6 +270,35 @@ class InfoReply(_Reply):
         return self(status, ())
 
 
+class _StatusReply:
+    """The reply of a publish or unpublish offered to ``answer_now``: it only
+    keeps the status, which the upcall returns to libpmix (see
+    :meth:`PmixServer._offer`).  Same contract as :class:`OpReply`: the
+    first call answers, later ones are ignored (False)."""
+
+    __slots__ = ("kind", "status")
+
+    notification = False
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.status: int | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status is not None
+
+    def __call__(self, status: int = C.SUCCESS) -> bool:
+        if self.status is not None:
+            log.warning("pmix %s reply called again after it was sent: ignored", self.kind)
+            return False
+        self.status = int(status)
+        return True
+
+    def fail(self, status: int) -> bool:
+        return self(status)
+
+
 class _Adopted:
     """An info array handed to libpmix whose byte objects it may adopt: at
     its release, the bytes it did not take (still set) are freed."""
@@ -674,30 +703,52 @@ class PmixServer:
             return C.ERR_UNREACH
         return C.SUCCESS
 
-    def _offer(self, req: Request) -> int:
+    def _offer(self, req: Request, cbfunc, cbdata) -> int:
         """A data request (progress thread): answered here by ``answer_now``
-        if it can be, else handed to the loop.  The upcall's return value:
-        SUCCESS either way (libpmix then waits for the reply, already given
-        or to come).  libpmix 4.2.2 lets the reply come before the upcall
-        returns: its publish / lookup / unpublish callbacks only pack the
+        if it can be, else handed to the loop; the upcall's return value.
+
+        A lookup's answer carries data, so it goes through libpmix's
+        callback, called before the upcall returns -- libpmix 4.2.2 allows
+        that: its publish / lookup / unpublish callbacks only pack the
         answer and queue it for the client, and it touches none of the
-        request's memory after an upcall returns SUCCESS."""
+        request's memory once the upcall has returned SUCCESS.  A publish's
+        or unpublish's answer is a status: the upcall returns it
+        (``PMIX_OPERATION_SUCCEEDED`` for SUCCESS: "done, no callback will
+        come", as the PMIx standard has it), and libpmix answers the client
+        itself -- no callback, no reply object."""
         now = self._answer_now
-        if now is None:
-            return self._post(req)
-        try:
-            answered = now(req)
-        except BaseException as e:
-            # as a handler that raises: the request is answered with an
-            # error, never handed on (it may have been half served)
-            self.stats["requests"] += 1
-            self._handler_failed(req, e)
-            return C.SUCCESS
-        if not answered:
-            return self._post(req)
-        self.stats["requests"] += 1
-        self.stats["answered_now"] += 1
-        return C.SUCCESS
+        if now is not None:
+            lookup = req.kind == "lookup"
+            req.reply = (LookupReply(self, cbfunc, cbdata, L.lookup_cbfunc_t, req.kind)
+                         if lookup else _StatusReply(req.kind))
+            try:
+                answered = now(req)
+            except BaseException as e:
+                # as a handler that raises: the request is answered with an
+                # error, never handed on (it may have been half served)
+                answered = True
+                self.stats["handler_errors"] += 1
+                status = getattr(e, "status", None)
+                if not isinstance(status, int) or status == C.SUCCESS:
+                    status = C.ERROR
+                log.error("pmix %s answer_now raised %r: answering %s", req.kind, e,
+                          C.status_name(status))
+                if not req.reply.done:
+                    req.reply.fail(status)
+            if answered:
+                self.stats["requests"] += 1
+                self.stats["answered_now"] += 1
+                if lookup:
+                    return C.SUCCESS
+                status = req.reply.status
+                if status is None:  # said answered, never answered
+                    log.error("pmix %s: answer_now answered nothing: PMIX_ERROR", req.kind)
+                    return C.ERROR
+                return C.OPERATION_SUCCEEDED if status == C.SUCCESS else status
+            if lookup:
+                return self._post(req)
+        req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
+        return self._post(req)
 
     def _dispatch(self, req: Request) -> None:
         # loop thread
@@ -795,8 +846,7 @@ class PmixServer:
             uids = _ids_of(directives.pop(C.ACCESS_USERIDS, None), C.ACCESS_USERIDS)
             gids = _ids_of(directives.pop(C.ACCESS_GRPIDS, None), C.ACCESS_GRPIDS)
         req = Publish(proc_at(proc), pairs, rng, pers, uids, gids, directives)
-        req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
-        return self._offer(req)
+        return self._offer(req, cbfunc, cbdata)
 
     def _up_lookup(self, proc, keys, info, ninfo, cbfunc, cbdata):
         klist = argv_at(keys) or []
@@ -810,8 +860,10 @@ class PmixServer:
             t = d.pop(C.TIMEOUT, None)
             timeout = _int_of(t, C.TIMEOUT) if t is not None else None
         req = Lookup(proc_at(proc), klist, rng, wait, timeout, d)
-        req.reply = LookupReply(self, cbfunc, cbdata, L.lookup_cbfunc_t, req.kind)
-        return self._offer(req)
+        if self._answer_now is None:
+            req.reply = LookupReply(self, cbfunc, cbdata, L.lookup_cbfunc_t, req.kind)
+            return self._post(req)
+        return self._offer(req, cbfunc, cbdata)
 
     def _up_unpublish(self, proc, keys, info, ninfo, cbfunc, cbdata):
         klist = argv_at(keys)
@@ -820,8 +872,7 @@ class PmixServer:
         d = _directives(info, ninfo)
         rng = _range_of(d.pop(C.RANGE, None))
         req = Unpublish(proc_at(proc), klist, rng, d)
-        req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
-        return self._offer(req)
+        return self._offer(req, cbfunc, cbdata)
 
     def _up_spawn(self, proc, job_info, ninfo, apps, napps, cbfunc, cbdata):
         alist = []

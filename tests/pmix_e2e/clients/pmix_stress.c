@@ -16,7 +16,9 @@
  *   pmix_stress race THREADS TIMEOUT TAG
  *       Thread t waits once for r.TAG.t (PMIX_WAIT, PMIX_TIMEOUT TIMEOUT).
  *   pmix_stress racefeed THREADS 0 TAG
- *       Publishes r.TAG.t (FIRST_READ) for t < THREADS.
+ *       Thread t publishes r.TAG.t (FIRST_READ) twice, one after the other:
+ *       with two waiters parked on it, the first publication goes to one
+ *       (and is consumed at once), the second to the other.
  *
  * Output, one line each: "GOT key" for a value found and correct (its value
  * is "v" + the key), "BAD key status=N value=..." for anything else,
@@ -171,6 +173,7 @@ static void *racefeed(void *arg)
 {
     char key[256];
     snprintf(key, sizeof key, "r.%s.%d", tag, (int)(long)arg);
+    publish(key, PMIX_PERSIST_FIRST_READ, PMIX_RANGE_SESSION);
     publish(key, PMIX_PERSIST_FIRST_READ, PMIX_RANGE_SESSION);
     return NULL;
 }
