@@ -155,6 +155,8 @@ class UplinkRouter:
 
     #: clients send data requests as envelopes: their payload is passed on.
     wants_envelopes = True
+    #: nothing is answered here: every request waits for the master.
+    answers_now = False
 
     def __init__(self, uplink: Channel) -> None:
         self.uplink = uplink
@@ -813,7 +815,7 @@ class NodeServer:
         t = msg["t"]
         stores = dataops.stores_for(t, dataops.request_range(msg))
         to_master = dataops.MASTER in stores
-        if to_master and not getattr(self.router, "answers_now", False):
+        if to_master and not self.router.answers_now:
             return None
         here = dataops.NODE in stores
         if here and t in ("publish", "update") and self.voucher is not None:

@@ -110,6 +110,10 @@ def guard_for(loop: asyncio.AbstractEventLoop) -> "StoreGuard":
         return g
 
 
+#: what :meth:`StoreGuard.leave` returns when nothing was deferred (never appended to).
+_NONE: list = []
+
+
 def _run_all(effects: list) -> None:
     for fn, args in effects:
         try:
@@ -169,15 +173,19 @@ class StoreGuard:
     def leave(self) -> list:
         """Release one level; at the outermost, return the deferred effects
         (to :meth:`post`) after checking the stores if asked to."""
-        self._depth -= 1
-        if self._depth:
+        depth = self._depth = self._depth - 1
+        if depth:
             self._lock.release()
-            return []
+            return _NONE
         try:
             if self.check:
                 self._check()
         finally:
-            effects, self._effects = self._effects, []
+            effects = self._effects
+            if effects:
+                self._effects = []
+            else:
+                effects = _NONE  # never the live list: it is another holder's next
             self._lock.release()
         return effects
 
