@@ -330,13 +330,20 @@ def test_a_lookup_that_must_wait_goes_to_the_loop_untouched(loop):
 def test_what_would_wait_on_the_network_or_the_master_goes_to_the_loop(loop):
     relaying = make_node(loop, relay=object())                    # a relaying master
     assert not now(relaying, pmix_req("publish", pairs={"k": val("v")}))
-    daemon = make_node(loop, uplink_router=True, voucher=True)    # a daemon, direct data on
+    daemon = make_node(loop, uplink_router=True)                  # a daemon, direct data off
     assert not now(daemon, pmix_req("publish", pairs={"k": val("v")}))        # SESSION
-    assert not now(daemon, pmix_req("publish", pairs={"k": val("v")}, range=2))
-    assert not now(daemon, pmix_req("unpublish"))
-    assert len(daemon.store) == 0 and daemon.sent == [] and relaying.sent == []
-    look = pmix_req("lookup", keys=["k"], range=2)               # LOCAL lookup: its store
-    assert now(daemon, look) and look.reply.calls == [(-46, [])]  # NOT_FOUND
+    assert not now(daemon, pmix_req("unpublish"))                # the master's part
+    assert daemon.sent == [] and relaying.sent == []
+    pub = pmix_req("publish", pairs={"k": val("v")}, range=2)    # LOCAL: its own store
+    assert now(daemon, pub) and pub.reply.calls == [(0, [])] and len(daemon.store) == 1
+    look = pmix_req("lookup", rank=1, keys=["k", "x"], range=2)
+    assert now(daemon, look) and look.reply.calls[0][0] == 0
+    # direct data on: the node store keeps the master told which uids it
+    # holds, in order, from the loop -- nothing of it is served here
+    direct = make_node(loop, uplink_router=True, voucher=True)
+    assert not now(direct, pmix_req("publish", pairs={"k": val("v")}, range=2))
+    assert not now(direct, pmix_req("lookup", keys=["k"], range=2))
+    assert len(direct.store) == 0 and direct.sent == []
 
 
 def test_the_fast_path_refuses_what_the_loop_refuses_and_never_waits(loop):

@@ -59,7 +59,10 @@ def test_threads_of_pmix_clients_on_two_nodes_with_jobs_ending_meanwhile(
     answered on libpmix's thread, every store consistent after every step,
     nothing left once every job has ended."""
     monkeypatch.setenv("PYDVM_CHECK_STORES", "1")
-    d = make_pdvm()
+    # direct data off: the daemon node answers its LOCAL requests in the
+    # upcall too (with it on, its node store keeps the master told which
+    # uids it holds, from the loop)
+    d = make_pdvm(pydvm_direct_data="off")
     exe = pmixcc("pmix_stress")
     both = f"{HEAD},{FAR}"
 
@@ -135,10 +138,9 @@ def test_threads_of_pmix_clients_on_two_nodes_with_jobs_ending_meanwhile(
         assert checked > 0 and broken == 0, (node, by_node)
     # Answered on libpmix's thread: on the head node its LOCAL requests (the
     # node store) and those of its SESSION requests that need not wait (the
-    # master store, in the same process); on the daemon node its LOCAL
-    # lookups (its publishes wait for the master to learn the uid holds
-    # items there: direct data).  At least half of the LOCAL ones each
-    # (a request finding the guard held goes to the loop).
+    # master store, in the same process); on the daemon node its LOCAL ones
+    # (its node store).  At least half of the LOCAL ones on each (a request
+    # finding the guard held by the loop goes to the loop).
     local = 2 * THREADS * sum(PAIR_ITERS)   # per node: 2 ranks, a publish and a lookup each
     assert by_node[HEAD][3] >= local // 2, by_node
-    assert by_node[FAR][3] >= local // 4, by_node
+    assert by_node[FAR][3] >= local // 2, by_node

@@ -805,9 +805,9 @@ class NodeServer:
         store rules and counters; returns the one answer (the store's
         :class:`~pydvm.store.Reply`), or None having changed nothing when
         serving it means waiting: a lookup that would park, a router that
-        passes requests on (a daemon's uplink, a relaying master), a
-        node-store publish whose uid the master must first learn holds
-        items here (direct data), or a session at its cap (serve_data
+        passes requests on (a daemon's uplink, a relaying master), the node
+        store of a daemon with direct data (it keeps the master told, in
+        order, which uids it holds), or a session at its cap (serve_data
         refuses it).  Called under :attr:`guard`."""
         cap = session.max_outstanding
         if cap is not None and session.outstanding() >= cap:
@@ -818,7 +818,12 @@ class NodeServer:
         if to_master and not self.router.answers_now:
             return None
         here = dataops.NODE in stores
-        if here and t in ("publish", "update") and self.voucher is not None:
+        if here and self.voucher is not None:
+            # With direct data the node store tells the master which uids it
+            # holds (_holder_changed): a uid's first item before the publish
+            # is answered (a round trip), and every change in order, from the
+            # loop.  A lookup can change it too (a FIRST_READ read, an
+            # expiry); done here, its notice would reach the loop late.
             return None
         if here and to_master and t == "unpublish" and not self.store.holds(session.caller.uid):
             here = False

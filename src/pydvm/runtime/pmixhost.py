@@ -27,8 +27,9 @@ Two paths for publish, lookup and unpublish
 **At once, on libpmix's thread** (:meth:`PmixHost.answer_now`, offered each
 of these requests first by the binding): when a store of this process can
 answer without waiting or the network -- on the head node the master store
-(every range but LOCAL) and the node store (LOCAL); on a daemon its node
-store (LOCAL lookups, and LOCAL publishes when direct data is off) -- the
+(every range but LOCAL) and the node store (LOCAL); on a daemon with
+direct data off its node store (LOCAL; with it on, that store keeps the
+master told which uids it holds, in order, from the loop) -- the
 request is served inside the upcall by :meth:`NodeServer.serve_now
 <pydvm.runtime.node.NodeServer.serve_now>` under the process's store guard
 (:mod:`pydvm.runtime.storeguard`), and answered before the upcall returns.
