@@ -6,7 +6,8 @@
 pydvm: a C client (bench/pmix_bench_client.c, gcc -lpmix) run by ``pydvm
 run`` on the head node of a persistent DVM -- its PMIx server lives in the
 master process, so a publish or lookup goes client -> libpmix -> the
-master's store.  Open MPI: the same measurements with MPI_Publish_name /
+master's store, answered inside libpmix's upcall on its progress thread
+(docs/pmix.md, "Answered in the upcall").  Open MPI: the same measurements with MPI_Publish_name /
 MPI_Lookup_name (bench/ompi_ns_client.c, mpicc) under ``mpirun`` (loopback
 only, ``--allow-run-as-root``), whose data server lives in ``mpirun``.
 Each client first holds N names, then times ITERS publishes of fresh names
