@@ -825,19 +825,24 @@ class PmixServer:
         pairs: dict[str, Value] = {}
         directives: dict[str, Value] = {}
         for key, val in info_at(info, ninfo, _CLAIMS):
-            if key.startswith(C.ATTR_PREFIX):
-                if isinstance(val, PmixValueError):
-                    raise val
-                directives[key] = val
-                continue
             if isinstance(val, PmixValueError):
                 raise val
-            check_key(key)
-            if val.type not in PUBLISHABLE_TYPES:
+            if key.startswith(C.ATTR_PREFIX):
+                directives[key] = val
+                continue
+            if not key:  # (read from C: NUL-free and within PMIX_MAX_KEYLEN)
+                raise PmixValueError(C.ERR_BAD_PARAM, "empty key")
+            t = val.type
+            if t == C.STRING or t == C.BYTE_OBJECT:
+                # of its type by construction, NUL-free if a string: only the size
+                if len(val.value) * (4 if t == C.STRING else 1) > self.max_value_size:
+                    validate(val, self.max_value_size)
+            elif t not in PUBLISHABLE_TYPES:
                 raise PmixValueError(C.ERR_NOT_SUPPORTED,
                                      f"cannot publish {key!r}: type "
-                                     f"{C.type_name(val.type)} is not supported")
-            validate(val, self.max_value_size)
+                                     f"{C.type_name(t)} is not supported")
+            else:
+                validate(val, self.max_value_size)
             pairs[key] = val
         rng = pers = uids = gids = None
         if directives:

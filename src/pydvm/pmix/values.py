@@ -199,11 +199,22 @@ _RANK_AT = L.pmix_proc_t.rank.offset
 _U32 = struct.Struct("=I")
 
 
+#: pmix_proc_t bytes -> Proc: the same few processes ask again and again.
+_procs_seen: dict[bytes, Proc] = {}
+_PROCS_SEEN_MAX = 4096
+
+
 def proc_at(addr: int) -> Proc:
     """The ``pmix_proc_t`` at ``addr``, read in one copy of its bytes."""
     raw = ctypes.string_at(addr, _PROC_SIZE)
-    end = raw.find(b"\0", 0, _RANK_AT)
-    return Proc(_dec(raw[:end if end >= 0 else _RANK_AT]), _U32.unpack_from(raw, _RANK_AT)[0])
+    p = _procs_seen.get(raw)
+    if p is None:
+        end = raw.find(b"\0", 0, _RANK_AT)
+        p = Proc(_dec(raw[:end if end >= 0 else _RANK_AT]), _U32.unpack_from(raw, _RANK_AT)[0])
+        if len(_procs_seen) >= _PROCS_SEEN_MAX:
+            _procs_seen.clear()
+        _procs_seen[raw] = p
+    return p
 
 
 def procs_at(addr: int, n: int) -> list[Proc]:
@@ -303,12 +314,13 @@ _SCALARS = _scalar_readers()
 def _value_in(raw: bytes, base: int, addr: int) -> Value:
     t = _U16.unpack_from(raw, base + _TYPE_AT)[0]
     at = base + _DATA_AT
+    if t == C.STRING:
+        ptr = _PTR_SIZE.unpack_from(raw, at)[0]
+        return Value(ctypes.string_at(ptr).decode("utf-8", "surrogateescape") if ptr else "",
+                     t)
     reader = _SCALARS.get(t)
     if reader is not None:
         return Value(reader.unpack_from(raw, at)[0], t)
-    if t == C.STRING:
-        ptr = _PTR_SIZE.unpack_from(raw, at)[0]
-        return Value(_dec(ctypes.string_at(ptr)) if ptr else "", t)
     if t == C.BOOL:
         return Value(raw[at] != 0, t)
     if t == C.BYTE_OBJECT:
@@ -327,7 +339,7 @@ def info_at(addr: int, n: int, skip: frozenset = frozenset()
     raw = ctypes.string_at(addr, n * _INFO_SIZE)
     for base in range(0, n * _INFO_SIZE, _INFO_SIZE):
         end = raw.find(b"\0", base, base + _KEY_LEN)
-        key = _dec(raw[base:end if end >= 0 else base + _KEY_LEN])
+        key = raw[base:end if end >= 0 else base + _KEY_LEN].decode("utf-8", "surrogateescape")
         if key in skip:
             continue
         try:
@@ -398,7 +410,8 @@ def validate(value: Value, max_size: int | None = None) -> None:
     else:
         raise PmixValueError(C.ERR_NOT_SUPPORTED,
                              f"values of type {C.type_name(t)} are not supported")
-    if max_size is not None and t in (C.STRING, C.BYTE_OBJECT) and value.nbytes() > max_size:
+    if max_size is not None and t in (C.STRING, C.BYTE_OBJECT) \
+            and len(v) * (4 if t == C.STRING else 1) > max_size and value.nbytes() > max_size:
         raise PmixValueError(C.ERR_BAD_PARAM,
                              f"value of {value.nbytes()} bytes exceeds the limit of "
                              f"{max_size} bytes")
