@@ -686,8 +686,11 @@ def data_request(req, rid: int) -> Message | None:
         except ValueError:
             return None
         msg = {"t": "publish", "id": rid, "pairs": pairs, "persist": req.persistence,
-               "uids": list(req.access_uids or ()), "gids": list(req.access_gids or ()),
                "replace": False}
+        if req.access_uids:
+            msg["uids"] = list(req.access_uids)
+        if req.access_gids:
+            msg["gids"] = list(req.access_gids)
     elif req.kind == "lookup":
         msg = {"t": "lookup", "id": rid, "keys": list(req.keys), "wait": req.wait,
                "timeout": req.timeout or None}
