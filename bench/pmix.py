@@ -2,6 +2,7 @@
 
     python bench/pmix.py                 # 2,000 samples per op, 10 and 5,000 names held
     python bench/pmix.py --iters 500     # quicker
+    python bench/pmix.py --rounds 1      # one run per side and level (as before 2026-12-03)
 
 pydvm: a C client (bench/pmix_bench_client.c, gcc -lpmix) run by ``pydvm
 run`` on the head node of a persistent DVM -- its PMIx server lives in the
@@ -12,8 +13,11 @@ MPI_Lookup_name (bench/ompi_ns_client.c, mpicc) under ``mpirun`` (loopback
 only, ``--allow-run-as-root``), whose data server lives in ``mpirun``.
 Each client first holds N names, then times ITERS publishes of fresh names
 and ITERS lookups of held ones; medians are compared.  The two sides run
-interleaved, level by level, in the same run, so they share the machine's
-noise.
+interleaved in the same run, so they share the machine's noise: at each
+level, ROUNDS alternating client runs per side (Open MPI, pydvm, Open MPI,
+...), ITERS / ROUNDS samples each, pooled -- on a shared VM whose speed
+drifts from one second to the next, one long run per side compared two
+different machines.
 
 Prints one row per (operation, names held) with both medians and their
 ratio pydvm / Open MPI, then a summary line.  Targets: ratio <= 1.0 at 10
@@ -82,6 +86,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--held", default="10,5000")
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="alternating client runs per side and level (samples pooled)")
     a = ap.parse_args()
     from pydvm import pmix
     ok, why, path = pmix.available()
@@ -105,9 +111,16 @@ def main() -> int:
             return 1
         uri = p.stdout.strip()
         try:
+            rounds = max(1, a.rounds)
             for held in [int(x) for x in a.held.split(",")]:
-                o = run_ompi(ompi_exe, held, a.iters)
-                d = run_pydvm(uri, env, head, pmix_exe, held, a.iters)
+                o: dict = {"publish": [], "lookup": []}
+                d: dict = {"publish": [], "lookup": []}
+                for r in range(rounds):
+                    n = a.iters // rounds + (1 if r < a.iters % rounds else 0)
+                    for side, got in ((o, run_ompi(ompi_exe, held, n)),
+                                      (d, run_pydvm(uri, env, head, pmix_exe, held, n))):
+                        for op in side:
+                            side[op] += got[op]
                 for op in ("publish", "lookup"):
                     om, dm = statistics.median(o[op]), statistics.median(d[op])
                     rows.append((op, held, om, dm))
@@ -120,7 +133,8 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
     print()
-    print(f"# {why}; {os.cpu_count()} cpus; {a.iters} samples per operation; medians")
+    print(f"# {why}; {os.cpu_count()} cpus; {a.iters} samples per operation in "
+          f"{max(1, a.rounds)} alternating rounds; medians")
     print("| operation | names held | Open MPI µs | pydvm µs | pydvm / Open MPI |")
     print("|---|---|---|---|---|")
     for op, held, om, dm in rows:

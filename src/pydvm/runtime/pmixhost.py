@@ -597,7 +597,10 @@ class PmixHost:
         finally:
             effects = guard.leave()
         if r is not None:
-            answer_reply(req, r, "pmix")
+            if req.kind == "lookup":
+                answer_reply(req, r, "pmix")
+            else:
+                req.reply(int(r.status))  # a status the binding hands back to libpmix
         if effects:
             guard.post(effects)
         return r is not None
