@@ -33,8 +33,8 @@ master told which uids it holds, in order, from the loop) -- the
 request is served inside the upcall by :meth:`NodeServer.serve_now
 <pydvm.runtime.node.NodeServer.serve_now>` under the process's store guard
 (:mod:`pydvm.runtime.storeguard`), and answered before the upcall returns.
-What the store answered on the way (other clients' parked lookups), timers
-and holder notices go to the loop afterwards.  No thread hand-off: the
+What the store did on the way for others (answers to parked lookups, timers
+armed or cancelled) goes to the loop afterwards.  No thread hand-off: the
 progress thread answers its own client.
 
 **Through the loop**, as a native client's request, for everything else: a
@@ -579,8 +579,8 @@ class PmixHost:
         Under the process's store guard (runtime/storeguard.py), taken
         without waiting: when the loop holds it the request goes to the loop.
         The answer is given once the guard is released; what the store
-        deferred (other clients' parked lookups it answered, timers, holder
-        notices) is handed to the loop after that.  Identity and refusals are
+        deferred (other clients' parked lookups it answered, timers) is
+        handed to the loop after that.  Identity and refusals are
         the loop path's: the session the process was registered with, a
         closed or unknown one refused NO_PERMISSIONS."""
         guard = self.node.guard

@@ -64,7 +64,8 @@ answers it).  An asyncio (or uvloop) loop's timers are the loop's alone, so
 deferred like a sink, with its deadline fixed when it was asked for.  A
 handle cancelled from another thread is marked at once (its callback, run
 under the guard, checks the mark) and taken off the loop's heap by a
-deferred cancel.
+deferred cancel; one armed and cancelled within one section (a lookup
+tried and withdrawn) leaves nothing to do.
 
 Checking
 --------
