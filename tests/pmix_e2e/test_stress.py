@@ -30,7 +30,7 @@ from pmixkit import FAR, HEAD
 #: job with its own number of iterations so that they end one after another
 #: while the others still publish and look up.
 THREADS = 3
-PAIR_ITERS = (8, 16, 24, 32)
+PAIR_ITERS = (4, 8, 12, 16)
 #: the waiting job: ranks x threads x keys, published later by another job.
 W_THREADS, W_KEYS = 4, 5
 #: keys each awaited by two waiters (one per node) and published twice, each
@@ -53,6 +53,7 @@ def lines(out: str, word: str) -> list[str]:
     return [ln.split()[1] for ln in out.splitlines() if ln.startswith(word + " ")]
 
 
+@pytest.mark.timeout(420)
 def test_threads_of_pmix_clients_on_two_nodes_with_jobs_ending_meanwhile(
         make_pdvm, pmixcc, monkeypatch):
     """No answer lost or given twice, waiting lookups woken by publishes
@@ -85,23 +86,28 @@ def test_threads_of_pmix_clients_on_two_nodes_with_jobs_ending_meanwhile(
     pairs = [d.run_bg("--pmix", "--host", f"{HEAD}:2,{FAR}:2", "-n", "4", exe, "pairs",
                       str(THREADS), str(n), f"p{k}") for k, n in enumerate(PAIR_ITERS)]
     jobs = [waiters, racers, feeder, racefeed, *pairs]
-    deadline = time.monotonic() + 240
+    names = ["waiters", "racers", "feeder", "racefeed", *[f"pairs{k}" for k in range(len(pairs))]]
+    # (each lookup gives up after 60 s: a lost answer shows as a BAD line
+    # well before this deadline, which only bounds a machine far too slow)
+    deadline = time.monotonic() + 300
     reads = 0
     while any(p.poll() is None for p in jobs) and time.monotonic() < deadline:
         stores(d)  # the stores read (under the guard) while all this goes on
         reads += 1
-    outs = {}
-    for name, p in zip(["waiters", "racers", "feeder", "racefeed",
-                        *[f"pairs{k}" for k in range(len(pairs))]], jobs):
-        try:
-            out, err = p.communicate(timeout=max(1, deadline - time.monotonic()))
-        except Exception:
+    late = [n for n, p in zip(names, jobs) if p.poll() is None]
+    if late:
+        left = stores(d)
+    outs, errs = {}, {}
+    for name, p in zip(names, jobs):
+        if p.poll() is None:
             p.kill()
-            out, err = p.communicate()
-            pytest.fail(f"{name} did not finish: {out[-2000:]} {err[-2000:]}")
-        assert p.returncode == 0, (name, out[-3000:], err[-3000:])
-        assert not re.search(r"^(BAD|PUB|UNPUB|FENCE) ", out, re.M), (name, out[-3000:])
-        outs[name] = out
+        outs[name], errs[name] = p.communicate()
+    assert not late, (f"still running after 300 s: {late}; stores: {left}; their output: "
+                      f"{ {n: outs[n][-1500:] + errs[n][-1500:] for n in late} }")
+    for name, p in zip(names, jobs):
+        assert p.returncode == 0, (name, outs[name][-3000:], errs[name][-3000:])
+        assert not re.search(r"^(BAD|PUB|UNPUB|FENCE) ", outs[name], re.M), \
+            (name, outs[name][-3000:])
     assert reads > 0
 
     # every waited-for key answered once, with its value
