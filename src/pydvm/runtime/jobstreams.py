@@ -48,7 +48,7 @@ class JobStreams(ProcessListener):
     def __init__(self, processes: ProcessTable, nodes: NodeTable, values: dict[str, Any]) -> None:
         self._processes = processes
         self._nodes = nodes
-        self._window = values["pydvm_output_window"]
+        self.values = values
         #: nspace -> bytes of its stdin sent on to rank 0's node, not yet
         #: acknowledged there.
         self._stdin_in_flight: dict[str, int] = {}
@@ -80,7 +80,7 @@ class JobStreams(ProcessListener):
         node -- in batches, and only once the tool has read what went before."""
         pending = daemon.output_unacked
         pending[ns] = pending.get(ns, 0) + n
-        if pending[ns] < self._window // 4 or ns in daemon.ack_scheduled:
+        if pending[ns] < self.values["pydvm_output_window"] // 4 or ns in daemon.ack_scheduled:
             return
         daemon.ack_scheduled.add(ns)
 
