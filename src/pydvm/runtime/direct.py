@@ -160,8 +160,8 @@ class DirectGate(ProcessListener):
             if ident is None:
                 why = "invalid direct-data credential"
         if ident is not None:
-            ns, rank, node, uid, _gid, app, session = ident
-            why = self._processes.refusal(ns, rank, node, app=app, session=session,
+            ns, rank, node, uid, _gid, app, sid = ident
+            why = self._processes.refusal(ns, rank, node, app=app, session=sid,
                                           uid=uid if self.multi_user else None)
         if not why and ch.creds is not None and ch.creds != (ident[3], ident[4]):
             why = (f"peer runs as uid {ch.creds[0]} gid {ch.creds[1]}, "
@@ -173,10 +173,10 @@ class DirectGate(ProcessListener):
             ch.send(reply(rid, Status.ERR_NO_PERMISSIONS, why))
             ch.close(f"direct connection refused: {why}")
             return
-        ns, rank, node, uid, gid, _app, _session = ident
+        ns, rank, node, uid, gid, _app, _sid = ident
         caller = self._processes.caller(ns, rank, uid, gid, node)
-        session = DirectSession(ch, caller, self.values["pydvm_max_outstanding"])
-        self._sessions.setdefault((ns, rank), set()).add(session)
+        peer = DirectSession(ch, caller, self.values["pydvm_max_outstanding"])
+        self._sessions.setdefault((ns, rank), set()).add(peer)
         self.counts["accepted"] += 1
         if ch.creds is not None:
             self.unix_accepted += 1
@@ -185,24 +185,24 @@ class DirectGate(ProcessListener):
         log.debug("%s: accepted", ch.name)
         ch.send(reply(rid, Status.SUCCESS, dvm=self.dvmid, node=node))
 
-    def request(self, session: DirectSession, msg: Message) -> None:
+    def request(self, peer: DirectSession, msg: Message) -> None:
         """A direct client's data request: served by the master store unless
         the routing table gives it to the node alone."""
         t = msg["t"]
         if dataops.MASTER not in dataops.stores_for(t, dataops.request_range(msg)):
-            refuse(session.channel, msg, Status.ERR_BAD_PARAM,
+            refuse(peer.channel, msg, Status.ERR_BAD_PARAM,
                    "a LOCAL-range request goes to the node's daemon, not the master")
             return
-        refusal = session.admit(msg)
+        refusal = peer.admit(msg)
         if refusal is not None:
-            session.send(refusal)
+            peer.send(refusal)
             return
         self.counts["requests"] += 1
         # An unpublish's answer says whether its node part is needed: only
         # if the node store may hold something of this uid.
-        extra = {"node": self._nodes.may_hold(session.caller.node, session.caller.uid)} \
+        extra = {"node": self._nodes.may_hold(peer.caller.node, peer.caller.uid)} \
             if t == "unpublish" else {}
-        self._data.serve(session, msg, session.caller, **extra)
+        self._data.serve(peer, msg, peer.caller, **extra)
 
     # ------------------------------------------------------------------
     # ends
@@ -210,16 +210,16 @@ class DirectGate(ProcessListener):
 
     def proc_ended(self, nspace: str, rank: int) -> None:
         """Process ``nspace:rank`` ended: nothing may act for it any more."""
-        for session in list(self._sessions.pop((nspace, rank), ())):
-            session.channel.close(f"process {nspace}:{rank} ended")
+        for peer in list(self._sessions.pop((nspace, rank), ())):
+            peer.channel.close(f"process {nspace}:{rank} ended")
 
-    def gone(self, session: DirectSession) -> None:
+    def gone(self, peer: DirectSession) -> None:
         """A direct connection closed."""
-        sessions = self._sessions.get(session.proc_key)
-        if sessions is not None:
-            sessions.discard(session)
-            if not sessions:
-                del self._sessions[session.proc_key]
+        peers = self._sessions.get(peer.proc_key)
+        if peers is not None:
+            peers.discard(peer)
+            if not peers:
+                del self._sessions[peer.proc_key]
 
     def stats(self) -> dict[str, int]:
         """``pydvm info``'s ``direct``: open connections, and the counts."""

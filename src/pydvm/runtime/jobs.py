@@ -149,10 +149,9 @@ class JobRecord:
     started: float = 0.0
     #: the process that spawned it (PMIx_Spawn), if any.
     parent: tuple[str, int] | None = None
-    #: its pydvm run forwards its stdin to rank 0; bytes of it sent on to
-    #: rank 0's node and not yet acknowledged there.
+    #: its pydvm run forwards its stdin to rank 0 (what is in flight is the
+    #: master's job streams' to count: runtime/jobstreams.py).
     stdin: bool = False
-    stdin_in_flight: int = 0
     #: node -> its ranks, in rank order (made by :func:`build_job`; a record
     #: built by hand gets it on first use).
     _by_node: dict[str, list[int]] | None = field(default=None, repr=False)

@@ -1,4 +1,4 @@
-"""The master's job streams: output from the nodes to each job's ``pydvm run``, stdin back to rank 0.
+"""The master's job streams: nodes' output to each job's ``pydvm run``, its stdin to rank 0.
 
 Output flow control: a node may have at most ``pydvm_output_window`` of
 one job's output unacknowledged, each ``output`` message counted as its

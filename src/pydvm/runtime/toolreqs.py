@@ -1,4 +1,4 @@
-"""The master's tool service: ``pydvm run``, ``kill``, ``ps``, ``stop``, sessions, ``store``, ``info``.
+"""The master's tool service: ``pydvm run``, ``kill``, ``ps``, ``stop``, sessions, ``store``...
 
 Each handler answers its request exactly once -- at once, or from a task
 started with the request named, so that a failing task still answers.
