@@ -151,8 +151,12 @@ class NodeTable:
 
     def hosting_pmix(self, names: set[str]) -> set[str]:
         """Those of ``names`` whose node server hosts PMIx."""
-        return {n for n in names if (self.records[n].pmix if n in self.records else None)
-                and self.records[n].pmix[0]}
+        out = set()
+        for n in names:
+            rec = self.records.get(n)
+            if rec is not None and rec.pmix and rec.pmix[0]:
+                out.add(n)
+        return out
 
     def pmix_missing(self, names: set[str]) -> list[str]:
         """``name (why)`` for each of ``names`` (sorted) without PMIx."""
