@@ -15,19 +15,22 @@ master wires.  What these tests pin down:
   that holds something of it -- and once a job is over the master holds
   nothing more than before it ran;
 * job streams (output credit, stdin window), PMIx spawn (a child reports to
-  its parent's ``pydvm run``, which waits for it), the tool gates.
+  its parent's ``pydvm run``, which waits for it), the tool gates, the
+  direct gate (a credential admitted while its process runs, refused in the
+  predicate's words after, its connection closed at the process's end).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from pathlib import Path
 
 import pytest
 from masterkit import exited, master_with, run_job, settle, tool
 
-from pydvm.enums import Persistence
+from pydvm.enums import Persistence, Range
 from pydvm.errors import Status
 from pydvm.runtime import master as master_mod
 from pydvm.runtime.collectives import PMIX_REQUESTS
@@ -352,4 +355,47 @@ def test_a_stopping_dvm_refuses_new_work_and_only_its_owner_may_stop_it():
         m._on_tool(t.channel, {"t": "ping", "id": 3})
         assert [(r["id"], r["status"]) for r in replies(t)] == [
             (2, Status.ERR_UNREACH), (3, Status.SUCCESS)]
+    asyncio.run(scenario())
+
+
+# ----------------------------------------------------------------------
+# the direct gate
+# ----------------------------------------------------------------------
+
+
+def test_a_direct_client_is_admitted_while_its_process_runs_and_closed_when_it_ends():
+    """A credential its daemon minted: accepted for a running process of
+    that node (app, session); refused in the predicate's words once it has
+    ended; the accepted connection is closed at the end, and its master-store
+    requests are served as the vouched-for process meanwhile."""
+    from masterkit import StandIn
+
+    from pydvm.runtime import credential as C
+
+    async def scenario():
+        m, d = master_with("a", "b")
+        ns = await run_job(m, tool(os.getuid()), two_ranks())
+        voucher = C.Voucher(m.secret, m.dvmid, "b", "tcp://127.0.0.1:1/x")
+        cred = C.Credential.parse(voucher.environment(ns, 1, os.getuid(), os.getgid(), 0,
+                                                      DEFAULT_SESSION)[C.ENV])
+
+        def handshake():
+            ch = StandIn("direct peer")
+            ch.nonce, ch.creds, ch.unix, ch.auth_timer = os.urandom(32), None, "", None
+            m._on_unauthenticated(ch, {"t": "auth", "id": 1, **cred.answer(ch.nonce, ns, 1)})
+            return ch
+
+        ok = handshake()
+        assert ok.sent[-1]["status"] == Status.SUCCESS and not ok.closed, ok.sent
+        assert m.direct.stats()["open"] == 1
+        m._on_direct(ok, {"t": "publish", "id": 2, "pairs": {"d": 1}})
+        assert ok.sent[-1]["status"] == Status.SUCCESS
+        m._on_direct(ok, {"t": "lookup", "id": 3, "keys": ["d"], "range": int(Range.LOCAL)})
+        assert ok.sent[-1]["status"] == Status.ERR_BAD_PARAM
+        exited(m, d["b"], ns, 1)
+        assert ok.closed and ok.close_reason == f"process {ns}:1 ended"
+        late = handshake()
+        assert late.sent[-1] == {"t": "reply", "id": 1, "status": Status.ERR_NO_PERMISSIONS,
+                                 "msg": m.processes.refusal(ns, 1, "b")}
+        assert late.closed and m.direct.stats()["refused"] == 1
     asyncio.run(scenario())
