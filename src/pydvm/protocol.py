@@ -7,13 +7,20 @@
 * **DVM URIs** -- :class:`DvmUri`;
 * **the direct-data credential** a launched process presents to the master
   (:class:`Credential`);
-* **the routing table** -- :func:`stores_for`: which store serves a request.
+* **the routing table** -- :func:`stores_for`: which store serves a request;
+* **reaching a DVM as a tool** -- where its secret and a multi-user DVM's
+  tool socket are (:func:`read_secret`, :func:`tool_socket_name`), the
+  handshake's MAC (:func:`mac`);
+* **what a ``pydvm run`` and the runtime agree on** -- host lists
+  (:func:`parse_host_list`), the stdin window (:data:`STDIN_WINDOW`).
 
 ``import pydvm`` (every job process that uses the client) loads this, so it
 stays light: no asyncio, no dataclasses, no logging, nothing of the store or
 the runtime.  The runtime imports the same names from here (re-exported by
 :mod:`pydvm.wire`, :mod:`pydvm.runtime.auth`, :mod:`pydvm.runtime.credential`,
-:mod:`pydvm.runtime.dataops` and :mod:`pydvm.store.model`).
+:mod:`pydvm.runtime.dataops`, :mod:`pydvm.runtime.jobio` and
+:mod:`pydvm.store.model`).  The blocking ``pydvm run``
+(:mod:`pydvm.tool_run`) needs nothing else either.
 """
 
 from __future__ import annotations
@@ -438,3 +445,117 @@ def stores_for(t: str, rng: Any) -> tuple[str, ...]:
     if rng == Range.LOCAL:
         return (NODE,)
     return (MASTER,)
+
+
+# ----------------------------------------------------------------------
+# reaching a DVM as a tool (runtime/auth.py holds the master's side)
+# ----------------------------------------------------------------------
+
+#: Seconds either side of a connection gives the other to complete the
+#: handshake (challenge, auth, welcome).
+HANDSHAKE_TIMEOUT = 10.0
+
+
+def state_dir_name() -> str:
+    """The state directory: ``$PYDVM_STATE_DIR``, default ``~/.pydvm``."""
+    d = os.environ.get("PYDVM_STATE_DIR")
+    return d if d else os.path.join(os.path.expanduser("~"), ".pydvm")
+
+
+def read_secret(dvmid: str) -> bytes:
+    """The secret of DVM ``dvmid`` (``<state dir>/<dvmid>.secret``, hex);
+    :class:`UriError` when this user has none or it is unreadable."""
+    d = state_dir_name()
+    try:
+        with open(os.path.join(d, f"{dvmid}.secret"), "rb") as f:
+            return bytes.fromhex(f.read().decode().strip())
+    except (FileNotFoundError, PermissionError):
+        raise UriError(f"no credentials for DVM {dvmid} in {_path_text(d)} "
+                       "(is it running, and started by this user?)") from None
+    except ValueError:
+        raise UriError(f"corrupt credentials file {_path_text(d, f'{dvmid}.secret')}") from None
+
+
+def _path_text(*parts: str) -> str:
+    """A path as :mod:`pathlib` prints it (imported here: an error path)."""
+    from pathlib import Path
+    return str(Path(*parts))
+
+
+def tool_socket_name(dvmid: str) -> str:
+    """Where a multi-user DVM serves tools of any local user (identity by
+    peer credentials, no secret)."""
+    return f"/tmp/pydvm-mu-{dvmid}/tool.sock"
+
+
+_hmac_pads: tuple | None = None
+
+
+def hmac_sha256(key: bytes, msg: bytes) -> bytes:
+    """HMAC-SHA256 (RFC 2104) of ``msg`` under ``key``: the same bytes as
+    ``hmac.new(key, msg, hashlib.sha256).digest()``, from the interpreter's
+    built-in SHA-256 -- :mod:`hmac` loads OpenSSL, which costs a command
+    line more than the whole handshake."""
+    global _hmac_pads
+    if _hmac_pads is None:
+        try:
+            from _sha256 import sha256  # CPython 3.11
+        except ImportError:
+            try:
+                from _sha2 import sha256  # CPython 3.12+
+            except ImportError:
+                from hashlib import sha256
+        _hmac_pads = (sha256, bytes(x ^ 0x36 for x in range(256)),
+                      bytes(x ^ 0x5C for x in range(256)))
+    sha256, inner_pad, outer_pad = _hmac_pads
+    if len(key) > 64:
+        key = sha256(key).digest()
+    key = key.ljust(64, b"\0")
+    inner = sha256(key.translate(inner_pad) + msg).digest()
+    return sha256(key.translate(outer_pad) + inner).digest()
+
+
+def mac(secret: bytes, nonce: bytes, role: str) -> bytes:
+    """A peer's answer to the master's challenge ``nonce``: it holds
+    ``secret`` (HMAC-SHA256 of the nonce and the role it connects as)."""
+    return hmac_sha256(secret, nonce + role.encode())
+
+
+# ----------------------------------------------------------------------
+# what pydvm run and the runtime agree on
+# ----------------------------------------------------------------------
+
+#: Bytes of stdin a ``pydvm run`` may have sent and not yet seen written
+#: into rank 0's pipe; also the largest piece it sends at once.
+STDIN_WINDOW = 256 * 1024
+STDIN_CHUNK = 64 * 1024
+
+
+def parse_host_list(text: str) -> list[tuple[str, int]]:
+    """Parse ``h1,h2:4,...`` into ``(name, slots)`` pairs (one slot unless
+    given); ValueError naming what is wrong."""
+    out: list[tuple[str, int]] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, _, slots = part.partition(":")
+        if not name:
+            raise ValueError(f"empty host name in {text!r}")
+        if slots:
+            try:
+                n = int(slots)
+            except ValueError:
+                raise ValueError(f"bad slot count {slots!r} for host {name!r}") from None
+            if n < 1:
+                raise ValueError(f"slot count for host {name!r} must be >= 1")
+        else:
+            n = 1
+        out.append((name, n))
+    if not out:
+        raise ValueError(f"no hosts in {text!r}")
+    names = [h for h, _ in out]
+    dups = {n for n in names if names.count(n) > 1}
+    if dups:
+        raise ValueError(f"host listed twice: {', '.join(sorted(dups))}")
+    return out
