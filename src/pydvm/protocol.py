@@ -337,8 +337,44 @@ class FrameDecoder:
 # DVM URIs
 # ----------------------------------------------------------------------
 
+#: The form of a URI (what :func:`_split_uri` reads, without :mod:`re`,
+#: which a ``pydvm run`` would import for this alone).
 _URI_PATTERN = r"^tcp://(?P<host>\[[^\]]+\]|[^:/]+):(?P<port>\d+)/(?P<dvm>[A-Za-z0-9_-]+)$"
-_uri_re = None
+_DVMID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+def _split_uri(text: str) -> tuple[str, str, str] | None:
+    """The host (brackets and all), port and DVM id of ``text`` matched
+    against :data:`_URI_PATTERN`; None if it does not match."""
+    if not text.startswith("tcp://"):
+        return None
+    rest = text[6:]
+    if rest.startswith("["):  # the first alternative: [HOST]
+        end = rest.find("]", 1)
+        if end >= 2:  # at least one character between the brackets
+            found = _port_and_id(rest[end + 1:])
+            if found is not None:
+                return (rest[:end + 1],) + found
+    end = len(rest)  # the second: everything up to the first ':' or '/'
+    for stop in (":", "/"):
+        at = rest.find(stop)
+        if at != -1 and at < end:
+            end = at
+    if end == 0:
+        return None
+    found = _port_and_id(rest[end:])
+    return None if found is None else (rest[:end],) + found
+
+
+def _port_and_id(rest: str) -> tuple[str, str] | None:
+    """``:PORT/DVMID`` (all of ``rest``) as (PORT, DVMID); None if it is not."""
+    if not rest.startswith(":"):
+        return None
+    port, slash, dvmid = rest[1:].partition("/")
+    if not slash or not port or not dvmid or not all(c.isdecimal() for c in port) \
+            or not _DVMID_CHARS.issuperset(dvmid):
+        return None
+    return port, dvmid
 
 
 class UriError(ValueError):
@@ -357,15 +393,11 @@ class DvmUri(namedtuple("DvmUri", ["host", "port", "dvmid"])):
     @classmethod
     def parse(cls, text: str) -> "DvmUri":
         """Read a URI; :class:`UriError` naming the expected form if it is not one."""
-        global _uri_re
-        if _uri_re is None:  # compiled on first use: most processes never parse one
-            import re
-            _uri_re = re.compile(_URI_PATTERN)
-        m = _uri_re.match(text.strip())
-        if not m:
+        m = _split_uri(text.strip())
+        if m is None:
             raise UriError(f"not a pydvm URI: {text!r} (expected tcp://HOST:PORT/DVMID)")
-        host = m["host"].strip("[]")
-        return cls(host, int(m["port"]), m["dvm"])
+        host, port, dvmid = m
+        return cls(host.strip("[]"), int(port), dvmid)
 
 
 # ----------------------------------------------------------------------
