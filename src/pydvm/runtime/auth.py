@@ -12,7 +12,15 @@ Handshake on the master's TCP port: the master sends
 ``{"t": "auth", "role": "daemon"|"tool", "mac": HMAC-SHA256(secret, nonce +
 role)}`` plus role fields.  A wrong MAC, a wrong first message or silence
 for :data:`HANDSHAKE_TIMEOUT` seconds closes the connection with a logged
-reason; nothing of such a peer reaches a store.
+reason; nothing of such a peer reaches a store.  The master reads a
+connection's messages in order and a refusal closes it before anything
+after the auth is read, so a tool may send its first request right behind
+its auth without waiting for the welcome (``pydvm run`` does:
+:mod:`pydvm.tool_run`).
+
+What a tool needs to reach a DVM -- the secret's file, the multi-user tool
+socket, the MAC -- is :mod:`pydvm.protocol`'s (re-exported here), so that
+the blocking ``pydvm run`` loads nothing of the runtime.
 """
 
 from __future__ import annotations
