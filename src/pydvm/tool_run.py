@@ -29,12 +29,14 @@ be waited for: its nonce is what the MAC answers.
 One ``poll`` waits for the socket, our stdin (when rank 0 may take more)
 and the signal wake-up pipe: SIGINT or SIGTERM asks the master to kill the
 job (``kill_job``), then the tool waits for the job's end and exits with
-128 + the signal's number.  A stdout whose reader went away (``pydvm run
+128 + the signal's number.  Connecting and waiting for the challenge watch
+the same pipe: a signal then ends the tool before anything is submitted.  A stdout whose reader went away (``pydvm run
 ... | head``) ends the job the same way, quietly, with 141.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import signal
@@ -56,30 +58,55 @@ if TYPE_CHECKING:
 AUTH_ID, RUN_ID = 1, 2
 
 _IN = select.POLLIN | select.POLLPRI
-_GONE = select.POLLERR | select.POLLHUP | select.POLLNVAL
 
 
-def _connect_socket(uri: DvmUri) -> tuple[Any, bytes | None, str]:
+class _Interrupted(Exception):
+    """A signal came before the job was submitted: there is nothing to kill."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _wait(fd: int, events: int, deadline: float, signals: "_Signals") -> bool:
+    """Wait until ``fd`` is ready for ``events`` (True) or ``deadline`` (a
+    ``time.monotonic()``) passes (False); raise _Interrupted on a signal."""
+    poller = select.poll()
+    poller.register(fd, events)
+    poller.register(signals.rfd, _IN)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        ready = dict(poller.poll(left * 1000))
+        for signum in signals.pending():
+            raise _Interrupted(signum)
+        if fd in ready:
+            return True
+
+
+def _connect_socket(uri: DvmUri, signals: "_Signals") -> tuple[Any, bytes | None, str]:
     """A socket connected to the master, the secret to answer with (None
     on a multi-user DVM's tool socket) and the master's name for messages.
 
     Raises DvmUnreachable when there is nobody to talk to: this user has no
-    secret for the DVM and there is no tool socket, or nothing listens."""
+    secret for the DVM and there is no tool socket, or nothing listens
+    within :data:`HANDSHAKE_TIMEOUT`; _Interrupted on a signal meanwhile."""
+    name = f"master {uri.host}:{uri.port}"
     try:
         secret: bytes | None = read_secret(uri.dvmid)
     except UriError as exc:
         path = tool_socket_name(uri.dvmid)
         if not os.path.exists(path):
             raise DvmUnreachable(uri, str(exc)) from None
-        secret = None
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        sock.settimeout(HANDSHAKE_TIMEOUT)
+        sock.settimeout(HANDSHAKE_TIMEOUT)  # a local socket: answered at once, or refused
         try:
             sock.connect(path)
         except OSError as err:
             sock.close()
             raise DvmUnreachable(uri, f"cannot reach DVM master at {path}: {err}") from None
-        return sock, secret, f"master {uri.host}:{uri.port}"
+        return sock, None, name
     where = f"{uri.host}:{uri.port}"
     deadline = time.monotonic() + HANDSHAKE_TIMEOUT
     host = uri.host
@@ -92,18 +119,27 @@ def _connect_socket(uri: DvmUri) -> tuple[Any, bytes | None, str]:
     problem: OSError | None = None
     for family, kind, proto, _, addr in infos:
         sock = _socket.socket(family, kind, proto)
-        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        sock.setblocking(False)  # connect while watching for signals
         try:
-            sock.connect(addr)
-        except OSError as err:
+            err = sock.connect_ex(addr)
+            if err == errno.EINPROGRESS:
+                if not _wait(sock.fileno(), select.POLLOUT, deadline, signals):
+                    raise TimeoutError(errno.ETIMEDOUT, "timed out")
+                err = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_ERROR)
+            if err:
+                raise OSError(err, os.strerror(err))
+        except OSError as exc:
             sock.close()
-            problem = err
+            problem = exc
             continue
+        except BaseException:
+            sock.close()
+            raise
         try:
             sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
         except OSError:
             pass
-        return sock, secret, f"master {where}"
+        return sock, secret, name
     raise DvmUnreachable(uri, f"cannot reach DVM master at {where}: {problem}")
 
 
@@ -162,8 +198,9 @@ def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output: bool
     status.
 
     Ctrl-C (SIGINT) or SIGTERM asks the master to kill the job; the tool then
-    waits for the job's end and exits with 128 + the signal number.  When
-    the job has ended, the processes that failed and who ended it (if it was
+    waits for the job's end and exits with 128 + the signal number (one
+    that comes while connecting -- before anything is submitted -- ends the
+    tool at once, with the same status).  When the job has ended, the processes that failed and who ended it (if it was
     killed) are reported on stderr (:func:`pydvm.cli_format.job_end_lines`).
     ``abort_on_failure``: True, the master kills the rest of the job at the
     first failure; False, never; None, as ``mpirun`` would for an MPI job
@@ -198,46 +235,67 @@ class _Run:
 
     # -- connecting -------------------------------------------------------------
 
-    def _handshake(self, run: dict) -> None:
-        """Connect, read the challenge, send the auth answer and the run."""
+    def _handshake(self) -> tuple[BlockingChannel, bytes]:
+        """Connect and read the challenge; the channel and the auth answer."""
         uri = self.uri
-        sock, secret, self.name = _connect_socket(uri)
-        ch = self.ch = BlockingChannel(sock)
+        sock, secret, self.name = _connect_socket(uri, self.signals)
+        ch = BlockingChannel(sock)
         try:
-            challenge = ch.recv(HANDSHAKE_TIMEOUT)
-        except (OSError, FrameError) as exc:  # closed, reset, timed out, garbage
+            challenge = self._challenge(ch)
+        except BaseException:
             ch.close()
-            why = "peer closed" if type(exc) is ConnectionError else \
-                f"no challenge within {HANDSHAKE_TIMEOUT:.0f}s" if isinstance(exc, TimeoutError) \
-                else exc
-            raise DvmUnreachable(uri, f"{self.name} closed: {why}") from None
-        if challenge.get("t") != "challenge" or not isinstance(challenge.get("nonce"), bytes):
-            ch.close()
-            raise DvmUnreachable(uri, "master sent no challenge")
-        if challenge.get("dvm") != uri.dvmid:
-            ch.close()
-            raise DvmUnreachable(uri, f"{uri.host}:{uri.port} is DVM {challenge.get('dvm')}, "
-                                      f"not {uri.dvmid}")
+            raise
         auth: dict = {"t": "auth", "id": AUTH_ID, "role": "tool"}
         if secret is not None:
             auth["mac"] = mac(secret, challenge["nonce"], "tool")
-        run["id"] = RUN_ID
-        try:
-            sock.sendall(pack(auth) + pack(run))
-        except OSError as exc:
-            ch.close()
-            raise DvmUnreachable(uri, f"{self.name} closed: connection lost: {exc}") from None
+        return ch, pack(auth)
+
+    def _challenge(self, ch: BlockingChannel) -> dict:
+        """The master's challenge, checked to come from the DVM named."""
+        uri = self.uri
+        deadline = time.monotonic() + HANDSHAKE_TIMEOUT
+        while True:
+            if not _wait(ch.sock.fileno(), _IN, deadline, self.signals):
+                raise DvmUnreachable(uri, f"{self.name} closed: no challenge within "
+                                          f"{HANDSHAKE_TIMEOUT:.0f}s")
+            try:
+                msgs, eof = ch.recv_available()
+            except (OSError, FrameError) as exc:  # reset, garbage
+                raise DvmUnreachable(uri, f"{self.name} closed: {exc}") from None
+            if msgs:
+                break
+            if eof:
+                raise DvmUnreachable(uri, f"{self.name} closed: peer closed")
+        challenge = msgs[0]
+        if challenge.get("t") != "challenge" or not isinstance(challenge.get("nonce"), bytes):
+            raise DvmUnreachable(uri, "master sent no challenge")
+        if challenge.get("dvm") != uri.dvmid:
+            raise DvmUnreachable(uri, f"{uri.host}:{uri.port} is DVM {challenge.get('dvm')}, "
+                                      f"not {uri.dvmid}")
+        return challenge
 
     # -- the loop -----------------------------------------------------------------
 
     def run(self, run: dict) -> int:
-        for signum in self.signals.pending():  # before anything was sent: nothing to kill
-            return 128 + signum
         kind = stdin_kind(0) if self.forward_stdin else None
         run["stdin"] = kind is not None
-        self._handshake(run)
-        ch = self.ch
-        assert ch is not None
+        run["id"] = RUN_ID
+        try:
+            for signum in self.signals.pending():
+                raise _Interrupted(signum)
+            ch, auth = self._handshake()
+            for signum in self.signals.pending():
+                ch.close()
+                raise _Interrupted(signum)
+        except _Interrupted as exc:  # nothing was submitted: nothing to kill
+            return 128 + exc.signum
+        self.ch = ch
+        try:
+            ch.sock.sendall(auth + pack(run))  # the run right behind the auth answer
+        except OSError as exc:
+            ch.close()
+            raise DvmUnreachable(self.uri, f"{self.name} closed: connection lost: {exc}") \
+                from None
         if kind is not None:
             self.stdin = StdinSource(ch.send, kind)
         try:

@@ -234,3 +234,33 @@ def test_a_peer_that_greets_but_never_welcomes_gets_up_to_the_handshake_timeout(
     assert "master refused the connection: no reply from master 127.0.0.1:" in p.stderr, \
         p.stderr
     assert 9 < took < 30, took
+
+
+def test_ctrl_c_while_waiting_for_the_master_ends_run_at_once_submitting_nothing(tmp_path):
+    """A signal before anything was submitted: nothing to kill, nothing to wait for."""
+    fake = _FakeMaster(None)
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / "mine.secret").write_text("00" * 32)
+    env = dict(os.environ, PYDVM_STATE_DIR=str(state))
+    env.pop("PYDVM_URI", None)
+    p = subprocess.Popen(PYDVM + ["run", "--dvm", f"tcp://127.0.0.1:{fake.port}/mine", "true"],
+                         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: fake.conns, timeout=30, what="pydvm run to connect")
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        rc = finish(p, 30)
+        took = time.monotonic() - t0
+        conn = fake.conns[0]
+        conn.settimeout(5)
+        sent = conn.recv(1 << 16)  # it closed without sending anything
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+        fake.close()
+    assert rc == 130 and p.stderr.read() == "", rc
+    assert took < 5, took
+    assert sent == b""
