@@ -531,12 +531,9 @@ def hmac_sha256(key: bytes, msg: bytes) -> bytes:
     global _hmac_pads
     if _hmac_pads is None:
         try:
-            from _sha256 import sha256  # CPython 3.11
-        except ImportError:
-            try:
-                from _sha2 import sha256  # CPython 3.12+
-            except ImportError:
-                from hashlib import sha256
+            from _sha256 import sha256  # CPython's built-in module (3.11)
+        except ImportError:  # elsewhere hashlib's, OpenSSL loaded or not
+            from hashlib import sha256
         _hmac_pads = (sha256, bytes(x ^ 0x36 for x in range(256)),
                       bytes(x ^ 0x5C for x in range(256)))
     sha256, inner_pad, outer_pad = _hmac_pads
