@@ -10,7 +10,11 @@ times, medians (one-node DVM, already running, started here):
   against ``mpirun -n 4 ./hello``;
 * 100 sequential ``-n 1 true`` jobs, and 8 concurrent submitters x 25 jobs:
   jobs per second;
-* ``python -c "import pydvm"`` minus ``python -c pass``.
+* ``python -c "import pydvm"`` minus ``python -c pass``;
+* the tool's start-up: ``pydvm --version`` minus ``python -c pass`` (what
+  every command pays before it does anything), and ``pydvm run -n 1 true``
+  minus ``pydvm --version`` (what a run costs past that: connecting, the
+  job, its end).
 
 Prints a table with pydvm / mpirun ratios (for jobs/s: pydvm's over
 mpirun's) and, last, ``launch ratio R``: the worst time ratio.  Needs
@@ -139,6 +143,13 @@ def main() -> None:
         imp, base = alternate([sys.executable, "-c", "import pydvm"],
                               [sys.executable, "-c", "pass"], env_imp, env_imp, args.reps)
         rows.append(('python -c "import pydvm" minus python -c pass', imp - base, None, "s"))
+        ver, base = alternate(PYDVM + ["--version"], [sys.executable, "-c", "pass"], env_imp,
+                              env_imp, args.reps)
+        rows.append(("pydvm --version minus python -c pass (tool start-up)", ver - base, None,
+                     "s"))
+        job, ver = alternate(run + ["-n", "1", "true"], PYDVM + ["--version"], env_imp, env_imp,
+                             args.reps)
+        rows.append(("pydvm run -n 1 true minus pydvm --version", job - ver, None, "s"))
     finally:
         subprocess.run(PYDVM + ["stop"], env=env, capture_output=True, timeout=120)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -48,3 +48,70 @@ def test_the_runtime_and_the_client_share_one_protocol():
     assert wire.pack is protocol.pack and wire.FrameDecoder is protocol.FrameDecoder
     assert auth.DvmUri is protocol.DvmUri and credential.Credential is protocol.Credential
     assert dataops.stores_for is protocol.stores_for and model.Typed is protocol.Typed
+
+
+# ----------------------------------------------------------------------
+# the command line's fast path
+# ----------------------------------------------------------------------
+
+#: What the commands a job runs most must not load: ``pydvm run`` against a
+#: persistent DVM, ``publish``, ``lookup``, ``unpublish``, ``--version``.
+NOT_ON_THE_FAST_PATH = ("asyncio", "argparse", "pydvm.store", "pydvm.runtime", "uvloop")
+
+
+def imported_by(argv: list[str], env: dict | None = None) -> tuple[subprocess.CompletedProcess,
+                                                                   list[str]]:
+    """Run ``python -X importtime ARGV`` (``-m pydvm ...`` or the console
+    script); its result and every module it imported, as ``-X importtime``
+    reports them on stderr."""
+    p = subprocess.run([sys.executable, "-X", "importtime", *argv], capture_output=True,
+                       text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
+    mods = [ln.split("|")[-1].strip() for ln in p.stderr.splitlines()
+            if ln.startswith("import time:") and "|" in ln]
+    assert "pydvm" in mods, p.stderr  # -X importtime did report
+    return p, mods
+
+
+def slow(mods: list[str]) -> list[str]:
+    return [m for m in mods if m in NOT_ON_THE_FAST_PATH or m.startswith(
+        tuple(p + "." for p in NOT_ON_THE_FAST_PATH))]
+
+
+def console_script() -> str:
+    """The ``pydvm`` console script of this interpreter's environment."""
+    import os
+    import shutil
+
+    path = shutil.which("pydvm", path=os.path.dirname(sys.executable)) or shutil.which("pydvm")
+    assert path, "the pydvm console script is not installed"
+    return path
+
+
+def test_version_loads_nothing_but_the_package():
+    for argv in (["-m", "pydvm", "--version"], [console_script(), "--version"]):
+        p, mods = imported_by(argv)
+        assert p.returncode == 0 and p.stdout.startswith("pydvm "), p
+        assert slow(mods) == [], f"{argv}: {slow(mods)}"
+        assert not [m for m in mods if m.startswith("pydvm.cli_")], mods
+
+
+def test_in_job_commands_parse_without_argparse():
+    """Outside a job they fail at once (UNREACH) -- after parsing, which is what is checked."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYDVM_")}
+    for args in (["publish", "--range", "namespace", "k=v", "k2=v2"],
+                 ["lookup", "--wait", "--timeout", "0.5", "k"], ["lookup", "k", "--json"],
+                 ["unpublish", "k"], ["unpublish"]):
+        for argv in (["-m", "pydvm", *args], [console_script(), *args]):
+            p, mods = imported_by(argv, env)
+            assert p.returncode == 1 and "PMIX_ERR_UNREACH" in p.stdout, (argv, p)
+            assert slow(mods) == [], f"{argv}: {slow(mods)}"
+
+
+def test_a_usage_error_or_help_still_goes_through_argparse():
+    """What the light parser does not take is argparse's to word: the check above
+    would pass vacuously if every command went to argparse, this one would not."""
+    p, mods = imported_by(["-m", "pydvm", "lookup", "--range", "nowhere", "k"])
+    assert p.returncode == 2 and "invalid choice: 'nowhere'" in p.stderr, p
+    assert "argparse" in mods

@@ -120,6 +120,28 @@ class BlockingChannel:
         out, self._queue = self._queue, []
         return out
 
+    def recv_available(self) -> tuple[list[Message], bool]:
+        """Every message already received, without waiting for more, and
+        whether the peer has closed the connection after them (unlike
+        :meth:`recv_ready`, what came before an end of file is kept: a
+        refusal, or a last answer, is often followed by the close).
+        Raises FrameError on bytes that are not frames, OSError on a reset."""
+        if self._timeout is not None:
+            self.sock.settimeout(None)
+            self._timeout = None
+        eof = False
+        while True:
+            try:
+                data = self.sock.recv(1 << 16, MSG_DONTWAIT)
+            except BlockingIOError:
+                break
+            if not data:
+                eof = True
+                break
+            self._queue.extend(self._decoder.feed(data))
+        out, self._queue = self._queue, []
+        return out, eof
+
     def close(self) -> None:
         try:
             self.sock.close()

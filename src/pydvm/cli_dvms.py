@@ -22,15 +22,14 @@ items a persistent DVM would have kept (SESSION, INDEF, unread FIRST_READ).
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
 import os
 import sys
 
 from . import cli_format as F
-from .runtime import registry
-from .runtime.auth import DvmUri, UriError
+from .protocol import DvmUri, UriError
+
+# asyncio and the registry (pydvm.runtime) are imported where used: a
+# pydvm run that explains a stale URI, or says none is given, loads this.
 
 #: How long ``pydvm dvms`` waits for each master's answer.
 INFO_TIMEOUT = 3.0
@@ -45,6 +44,8 @@ START_HINT = "export PYDVM_URI=$(pydvm start --daemonize)"
 
 async def _jobs_of(uri: str) -> int | None:
     """How many jobs the DVM at ``uri`` runs; None if it does not answer in time."""
+    import asyncio
+
     from .tool import ToolError, call
 
     try:
@@ -60,6 +61,10 @@ async def running_dvms() -> list[dict]:
     """This user's running DVMs (records of dead ones are dropped on the
     way), each with ``jobs``: how many jobs it runs, or None if it did not
     answer within :data:`INFO_TIMEOUT`."""
+    import asyncio
+
+    from .runtime import registry
+
     records = registry.running()
     counts = await asyncio.gather(*[_jobs_of(str(r.get("uri"))) for r in records])
     for rec, n in zip(records, counts):
@@ -67,8 +72,10 @@ async def running_dvms() -> list[dict]:
     return sorted(records, key=lambda r: (r.get("started") or 0, str(r.get("dvm"))))
 
 
-def cmd_dvms(a: argparse.Namespace) -> int:
-    from .cli import run_async
+def cmd_dvms(a) -> int:
+    import json
+
+    from .cli_start import run_async
 
     dvms = run_async(running_dvms())
     current = os.environ.get("PYDVM_URI", "").strip() or None
@@ -97,6 +104,8 @@ def unreachable_lines(uri: DvmUri, why: str, from_env: bool) -> list[str]:
     ``from_env``: the URI came from ``PYDVM_URI`` (not ``--dvm``), so the
     message names the variable and how to clear or reset it.
     """
+    from .runtime import registry
+
     running = registry.is_running(uri.dvmid)
     if running is False:  # it ran here and ended: the reason adds nothing
         state = f"DVM {uri.dvmid} is not running any more"
@@ -120,7 +129,7 @@ def unreachable_lines(uri: DvmUri, why: str, from_env: bool) -> list[str]:
 # ----------------------------------------------------------------------
 
 
-def warn_before_second_start(a: argparse.Namespace) -> None:
+def warn_before_second_start(a) -> None:
     """Warn on stderr when ``PYDVM_URI`` names a running DVM of this user
     and ``pydvm start`` is about to start another (see the module
     docstring).  Silent when the new DVM is meant to use the first as its
@@ -134,6 +143,8 @@ def warn_before_second_start(a: argparse.Namespace) -> None:
         return
     if getattr(a, "data_server_uri", None) or getattr(a, "dvm_id", None) == uri.dvmid:
         return
+    from .runtime import registry
+
     rec = next((r for r in registry.running() if r.get("dvm") == uri.dvmid), None)
     if rec is None:
         return
@@ -157,6 +168,8 @@ async def one_shot_warning(uri: DvmUri) -> str | None:
     every job of a one-shot DVM runs as this user, so those are all of its
     items.  A DVM that does not answer gets no warning (it is going anyway).
     """
+    import asyncio
+
     from .tool import ToolError, call
 
     try:

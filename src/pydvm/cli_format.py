@@ -23,14 +23,14 @@ back), as SPEC 9 says.  Plain output cannot tell a str ``"42"`` from an int
 
 from __future__ import annotations
 
-import base64
 import math
-import pwd
-import signal as _signal
 import time
-from typing import Any, Iterable
 
 from .enums import Persistence
+
+TYPE_CHECKING = False  # (not typing's: every pydvm run loads this module)
+if TYPE_CHECKING:
+    from typing import Any, Iterable
 
 # ----------------------------------------------------------------------
 # tokens
@@ -103,7 +103,9 @@ def json_value(value: Any) -> tuple[Any, str]:
     if isinstance(value, float):
         return (value if math.isfinite(value) else repr(value)), "float"
     if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii"), "bytes"
+        from base64 import b64encode
+
+        return b64encode(value).decode("ascii"), "bytes"
     return value, "str"
 
 
@@ -129,7 +131,9 @@ def lookup_json(status: str, keys: Iterable[str], found: Iterable[Any]) -> dict:
 
 def signal_name(signum: int) -> str:
     try:
-        return _signal.Signals(signum).name
+        from signal import Signals
+
+        return Signals(signum).name
     except ValueError:
         return f"SIG{signum}"
 
@@ -259,6 +263,8 @@ def user_name(uid: int | None) -> str:
     if uid is None:
         return "-"
     try:
+        import pwd
+
         return pwd.getpwuid(uid).pw_name
     except (KeyError, OverflowError):
         return str(uid)

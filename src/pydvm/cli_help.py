@@ -1,7 +1,7 @@
 """Help texts and argument checks of the command line.
 
 Every option of every subcommand is described here or next to its
-``add_argument`` in :mod:`pydvm.cli`; ``tests/test_cli_usage.py`` checks
+``add_argument`` in :mod:`pydvm.cli_parser`; ``tests/test_cli_usage.py`` checks
 that none is left without a help text.  The argument types below turn a
 bad value into a usage error (exit status 2, a message naming the option)
 before the command does anything: nothing is published, started or
@@ -10,11 +10,12 @@ submitted on a bad argument.
 
 from __future__ import annotations
 
-import argparse
 import math
-import textwrap
 
 from .enums import Persistence, Range
+
+# argparse and textwrap are imported where used: the commands parsed without
+# argparse (run, publish, lookup, unpublish) check their values here too.
 
 #: What each range word means, for ``--help`` (SPEC 4's range table, in words).
 RANGE_MEANINGS: dict[Range, str] = {
@@ -44,6 +45,8 @@ PERSISTENCE_MEANINGS: dict[Persistence, str] = {
 
 
 def _word_table(title: str, meanings: dict) -> str:
+    import textwrap
+
     width = max(len(k.word) for k in meanings)
     indent = " " * (width + 4)
     rows = "\n".join(textwrap.fill(v, 79, initial_indent=f"  {k.word:<{width}}  ",
@@ -52,10 +55,21 @@ def _word_table(title: str, meanings: dict) -> str:
     return f"{textwrap.fill(title + ':', 79)}\n{rows}"
 
 
-RANGES_HELP = _word_table("ranges (publish: who may see the item; lookup: whose items it "
-                          "searches; the access rule applies as well)",
-                          RANGE_MEANINGS)
-PERSISTENCES_HELP = _word_table("persistences (how long an item lives)", PERSISTENCE_MEANINGS)
+_WORD_TABLES = {
+    "RANGES_HELP": ("ranges (publish: who may see the item; lookup: whose items it searches; "
+                    "the access rule applies as well)", RANGE_MEANINGS),
+    "PERSISTENCES_HELP": ("persistences (how long an item lives)", PERSISTENCE_MEANINGS),
+}
+
+
+def __getattr__(name: str) -> str:
+    """``RANGES_HELP`` and ``PERSISTENCES_HELP``, laid out on first use
+    (only a help text needs them)."""
+    if name in _WORD_TABLES:
+        text = _word_table(*_WORD_TABLES[name])
+        globals()[name] = text
+        return text
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 ACCESS_HELP = """\
 access: with no --access-uid/--access-gid only the publisher's own uid and gid
@@ -151,14 +165,21 @@ was done."""
 # ----------------------------------------------------------------------
 
 
+def _bad(text: str) -> Exception:
+    """The error an argument type raises: argparse then names the option."""
+    import argparse
+
+    return argparse.ArgumentTypeError(text)
+
+
 def seconds(text: str) -> float:
     """A finite, non-negative number of seconds."""
     try:
         v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
+        raise _bad(f"expected a number of seconds, not {text!r}") from None
     if not math.isfinite(v) or v < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, not {text}")
+        raise _bad(f"must be a finite number of seconds >= 0, not {text}")
     return v
 
 
@@ -167,9 +188,9 @@ def port(text: str) -> int:
     try:
         v = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, not {text!r}") from None
+        raise _bad(f"expected a port number, not {text!r}") from None
     if not 0 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is 0 (any free port) to 65535, not {v}")
+        raise _bad(f"a port is 0 (any free port) to 65535, not {v}")
     return v
 
 
@@ -178,9 +199,9 @@ def id_number(text: str) -> int:
     try:
         v = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a numeric id, not {text!r}") from None
+        raise _bad(f"expected a numeric id, not {text!r}") from None
     if not 0 <= v <= 2**32 - 1:
-        raise argparse.ArgumentTypeError(f"an id is 0 to 4294967295, not {v}")
+        raise _bad(f"an id is 0 to 4294967295, not {v}")
     return v
 
 
@@ -189,7 +210,7 @@ def count(text: str) -> int:
     try:
         v = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+        raise _bad(f"expected a whole number, not {text!r}") from None
     if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, not {v}")
+        raise _bad(f"must be >= 0, not {v}")
     return v

@@ -7,12 +7,17 @@ otherwise.  A pair or value that cannot be read (``--files K=@FILE`` of a
 missing file, say) is answered the same way, ``STATUS PMIX_ERR_BAD_PARAM``, before
 anything is sent; a bad option is a usage error (exit 2) from argparse.
 How keys and values are printed is :mod:`pydvm.cli_format`'s.
+
+A job may run these commands many times, so their arguments are read
+without argparse when they are plainly well formed (:func:`parse_light`);
+anything else -- ``--help``, a bad value, an abbreviated option, ``--`` --
+goes to the argparse tree (:mod:`pydvm.cli_parser`), which words the usage
+error or help text.  ``tests/test_cli_light.py`` checks that the two
+parsers agree wherever the light one answers.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -20,6 +25,97 @@ import time
 from . import cli_format as F
 from .enums import Persistence, Range
 from .errors import PMIxError, Status
+
+# ----------------------------------------------------------------------
+# arguments
+# ----------------------------------------------------------------------
+
+def _spec(command: str) -> tuple[dict, dict, str, bool]:
+    """An in-job command's arguments as :func:`pydvm.cli_parser.build_parser`
+    declares them: ``{option: (dest, action, check)}`` -- action ``"flag"``
+    (store true), ``"store"`` or ``"append"`` a value that ``check`` (the
+    argparse type, or the set of choices) accepts --, the defaults, the
+    positionals' dest and whether at least one positional is needed."""
+    from .cli_help import count, id_number, seconds
+
+    ranges = frozenset(r.word for r in Range)
+    persistences = frozenset(p.word for p in Persistence if p is not Persistence.INVALID)
+    if command == "publish":
+        options = {
+            "--range": ("range", "store", ranges), "--persistence": ("persistence", "store",
+                                                                    persistences),
+            "--access-uid": ("access_uid", "append", id_number),
+            "--access-gid": ("access_gid", "append", id_number),
+            "--replace": ("replace", "flag", None), "--files": ("files", "flag", None),
+            "--hold": ("hold", "store", seconds),
+        }
+        defaults = {"range": "session", "persistence": None, "access_uid": [],
+                    "access_gid": [], "replace": False, "files": False, "hold": 0.0}
+        return options, defaults, "pairs", True
+    if command == "lookup":
+        options = {
+            "--range": ("range", "store", ranges), "--wait": ("wait", "flag", None),
+            "--wait-count": ("wait_count", "store", count),
+            "--timeout": ("timeout", "store", seconds), "--json": ("json", "flag", None),
+        }
+        defaults = {"range": "session", "wait": False, "wait_count": None, "timeout": None,
+                    "json": False}
+        return options, defaults, "keys", True
+    return {}, {}, "keys", False  # unpublish
+
+
+def parse_light(command: str, args: list[str]):
+    """``pydvm COMMAND ARGS`` (an in-job command) as argparse would parse it,
+    without argparse -- or None when ARGS are not plainly well formed: an
+    option not spelt out in full, ``--opt=value``, a value that starts with
+    '-' or that argparse would refuse, ``-h``, ``--``, positionals in two
+    runs.  The caller then lets argparse parse them (and word the error)."""
+    from types import SimpleNamespace
+
+    options, values, positional, needed = _spec(command)
+    values = {k: (list(v) if isinstance(v, list) else v) for k, v in values.items()}
+    found: list[str] = []
+    run_over = False  # a run of positionals has ended: argparse takes no second one
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("-"):
+            if run_over:
+                return None
+            found.append(arg)
+            i += 1
+            continue
+        if found:
+            run_over = True
+        how = options.get(arg)
+        if how is None:
+            return None
+        dest, action, check = how
+        if action == "flag":
+            values[dest] = True
+            i += 1
+            continue
+        if i + 1 >= len(args) or args[i + 1].startswith("-"):
+            return None
+        text = args[i + 1]
+        if isinstance(check, frozenset):
+            if text not in check:
+                return None
+            value = text
+        else:
+            try:
+                value = check(text)
+            except Exception:  # argparse words the error
+                return None
+        if action == "append":
+            values[dest].append(value)
+        else:
+            values[dest] = value
+        i += 2
+    if needed and not found:
+        return None
+    values[positional] = found
+    return SimpleNamespace(cmd=command, func=_COMMANDS[command], **values)
 
 
 def _status_line(st: Status) -> None:
@@ -112,7 +208,7 @@ def _read_limited(f, what: str) -> bytes:
     return data
 
 
-def cmd_publish(a: argparse.Namespace) -> int:
+def cmd_publish(a) -> int:
     from .client import Client
 
     try:
@@ -153,7 +249,7 @@ def cmd_publish(a: argparse.Namespace) -> int:
     return 0 if st is Status.SUCCESS else 1
 
 
-def cmd_lookup(a: argparse.Namespace) -> int:
+def cmd_lookup(a) -> int:
     from .client import Client
 
     try:
@@ -174,11 +270,15 @@ def cmd_lookup(a: argparse.Namespace) -> int:
         if exc.message and exc.status not in (Status.ERR_NOT_FOUND, Status.ERR_TIMEOUT):
             sys.stderr.write(f"pydvm lookup: {exc.message}\n")
         if a.json:
+            import json
+
             print(json.dumps(F.lookup_json(exc.status.pmix_name, a.keys, ())), flush=True)
         else:
             _status_line(exc.status)
         return 1
     if a.json:
+        import json
+
         print(json.dumps(F.lookup_json(r.status.pmix_name, a.keys, r.found.values())),
               flush=True)
     else:
@@ -188,7 +288,7 @@ def cmd_lookup(a: argparse.Namespace) -> int:
     return 0 if r.status is Status.SUCCESS else 1
 
 
-def cmd_unpublish(a: argparse.Namespace) -> int:
+def cmd_unpublish(a) -> int:
     from .client import Client
 
     try:
@@ -199,3 +299,6 @@ def cmd_unpublish(a: argparse.Namespace) -> int:
         return 1
     _status_line(Status.SUCCESS)
     return 0
+
+
+_COMMANDS = {"publish": cmd_publish, "lookup": cmd_lookup, "unpublish": cmd_unpublish}

@@ -7,13 +7,20 @@
 * **DVM URIs** -- :class:`DvmUri`;
 * **the direct-data credential** a launched process presents to the master
   (:class:`Credential`);
-* **the routing table** -- :func:`stores_for`: which store serves a request.
+* **the routing table** -- :func:`stores_for`: which store serves a request;
+* **reaching a DVM as a tool** -- where its secret and a multi-user DVM's
+  tool socket are (:func:`read_secret`, :func:`tool_socket_name`), the
+  handshake's MAC (:func:`mac`);
+* **what a ``pydvm run`` and the runtime agree on** -- host lists
+  (:func:`parse_host_list`), the stdin window (:data:`STDIN_WINDOW`).
 
 ``import pydvm`` (every job process that uses the client) loads this, so it
 stays light: no asyncio, no dataclasses, no logging, nothing of the store or
 the runtime.  The runtime imports the same names from here (re-exported by
 :mod:`pydvm.wire`, :mod:`pydvm.runtime.auth`, :mod:`pydvm.runtime.credential`,
-:mod:`pydvm.runtime.dataops` and :mod:`pydvm.store.model`).
+:mod:`pydvm.runtime.dataops`, :mod:`pydvm.runtime.jobio` and
+:mod:`pydvm.store.model`).  The blocking ``pydvm run``
+(:mod:`pydvm.tool_run`) needs nothing else either.
 """
 
 from __future__ import annotations
@@ -330,8 +337,44 @@ class FrameDecoder:
 # DVM URIs
 # ----------------------------------------------------------------------
 
+#: The form of a URI (what :func:`_split_uri` reads, without :mod:`re`,
+#: which a ``pydvm run`` would import for this alone).
 _URI_PATTERN = r"^tcp://(?P<host>\[[^\]]+\]|[^:/]+):(?P<port>\d+)/(?P<dvm>[A-Za-z0-9_-]+)$"
-_uri_re = None
+_DVMID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+def _split_uri(text: str) -> tuple[str, str, str] | None:
+    """The host (brackets and all), port and DVM id of ``text`` matched
+    against :data:`_URI_PATTERN`; None if it does not match."""
+    if not text.startswith("tcp://"):
+        return None
+    rest = text[6:]
+    if rest.startswith("["):  # the first alternative: [HOST]
+        end = rest.find("]", 1)
+        if end >= 2:  # at least one character between the brackets
+            found = _port_and_id(rest[end + 1:])
+            if found is not None:
+                return (rest[:end + 1],) + found
+    end = len(rest)  # the second: everything up to the first ':' or '/'
+    for stop in (":", "/"):
+        at = rest.find(stop)
+        if at != -1 and at < end:
+            end = at
+    if end == 0:
+        return None
+    found = _port_and_id(rest[end:])
+    return None if found is None else (rest[:end],) + found
+
+
+def _port_and_id(rest: str) -> tuple[str, str] | None:
+    """``:PORT/DVMID`` (all of ``rest``) as (PORT, DVMID); None if it is not."""
+    if not rest.startswith(":"):
+        return None
+    port, slash, dvmid = rest[1:].partition("/")
+    if not slash or not port or not dvmid or not all(c.isdecimal() for c in port) \
+            or not _DVMID_CHARS.issuperset(dvmid):
+        return None
+    return port, dvmid
 
 
 class UriError(ValueError):
@@ -350,15 +393,11 @@ class DvmUri(namedtuple("DvmUri", ["host", "port", "dvmid"])):
     @classmethod
     def parse(cls, text: str) -> "DvmUri":
         """Read a URI; :class:`UriError` naming the expected form if it is not one."""
-        global _uri_re
-        if _uri_re is None:  # compiled on first use: most processes never parse one
-            import re
-            _uri_re = re.compile(_URI_PATTERN)
-        m = _uri_re.match(text.strip())
-        if not m:
+        m = _split_uri(text.strip())
+        if m is None:
             raise UriError(f"not a pydvm URI: {text!r} (expected tcp://HOST:PORT/DVMID)")
-        host = m["host"].strip("[]")
-        return cls(host, int(m["port"]), m["dvm"])
+        host, port, dvmid = m
+        return cls(host.strip("[]"), int(port), dvmid)
 
 
 # ----------------------------------------------------------------------
@@ -438,3 +477,114 @@ def stores_for(t: str, rng: Any) -> tuple[str, ...]:
     if rng == Range.LOCAL:
         return (NODE,)
     return (MASTER,)
+
+
+# ----------------------------------------------------------------------
+# reaching a DVM as a tool (runtime/auth.py holds the master's side)
+# ----------------------------------------------------------------------
+
+#: Seconds either side of a connection gives the other to complete the
+#: handshake (challenge, auth, welcome).
+HANDSHAKE_TIMEOUT = 10.0
+
+
+def state_dir_name() -> str:
+    """The state directory: ``$PYDVM_STATE_DIR``, default ``~/.pydvm``."""
+    d = os.environ.get("PYDVM_STATE_DIR")
+    return d if d else os.path.join(os.path.expanduser("~"), ".pydvm")
+
+
+def read_secret(dvmid: str) -> bytes:
+    """The secret of DVM ``dvmid`` (``<state dir>/<dvmid>.secret``, hex);
+    :class:`UriError` when this user has none or it is unreadable."""
+    d = state_dir_name()
+    try:
+        with open(os.path.join(d, f"{dvmid}.secret"), "rb") as f:
+            return bytes.fromhex(f.read().decode().strip())
+    except (FileNotFoundError, PermissionError):
+        raise UriError(f"no credentials for DVM {dvmid} in {_path_text(d)} "
+                       "(is it running, and started by this user?)") from None
+    except ValueError:
+        raise UriError(f"corrupt credentials file {_path_text(d, f'{dvmid}.secret')}") from None
+
+
+def _path_text(*parts: str) -> str:
+    """A path as :mod:`pathlib` prints it (imported here: an error path)."""
+    from pathlib import Path
+    return str(Path(*parts))
+
+
+def tool_socket_name(dvmid: str) -> str:
+    """Where a multi-user DVM serves tools of any local user (identity by
+    peer credentials, no secret)."""
+    return f"/tmp/pydvm-mu-{dvmid}/tool.sock"
+
+
+_hmac_pads: tuple | None = None
+
+
+def hmac_sha256(key: bytes, msg: bytes) -> bytes:
+    """HMAC-SHA256 (RFC 2104) of ``msg`` under ``key``: the same bytes as
+    ``hmac.new(key, msg, hashlib.sha256).digest()``, from the interpreter's
+    built-in SHA-256 -- :mod:`hmac` loads OpenSSL, which costs a command
+    line more than the whole handshake."""
+    global _hmac_pads
+    if _hmac_pads is None:
+        try:
+            from _sha256 import sha256  # CPython's built-in module (3.11)
+        except ImportError:  # elsewhere hashlib's, OpenSSL loaded or not
+            from hashlib import sha256
+        _hmac_pads = (sha256, bytes(x ^ 0x36 for x in range(256)),
+                      bytes(x ^ 0x5C for x in range(256)))
+    sha256, inner_pad, outer_pad = _hmac_pads
+    if len(key) > 64:
+        key = sha256(key).digest()
+    key = key.ljust(64, b"\0")
+    inner = sha256(key.translate(inner_pad) + msg).digest()
+    return sha256(key.translate(outer_pad) + inner).digest()
+
+
+def mac(secret: bytes, nonce: bytes, role: str) -> bytes:
+    """A peer's answer to the master's challenge ``nonce``: it holds
+    ``secret`` (HMAC-SHA256 of the nonce and the role it connects as)."""
+    return hmac_sha256(secret, nonce + role.encode())
+
+
+# ----------------------------------------------------------------------
+# what pydvm run and the runtime agree on
+# ----------------------------------------------------------------------
+
+#: Bytes of stdin a ``pydvm run`` may have sent and not yet seen written
+#: into rank 0's pipe; also the largest piece it sends at once.
+STDIN_WINDOW = 256 * 1024
+STDIN_CHUNK = 64 * 1024
+
+
+def parse_host_list(text: str) -> list[tuple[str, int]]:
+    """Parse ``h1,h2:4,...`` into ``(name, slots)`` pairs (one slot unless
+    given); ValueError naming what is wrong."""
+    out: list[tuple[str, int]] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, _, slots = part.partition(":")
+        if not name:
+            raise ValueError(f"empty host name in {text!r}")
+        if slots:
+            try:
+                n = int(slots)
+            except ValueError:
+                raise ValueError(f"bad slot count {slots!r} for host {name!r}") from None
+            if n < 1:
+                raise ValueError(f"slot count for host {name!r} must be >= 1")
+        else:
+            n = 1
+        out.append((name, n))
+    if not out:
+        raise ValueError(f"no hosts in {text!r}")
+    names = [h for h, _ in out]
+    dups = {n for n in names if names.count(n) > 1}
+    if dups:
+        raise ValueError(f"host listed twice: {', '.join(sorted(dups))}")
+    return out

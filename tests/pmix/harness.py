@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 
-from pydvm.pmix import Handler, PmixError, PmixServer, Proc, Value, constants as C
+from pydvm.pmix import Handler, PmixServerError, PmixServer, Proc, Value, constants as C
 from pydvm.pmix.jobinfo import JobLayout, job_info
 
 
@@ -112,7 +112,7 @@ class DictHost(Handler):
             if mode == "sync":
                 raise RuntimeError("injected handler failure")
             if mode == "status":
-                raise PmixError(self.fail.get("status", C.ERR_NO_PERMISSIONS), "injected")
+                raise PmixServerError(self.fail.get("status", C.ERR_NO_PERMISSIONS), "injected")
             if mode == "async":
                 async def boom():
                     await asyncio.sleep(0.01)

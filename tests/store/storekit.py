@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pydvm.enums import Persistence, Range
 from pydvm.errors import Status
-from pydvm.store import Caller, DataStore, Found, Pending, Reply
+from pydvm.store import Caller, DataStore, FoundKey, Pending, Reply
 
 __all__ = [
-    "Caller", "Found", "Pending", "Persistence", "Range", "Reply", "Status",
+    "Caller", "FoundKey", "Pending", "Persistence", "Range", "Reply", "Status",
     "UID_A", "GID_A", "UID_B", "GID_B", "UID_C", "GID_C",
     "caller", "alice", "alice2", "bob", "carol",
     "snapshot", "found_map", "keys_in_store", "item_with_key", "usage",

@@ -11,7 +11,7 @@ from storekit import (
 
 
 def test_lookup_all_found_is_success_with_values_and_publishers(store):
-    """All keys found -> SUCCESS, each Found carrying its value and publisher (nspace, rank)."""
+    """All keys found -> SUCCESS, each FoundKey carrying its value and publisher (nspace, rank)."""
     store.publish(alice, {"a": "va"})
     store.publish(alice2, {"b": 2})
     r = store.lookup(alice, ["a", "b"])

@@ -8,13 +8,13 @@ from . import constants
 from .values import DataArray, PmixValueError, Proc, Value
 from .requests import (Abort, App, ClientConnected, ClientFinalized, Connect, DirectModex,
                        Disconnect, Fence, Lookup, Publish, Request, Spawn, Unpublish)
-from .server import (Handler, LookupReply, ModexReply, OpReply, PmixError, PmixServer,
+from .server import (Handler, LookupReply, ModexReply, OpReply, PmixServerError, PmixServer,
                      SpawnReply, cleanup_stale)
 
 __all__ = [
     "Abort", "App", "ClientConnected", "ClientFinalized", "Connect", "DataArray",
     "DirectModex", "Disconnect", "Fence", "Handler", "Lookup", "LookupReply", "ModexReply",
-    "OpReply", "PmixError", "PmixServer", "PmixUnavailable", "PmixValueError", "Proc",
+    "OpReply", "PmixServerError", "PmixServer", "PmixUnavailable", "PmixValueError", "Proc",
     "Publish", "Request", "Spawn", "SpawnReply", "Unpublish", "Value", "available",
     "check_version", "cleanup_stale", "constants",
 ]

@@ -32,7 +32,7 @@ The host handler runs on the loop thread and answers by calling
 invokes libpmix's callback; later calls do nothing and return ``False``
 (``reply.done`` tells whether it was sent).  If the handler raises before
 replying, the reply is sent with the exception's ``status`` attribute if it
-has one (e.g. :class:`PmixError`), else ``PMIX_ERROR``.  A reply object that
+has one (e.g. :class:`PmixServerError`), else ``PMIX_ERROR``.  A reply object that
 is garbage-collected unanswered sends ``PMIX_ERROR`` too, so a client is
 never left hanging and never told SUCCESS by accident.  Replies still pending
 at :meth:`PmixServer.finalize` are dropped with the server.
@@ -78,7 +78,7 @@ _CLAIMS = frozenset({C.USERID, C.GRPID})
 _DONE = (C.SUCCESS, C.OPERATION_SUCCEEDED)
 
 
-class PmixError(RuntimeError):
+class PmixServerError(RuntimeError):
     """A libpmix call failed, or a host answer to raise from a handler; ``status`` is PMIx's."""
 
     def __init__(self, status: int, message: str = ""):
@@ -175,8 +175,8 @@ class LookupReply(_Reply):
     """Answer for lookup: ``reply(status, found)``.
 
     ``found`` is an iterable of ``(key, value, publisher)`` triples (or
-    :class:`Found`), ``value`` a :class:`Value` (its PMIx type is kept) or a
-    native value (default type, see :meth:`Value.of`), ``publisher`` a
+    :class:`~pydvm.store.FoundKey`), ``value`` a :class:`Value` (its PMIx type is
+    kept) or a native value (default type, see :meth:`Value.of`), ``publisher`` a
     :class:`Proc`.  libpmix 4.2 passes data to the client only with
     ``PMIX_SUCCESS``: with any other status (PARTIAL_SUCCESS included) the
     client receives the status alone.  A triple the binding cannot encode
@@ -448,7 +448,7 @@ class PmixServer:
                                  len(items))
             if rc != C.SUCCESS:
                 self._running = False
-                raise PmixError(rc, "PMIx_server_init")
+                raise PmixServerError(rc, "PMIx_server_init")
         except BaseException:
             self._running = False
             self._remove_tmpdir()
@@ -513,7 +513,7 @@ class PmixServer:
             check_nspace(nspace), int(nlocalprocs), ctypes.addressof(arr) if n else None, n,
             cb, tok), keep)
         if rc not in _DONE:
-            raise PmixError(rc, f"register_nspace({nspace})")
+            raise PmixServerError(rc, f"register_nspace({nspace})")
 
     async def deregister_nspace(self, nspace: str) -> None:
         """``PMIx_server_deregister_nspace``: drops the job's data and its clients;
@@ -566,7 +566,7 @@ class PmixServer:
         rc = await self._completed(lambda cb, tok: lib.register_client(
             ctypes.addressof(p), int(uid), int(gid), None, cb, tok), p)
         if rc not in _DONE:
-            raise PmixError(rc, f"register_client({proc})")
+            raise PmixServerError(rc, f"register_client({proc})")
 
     def deregister_client(self, proc: Proc) -> None:
         """``PMIx_server_deregister_client``.
@@ -602,7 +602,7 @@ class PmixServer:
                 i += 1
             lib.free(ctypes.cast(env, ctypes.c_void_p))
         if rc != C.SUCCESS:
-            raise PmixError(rc, f"setup_fork({proc})")
+            raise PmixServerError(rc, f"setup_fork({proc})")
         return out
 
     async def dmodex_request(self, proc: Proc) -> tuple[int, bytes]:
@@ -645,7 +645,7 @@ class PmixServer:
         out = ctypes.c_void_p()
         rc = fn(s.encode(), ctypes.byref(out))
         if rc != C.SUCCESS:
-            raise PmixError(rc, "generate regex")
+            raise PmixServerError(rc, "generate regex")
         # libpmix's regex is a NUL-terminated string, possibly with a
         # binary-safe tail; the ``pmix:`` / ``raw:`` forms are plain text.
         res = cstr(out.value)

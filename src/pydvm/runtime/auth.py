@@ -12,25 +12,35 @@ Handshake on the master's TCP port: the master sends
 ``{"t": "auth", "role": "daemon"|"tool", "mac": HMAC-SHA256(secret, nonce +
 role)}`` plus role fields.  A wrong MAC, a wrong first message or silence
 for :data:`HANDSHAKE_TIMEOUT` seconds closes the connection with a logged
-reason; nothing of such a peer reaches a store.
+reason; nothing of such a peer reaches a store.  The master reads a
+connection's messages in order and a refusal closes it before anything
+after the auth is read, so a tool may send its first request right behind
+its auth without waiting for the welcome (``pydvm run`` does:
+:mod:`pydvm.tool_run`).
+
+What a tool needs to reach a DVM -- the secret's file, the multi-user tool
+socket, the MAC -- is :mod:`pydvm.protocol`'s (re-exported here), so that
+the blocking ``pydvm run`` loads nothing of the runtime.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import os
 import secrets
 from pathlib import Path
 
-from ..protocol import DvmUri, UriError  # noqa: F401 (re-exported)
+# What a tool needs too lives in the protocol module (the blocking pydvm run
+# loads no runtime): re-exported here for the runtime.
+from ..protocol import HANDSHAKE_TIMEOUT, DvmUri, UriError, mac, read_secret  # noqa: F401
+from ..protocol import state_dir_name, tool_socket_name
 from ..wire import Channel, Message
 
-HANDSHAKE_TIMEOUT = 10.0
+
 def tool_socket_path(dvmid: str) -> Path:
     """Where a multi-user DVM serves tools of any local user (peer credentials)."""
-    return Path("/tmp") / f"pydvm-mu-{dvmid}" / "tool.sock"
+    return Path(tool_socket_name(dvmid))
 
 
 def host_identity() -> str:
@@ -51,8 +61,7 @@ def host_identity() -> str:
 
 
 def state_dir() -> Path:
-    d = os.environ.get("PYDVM_STATE_DIR")
-    return Path(d) if d else Path.home() / ".pydvm"
+    return Path(state_dir_name())
 
 
 def new_secret() -> bytes:
@@ -72,26 +81,11 @@ def write_secret(dvmid: str, secret: bytes) -> Path:
     return path
 
 
-def read_secret(dvmid: str) -> bytes:
-    path = state_dir() / f"{dvmid}.secret"
-    try:
-        return bytes.fromhex(path.read_text().strip())
-    except (FileNotFoundError, PermissionError):
-        raise UriError(f"no credentials for DVM {dvmid} in {path.parent} "
-                       "(is it running, and started by this user?)") from None
-    except ValueError:
-        raise UriError(f"corrupt credentials file {path}") from None
-
-
 def remove_secret(dvmid: str) -> None:
     try:
         (state_dir() / f"{dvmid}.secret").unlink()
     except FileNotFoundError:
         pass
-
-
-def mac(secret: bytes, nonce: bytes, role: str) -> bytes:
-    return hmac.new(secret, nonce + role.encode(), hashlib.sha256).digest()
 
 
 def check_auth(secret: bytes, nonce: bytes, msg: Message) -> str:

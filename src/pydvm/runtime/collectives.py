@@ -9,6 +9,8 @@ in-process one), as a request the master answers exactly once::
                 -> {data: every participating node's contribution, concatenated}
     connect     {procs}  -> {layouts: {nspace: layout}} of every participating job
     disconnect  {procs}  -> {}
+    group       {procs, op: construct | destruct, grpid, data, ctxid}
+                -> {data, ctxid}: a PMIx group, collected like a fence
     dmodex      {nspace, rank} -> {data}: the master asks the node hosting that
                 rank (``dmodex`` down to it), which asks its libpmix server
     abort       {nspace, rank, status, msg} -> {}: the job is killed and its
@@ -16,6 +18,8 @@ in-process one), as a request the master answers exactly once::
     spawn       {parent: [nspace, rank], apps: [...]} -> {nspace}: a child job
                 in the parent's session, launched like any job, whose output
                 goes to the parent's ``pydvm run`` (which waits for it)
+    notify      {source, code, range, info} -> {}: a client's event, passed to
+                the other nodes in its range
 
 A **collective** (fence, connect, disconnect) is identified by its kind and
 its participants (a rank of ``RANK_WILDCARD`` stands for the whole
@@ -25,9 +29,15 @@ a ``timeout`` the fence carries, the loss of a contributing node, and the
 end of any participating process before the collective completed all
 answer every contributor with an error.
 
-This is one concern of :class:`~pydvm.runtime.master.Master`, written as a
-mixin; it owns ``_collectives``, ``_pmix_nodes``, ``_job_launch`` and
-``_children``.
+:class:`Collectives` owns the collectives in progress and the group
+context ids handed out.  Jobs, processes and the one "is this a running
+process of that node" predicate are the process table's; which nodes host
+PMIx, and delivering an event through them, the node table's.  A spawned
+job is planned and launched by the process table like any job
+(:meth:`~pydvm.runtime.processes.ProcessTable.launch_child`).  Collectives
+hear of ended processes and lost nodes as a
+:class:`~pydvm.runtime.processes.ProcessListener` and a
+:class:`~pydvm.runtime.nodes.NodeListener`.
 """
 
 from __future__ import annotations
@@ -36,23 +46,22 @@ import asyncio
 import logging
 import shlex
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import Status
 from ..pmix import constants as PC
+from ..pmix.constants import RANK_WILDCARD
 from ..wire import Message, reply
-from . import core
 from .jobs import JobRecord, ProcState
+from .nodes import NodeListener, NodeTable
 from .peers import DaemonSession
-
-if TYPE_CHECKING:
-    from .master import Master
+from .processes import ProcessListener, ProcessTable
+from .tasks import Tasks
 
 log = logging.getLogger("pydvm.master")
 
-#: PMIx's wildcard rank: the whole namespace.
-RANK_WILDCARD = 0xFFFFFFFE
 COLLECTIVES = frozenset({"fence", "connect", "disconnect", "group"})
+#: Every PMIx request a node's uplink sends the master (:meth:`Collectives.request`).
 PMIX_REQUESTS = COLLECTIVES | {"dmodex", "abort", "spawn", "notify"}
 
 
@@ -66,13 +75,13 @@ def _lost_status(key: tuple) -> int:
 
 @dataclass
 class Collective:
-    """One fence / connect / disconnect in progress."""
+    """One fence / connect / disconnect / group operation in progress."""
 
     kind: str
     procs: tuple[tuple[str, int], ...]
     #: nodes that must contribute.
     expected: set[str]
-    #: node -> (its session, its request id, its data).
+    #: node -> (its daemon link, its request id, its data).
     contributed: dict[str, tuple[DaemonSession, Any, bytes]] = field(default_factory=dict)
     collect: bool = False
     #: a group construct asked for a context id (PMIX_GROUP_ASSIGN_CONTEXT_ID).
@@ -80,94 +89,52 @@ class Collective:
     timer: asyncio.TimerHandle | None = None
 
 
-class CollectivesMixin:
-    """Fence, connect, disconnect, direct modex, abort, spawn (see the module docstring)."""
+class Collectives(ProcessListener, NodeListener):
+    """PMIx across nodes (see the module docstring)."""
 
-    #: (kind, participants) -> the collective in progress.
-    _collectives: dict[tuple, Collective]
-    #: node -> [available, version or reason, path] as its node server reported.
-    _pmix_nodes: dict[str, list]
-    #: nspace -> (env, cwd) it was launched with (a spawn's defaults).
-    _job_launch: dict[str, tuple[dict, str]]
-    #: nspace -> futures of the child jobs it spawned (its end waits for them).
-    _children: dict[str, list[asyncio.Future]]
+    def __init__(self, processes: ProcessTable, nodes: NodeTable, tasks: Tasks) -> None:
+        self._processes = processes
+        self._nodes = nodes
+        self._tasks = tasks
+        #: (kind, participants[, op, grpid]) -> the collective in progress.
+        self._pending: dict[tuple, Collective] = {}
+        #: the last PMIx group context id handed out (unique in the DVM's life).
+        self._next_ctxid = 0
 
-    # ------------------------------------------------------------------
-    # what the launch message carries
-    # ------------------------------------------------------------------
-
-    def _pmix_layout(self: "Master", job: JobRecord, parent: tuple[str, int] | None = None
-                     ) -> dict:
-        """The whole job as each node registers it with libpmix: node -> ranks
-        (nodes in rank order of first appearance), procs per application, parent."""
-        nodes: dict[str, list[int]] = {}
-        for rank in sorted(job.procs):
-            nodes.setdefault(job.procs[rank].node, []).append(rank)
-        ids = {name: i for i, name in enumerate(self.nodes)}
-        session = self.sessions.get(job.session_id)
-        slots = sum(h.slots for h in session.hosts) if session is not None else 0
-        if parent is None:
-            parent = job.parent
-        return {"nodes": nodes, "apps": [len(a.ranks) for a in job.apps],
-                "parent": list(parent) if parent else None, "session_id": job.session_id,
-                "node_ids": {n: ids[n] for n in nodes if n in ids},
-                "univ_size": max(slots, job.size),
-                "argv": [list(a.argv) for a in job.apps],
-                "wdir": [a.cwd for a in job.apps]}
-
-    def _pmix_launch_fields(self: "Master", job: JobRecord, per_node: dict[str, list[dict]],
-                            parent: tuple[str, int] | None = None) -> dict:
-        """Fields added to every ``launch`` of ``job`` (see lifetimes._run_job)."""
-        first = next(iter(per_node.values()), [{}])[0]
-        self._job_launch[job.nspace] = (dict(first.get("env") or {}), first.get("cwd") or "/")
-        return {"pmix": self._pmix_layout(job, parent)}
-
-    def _pmix_check(self: "Master", job: JobRecord, required: bool) -> str:
-        """'' if ``job`` may run; else why not (``pydvm run --pmix``: PMIx on every node)."""
-        if not required:
-            return ""
-        missing = [f"{n} ({(self._pmix_nodes.get(n) or [False, 'not reported'])[1]})"
-                   for n in sorted(job.nodes()) if not (self._pmix_nodes.get(n) or [False])[0]]
-        if missing:
-            return "PMIx is required (--pmix) but not available on: " + ", ".join(missing)
-        return ""
-
-    async def _children_done(self: "Master", nspace: str) -> None:
-        """Wait for the jobs ``nspace`` spawned (its ``pydvm run`` reports after them)."""
-        kids = self._children.pop(nspace, [])
-        if kids:
-            await asyncio.wait(kids)
-        self._job_launch.pop(nspace, None)
+    def count(self) -> int:
+        """Collectives in progress (``pydvm info``'s records)."""
+        return len(self._pending)
 
     # ------------------------------------------------------------------
     # dispatch
     # ------------------------------------------------------------------
 
-    def _on_pmix_request(self: "Master", session: DaemonSession, msg: Message) -> None:
+    def request(self, daemon: DaemonSession, msg: Message) -> None:
+        """One of :data:`PMIX_REQUESTS` from a node's uplink; answered exactly once."""
         t = msg["t"]
         rid = msg.get("id")
         try:
             if t in COLLECTIVES:
-                self._contribute(session, msg)
+                self._contribute(daemon, msg)
             elif t == "dmodex":
-                self._dmodex(session, msg)
+                self._dmodex(daemon, msg)
             elif t == "abort":
-                self._abort(session, msg)
+                self._abort(daemon, msg)
             elif t == "spawn":
-                self._spawn(self._spawn_job(session, msg), (session.channel, rid))
+                self._tasks.start(self._spawn_job(daemon, msg), (daemon.channel, rid))
             elif t == "notify":
-                self._spawn(self._client_event(session, msg), (session.channel, rid))
+                self._tasks.start(self._client_event(daemon, msg), (daemon.channel, rid))
         except (ValueError, TypeError, KeyError) as exc:
-            session.send(reply(rid, Status.ERR_BAD_PARAM, f"malformed {t}: {exc}"))
+            daemon.send(reply(rid, Status.ERR_BAD_PARAM, f"malformed {t}: {exc}"))
 
     # ------------------------------------------------------------------
     # collectives
     # ------------------------------------------------------------------
 
-    def _participant_nodes(self: "Master", procs) -> set[str]:
+    def _participant_nodes(self, procs) -> set[str]:
         nodes: set[str] = set()
         for ns, rank in procs:
-            job = self.jobs.get(ns)
+            job = self._processes.jobs.get(ns)
             if job is None:
                 raise ValueError(f"no running job {ns!r}")
             if rank == RANK_WILDCARD:
@@ -178,10 +145,10 @@ class CollectivesMixin:
                 raise ValueError(f"{ns} has no rank {rank}")
         return nodes
 
-    def _ended_participant(self: "Master", procs) -> str:
+    def _ended_participant(self, procs) -> str:
         """A participant (``ns:rank``) that has already ended, or ''."""
         for ns, rank in procs:
-            job = self.jobs.get(ns)
+            job = self._processes.jobs.get(ns)
             if job is None:
                 return f"{ns}:*"
             ranks = job.procs.values() if rank == RANK_WILDCARD else \
@@ -191,7 +158,7 @@ class CollectivesMixin:
                     return f"{ns}:{p.rank}"
         return ""
 
-    def _contribute(self: "Master", session: DaemonSession, msg: Message) -> None:
+    def _contribute(self, daemon: DaemonSession, msg: Message) -> None:
         procs = tuple(sorted((str(p[0]), int(p[1])) for p in msg["procs"]))
         if not procs:
             raise ValueError("no participants")
@@ -202,34 +169,34 @@ class CollectivesMixin:
             if op not in ("construct", "destruct"):
                 raise ValueError(f"unknown group operation {op!r}")
             key = (kind, procs, op, str(msg["grpid"]))
-        coll = self._collectives.get(key)
+        coll = self._pending.get(key)
         if coll is None:
             gone = self._ended_participant(procs)
             if gone:
                 # it can never contribute: answer now rather than wait forever
-                session.send(reply(msg.get("id"), _lost_status(key),
-                                   f"{kind}: participant {gone} has ended"))
+                daemon.send(reply(msg.get("id"), _lost_status(key),
+                                  f"{kind}: participant {gone} has ended"))
                 return
             coll = Collective(kind, procs, self._participant_nodes(procs))
-            self._collectives[key] = coll
+            self._pending[key] = coll
             timeout = msg.get("timeout")
             if isinstance(timeout, int) and timeout > 0:
                 coll.timer = asyncio.get_running_loop().call_later(
-                    timeout, self._fail_collective, key, Status.ERR_TIMEOUT,
+                    timeout, self._fail, key, Status.ERR_TIMEOUT,
                     f"{kind} not complete within {timeout}s")
-        if session.node not in coll.expected or session.node in coll.contributed:
-            session.send(reply(msg.get("id"), Status.ERR_BAD_PARAM,
-                               f"node {session.node} is not expected in this {kind}"))
+        if daemon.node not in coll.expected or daemon.node in coll.contributed:
+            daemon.send(reply(msg.get("id"), Status.ERR_BAD_PARAM,
+                              f"node {daemon.node} is not expected in this {kind}"))
             return
         data = msg.get("data") or b""
         coll.collect = coll.collect or bool(msg.get("collect")) or kind == "group"
         coll.ctxid = coll.ctxid or bool(msg.get("ctxid"))
-        coll.contributed[session.node] = (session, msg.get("id"), bytes(data))
+        coll.contributed[daemon.node] = (daemon, msg.get("id"), bytes(data))
         if len(coll.contributed) == len(coll.expected):
             self._complete(key)
 
-    def _complete(self: "Master", key: tuple) -> None:
-        coll = self._collectives.pop(key)
+    def _complete(self, key: tuple) -> None:
+        coll = self._pending.pop(key)
         if coll.timer is not None:
             coll.timer.cancel()
         extra: dict[str, Any] = {}
@@ -240,67 +207,64 @@ class CollectivesMixin:
             self._next_ctxid += 1
             extra["ctxid"] = self._next_ctxid
         elif coll.kind == "connect":
-            extra["layouts"] = {ns: self._pmix_layout(self.jobs[ns])
-                                for ns in {p[0] for p in coll.procs} if ns in self.jobs}
+            jobs = self._processes.jobs
+            extra["layouts"] = {ns: self._processes.layout(jobs[ns])
+                                for ns in {p[0] for p in coll.procs} if ns in jobs}
         log.debug("%s of %s complete on node(s) %s", coll.kind, coll.procs,
                   ", ".join(sorted(coll.contributed)))
-        for session, rid, _ in coll.contributed.values():
-            session.send(reply(rid, Status.SUCCESS, **extra))
+        for daemon, rid, _ in coll.contributed.values():
+            daemon.send(reply(rid, Status.SUCCESS, **extra))
 
-    def _fail_collective(self: "Master", key: tuple, status: Status, why: str) -> None:
-        coll = self._collectives.pop(key, None)
+    def _fail(self, key: tuple, status: Status, why: str) -> None:
+        coll = self._pending.pop(key, None)
         if coll is None:
             return
         if coll.timer is not None:
             coll.timer.cancel()
         log.warning("%s of %d participant(s) failed: %s", coll.kind, len(coll.procs), why)
-        for session, rid, _ in coll.contributed.values():
-            session.send(reply(rid, status, why))
+        for daemon, rid, _ in coll.contributed.values():
+            daemon.send(reply(rid, status, why))
 
-    def _collectives_member_ended(self: "Master", nspace: Any, rank: Any) -> None:
+    def proc_ended(self, nspace: str, rank: int) -> None:
         """A process ended: a collective it takes part in can no longer complete."""
-        for key, coll in list(self._collectives.items()):
+        for key, coll in list(self._pending.items()):
             if any(ns == nspace and r in (rank, RANK_WILDCARD) for ns, r in coll.procs):
-                self._fail_collective(key, _lost_status(key),
-                                      f"participant {nspace}:{rank} ended")
-        job = self.jobs.get(nspace)
-        if job is not None and job.done:
-            self._job_launch.pop(nspace, None)
+                self._fail(key, _lost_status(key), f"participant {nspace}:{rank} ended")
 
-    def _collectives_node_gone(self: "Master", node: str) -> None:
-        for key, coll in list(self._collectives.items()):
-            if node in coll.expected:
-                self._fail_collective(key, _lost_status(key), f"node {node} was lost")
+    def node_lost(self, name: str, reason: str) -> None:
+        for key, coll in list(self._pending.items()):
+            if name in coll.expected:
+                self._fail(key, _lost_status(key), f"node {name} was lost")
 
     # ------------------------------------------------------------------
     # events a client raised
     # ------------------------------------------------------------------
 
-    async def _client_event(self: "Master", session: DaemonSession, msg: Message) -> None:
+    async def _client_event(self, daemon: DaemonSession, msg: Message) -> None:
         """A client's ``PMIx_Notify_event`` beyond its node: libpmix there has
         delivered it to that node's clients; pass it to the other nodes in
         its range (and answer the origin once they have)."""
         rid = msg.get("id")
         code, rng = int(msg["code"]), int(msg["range"])
         ns, rank = str(msg["source"][0]), int(msg["source"][1])
-        job = self.jobs.get(ns)
-        if job is None or job.procs.get(rank) is None or job.procs[rank].node != session.node:
-            session.send(reply(rid, Status.ERR_NO_PERMISSIONS,
-                               f"{ns}:{rank} is not a running process of node {session.node}"))
+        why = self._processes.refusal(ns, rank, daemon.node)
+        if why:
+            daemon.send(reply(rid, Status.ERR_NO_PERMISSIONS, why))
             return
         info = list(msg.get("info") or [])
-        nodes = self._event_nodes(job, rng, info) - {session.node}
-        await self._notify_nodes(nodes, code, (ns, rank), rng, info)
-        session.send(reply(rid, Status.SUCCESS))
+        nodes = self._event_nodes(self._processes.jobs[ns], rng, info) - {daemon.node}
+        await self._nodes.deliver_event(nodes, code, (ns, rank), rng, info)
+        daemon.send(reply(rid, Status.SUCCESS))
 
-    def _event_nodes(self: "Master", job: JobRecord, rng: int, info: list) -> set[str]:
+    def _event_nodes(self, job: JobRecord, rng: int, info: list) -> set[str]:
         """The nodes whose processes an event of ``job``'s with range ``rng`` may reach."""
+        jobs = self._processes.jobs
         if rng in (PC.RANGE_LOCAL, PC.RANGE_PROC_LOCAL):
             return set()
         if rng == PC.RANGE_NAMESPACE:
             return job.nodes()
         if rng == PC.RANGE_SESSION:
-            return {n for j in self.jobs.values() if j.session_id == job.session_id
+            return {n for j in jobs.values() if j.session_id == job.session_id
                     for n in j.nodes()}
         if rng == PC.RANGE_CUSTOM:
             nodes: set[str] = set()
@@ -309,7 +273,7 @@ class CollectivesMixin:
                     continue
                 procs = [v] if t == PC.PROC else v[1] if t == PC.DATA_ARRAY and v else []
                 for p in procs:
-                    target = self.jobs.get(str(p[0]))
+                    target = jobs.get(str(p[0]))
                     if target is None:
                         continue
                     if int(p[1]) == RANK_WILDCARD:
@@ -317,55 +281,54 @@ class CollectivesMixin:
                     elif int(p[1]) in target.procs:
                         nodes.add(target.procs[int(p[1])].node)
             return nodes
-        return {n for n, rec in self.nodes.items() if rec.up}  # GLOBAL, RM, UNDEF
+        return set(self._nodes.up_names())  # GLOBAL, RM, UNDEF
 
     # ------------------------------------------------------------------
     # direct modex, abort
     # ------------------------------------------------------------------
 
-    def _dmodex(self: "Master", session: DaemonSession, msg: Message) -> None:
+    def _dmodex(self, daemon: DaemonSession, msg: Message) -> None:
         rid = msg.get("id")
         ns, rank = msg["nspace"], msg["rank"]
-        job = self.jobs.get(ns)
-        proc = job.procs.get(rank) if job is not None else None
-        node = self.nodes.get(proc.node) if proc is not None else None
-        if proc is None or proc.state is ProcState.ENDED or node is None or not node.up:
-            session.send(reply(rid, Status.ERR_NOT_FOUND, f"{ns}:{rank} is not running"))
-            return
 
         def answered(r: Message) -> None:
-            session.send(reply(rid, r.get("status", Status.ERR_UNREACH), r.get("msg", ""),
-                               data=r.get("data") or b""))
-        node.channel.request({"t": "dmodex", "nspace": ns, "rank": rank}, answered)
+            daemon.send(reply(rid, r.get("status", Status.ERR_UNREACH), r.get("msg", ""),
+                              data=r.get("data") or b""))
+        why = self._processes.refusal(ns, rank)
+        if not why:
+            node = self._processes.jobs[ns].procs[rank].node
+            if self._nodes.request(node, {"t": "dmodex", "nspace": ns, "rank": rank}, answered):
+                return
+            why = f"process {ns}:{rank}'s node {node} is not available"
+        daemon.send(reply(rid, Status.ERR_NOT_FOUND, why))
 
-    def _abort(self: "Master", session: DaemonSession, msg: Message) -> None:
+    def _abort(self, daemon: DaemonSession, msg: Message) -> None:
         ns, rank, status = msg["nspace"], msg["rank"], int(msg["status"])
-        job = self.jobs.get(ns)
-        if job is None or job.procs.get(rank) is None or job.procs[rank].node != session.node:
-            session.send(reply(msg.get("id"), Status.ERR_NO_PERMISSIONS,
-                               f"{ns}:{rank} is not a running process of node {session.node}"))
+        why = self._processes.refusal(ns, rank, daemon.node)
+        if why:
+            daemon.send(reply(msg.get("id"), Status.ERR_NO_PERMISSIONS, why))
             return
         why = f"process {ns}:{rank} called PMIx_Abort with status {status}"
         if msg.get("msg"):
             why += f": {msg['msg']}"
         log.warning("%s", why)
-        self._feed(core.AbortRequested(ns, rank, status, why))
-        session.send(reply(msg.get("id"), Status.SUCCESS))
+        self._processes.abort(ns, rank, status, why)
+        daemon.send(reply(msg.get("id"), Status.SUCCESS))
 
     # ------------------------------------------------------------------
-    # spawn
+    # PMIx spawn
     # ------------------------------------------------------------------
 
-    async def _spawn_job(self: "Master", session: DaemonSession, msg: Message) -> None:
+    async def _spawn_job(self, daemon: DaemonSession, msg: Message) -> None:
         """Launch the child job of a ``PMIx_Spawn`` (MPI_Comm_spawn) and answer
         with its namespace once every node started its share."""
         rid = msg.get("id")
         pns, prank = msg["parent"]
-        parent = self.jobs.get(pns)
+        parent = self._processes.jobs.get(pns)
         if parent is None or parent.procs.get(prank) is None:
-            session.send(reply(rid, Status.ERR_NOT_FOUND, f"no running process {pns}:{prank}"))
+            daemon.send(reply(rid, Status.ERR_NOT_FOUND, f"no running process {pns}:{prank}"))
             return
-        env, cwd = self._job_launch.get(pns, ({}, "/"))
+        env, cwd = self._processes.launch_env(pns)
         apps = []
         app_envs = []
         for a in msg["apps"]:
@@ -384,11 +347,11 @@ class CollectivesMixin:
                     extra[k] = v
             app_envs.append((extra, a.get("cwd") or cwd))
         try:
-            job, per_node = self._plan_job({"session": parent.session_id, "apps": apps,
-                                            "env": env, "cwd": cwd,
-                                            "_uid": parent.uid, "_gid": parent.gid})
+            job, per_node = self._processes.plan({"session": parent.session_id, "apps": apps,
+                                                  "env": env, "cwd": cwd,
+                                                  "_uid": parent.uid, "_gid": parent.gid})
         except ValueError as exc:
-            session.send(reply(rid, Status.ERR_BAD_PARAM, f"cannot spawn: {exc}"))
+            daemon.send(reply(rid, Status.ERR_BAD_PARAM, f"cannot spawn: {exc}"))
             return
         for entries in per_node.values():
             for p in entries:
@@ -401,25 +364,10 @@ class CollectivesMixin:
         # a spawned job fails as its parent does (MPI_Comm_spawn's children are MPI)
         job.abort_on_failure = parent.abort_on_failure
         job.pmix_required = parent.pmix_required
-        ns = job.nspace
-        log.info("%s:%d spawns job %s: %s", pns, prank, ns,
+        log.info("%s:%d spawns job %s: %s", pns, prank, job.nspace,
                  " : ".join(shlex.join(a["argv"]) for a in apps))
-        tool = self._job_tool.get(pns)
-        if tool is not None:
-            self._job_tool[ns] = tool
-        done = self._job_done[ns] = asyncio.get_running_loop().create_future()
-        self._children.setdefault(pns, []).append(done)
-        failed = await self._launch_job(job, per_node, (pns, prank))  # lifetimes.py
+        failed = await self._processes.launch_child((pns, prank), job, per_node)
         if failed:
-            session.send(reply(rid, Status.ERR_NOT_FOUND, f"cannot spawn: {failed}"))
+            daemon.send(reply(rid, Status.ERR_NOT_FOUND, f"cannot spawn: {failed}"))
         else:
-            session.send(reply(rid, Status.SUCCESS, nspace=ns))
-
-        def ended(_f: asyncio.Future) -> None:
-            self._job_tool.pop(ns, None)
-            self._job_launch.pop(ns, None)
-            self._children.pop(ns, None)  # jobs it spawned are not waited for by anyone
-            if job.error and tool is not None:
-                tool.send({"t": "output", "nspace": ns, "rank": -1, "fd": 2,
-                           "data": f"pydvm run: spawned job {ns}: {job.error}\n".encode()})
-        done.add_done_callback(ended)
+            daemon.send(reply(rid, Status.SUCCESS, nspace=job.nspace))

@@ -1,9 +1,9 @@
 """The runtime's pure core: jobs, applications, processes and sessions as
 state that changes only through :meth:`LifetimeCore.handle`.
 
-The master's shell (:mod:`pydvm.runtime.lifetimes`) turns what happens --
-a daemon reports an exit, a launch fails, a node is lost, a tool kills a
-job or ends a session -- into an :class:`Event`, hands it to
+The master's process table (:mod:`pydvm.runtime.processes`) turns what
+happens -- a daemon reports an exit, a launch fails, a node is lost, a tool
+kills a job or ends a session -- into an :class:`Event`, hands it to
 :meth:`LifetimeCore.handle`, and carries out the :class:`Effect` objects it
 gets back: purge the master store, broadcast a purge to nodes and wait for
 their acknowledgements, kill a job's processes, announce a failure to a

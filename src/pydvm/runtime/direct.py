@@ -8,7 +8,8 @@ the master, on its first request that needs it, for the requests the
 routing table (:func:`pydvm.runtime.dataops.stores_for`) gives to the
 master store.  LOCAL-range requests stay with the node's daemon; an
 ``unpublish``'s node-store part goes to the daemon too, when the master
-says the node may hold something of the caller's uid (:meth:`_node_holds`).
+says the node may hold something of the caller's uid
+(:meth:`~pydvm.runtime.nodes.NodeTable.may_hold`).
 
 Who such a connection acts for is settled at its handshake, here:
 
@@ -21,7 +22,7 @@ Who such a connection acts for is settled at its handshake, here:
 Each refusal is logged and closes only that connection.  An accepted
 connection is a :class:`~pydvm.runtime.peers.DirectSession` whose caller is
 the tuple the daemon would relay; its requests are served by the same
-:meth:`~pydvm.runtime.routing.RoutingMixin._data_op` as relayed ones (same
+:meth:`~pydvm.runtime.dataservice.DataService.serve` as relayed ones (same
 rules, parked lookups, cancel, cap of ``pydvm_max_outstanding``).  When the
 master learns a process ended (``exited``, node loss, launch failure) it
 closes that process's direct connections (their calls in flight get
@@ -39,8 +40,12 @@ must also be the credential's.  The socket lives in a directory like a
 node's client socket (:func:`~pydvm.runtime.node.make_socket_dir`), open to
 the DVM's user only, or traversable by all on a multi-user DVM.
 
-This is one concern of :class:`~pydvm.runtime.master.Master`, written as a
-mixin; it owns ``_direct``, ``direct_counts`` and the direct-data socket.
+:class:`DirectGate` owns the open direct sessions by process, the counts
+``pydvm info`` shows and the direct-data socket.  Whether a process is
+running, of which application and session, is the process table's answer
+(:meth:`~pydvm.runtime.processes.ProcessTable.refusal`), asked at the
+handshake; the gate hears of a process's end as a
+:class:`~pydvm.runtime.processes.ProcessListener`.
 """
 
 from __future__ import annotations
@@ -50,191 +55,179 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from ..errors import Status
 from ..wire import Channel, Message, refuse, reply
 from . import credential, dataops
 from .auth import host_identity
-from .jobs import ProcState
+from .dataservice import DataService
+from .guard import Guardian
 from .node import make_socket_dir
+from .nodes import NodeTable
 from .peers import DirectSession
-
-if TYPE_CHECKING:
-    from .master import Master
+from .processes import ProcessListener, ProcessTable
 
 log = logging.getLogger("pydvm.master")
 
 
-class DirectMixin:
-    """Direct connections of daemon-node clients (see the module docstring)."""
+class DirectGate(ProcessListener):
+    """Direct connections of daemon-node clients (see the module docstring).
 
-    #: (nspace, rank) -> that process's open direct sessions.
-    _direct: dict[tuple[str, int], set[DirectSession]]
-    #: accepted / refused handshakes and requests served, since start.
-    direct_counts: dict[str, int]
+    ``on_message`` handles an accepted connection's messages (the master's
+    dispatch); ``guardian()`` is the master process's guardian.
+    """
 
-    #: the direct-data Unix socket's directory and server (None: not open).
-    _direct_dir: Path | None = None
-    _direct_server: asyncio.AbstractServer | None = None
-    #: handshakes accepted on that socket (also counted in ``accepted``).
-    direct_unix_accepted = 0
+    def __init__(self, processes: ProcessTable, data: DataService, nodes: NodeTable, *,
+                 values: dict[str, Any], dvmid: str, secret: bytes, multi_user: bool,
+                 on_message: Callable[[Channel, Message], None],
+                 guardian: Callable[[], Guardian]) -> None:
+        self._processes = processes
+        self._data = data
+        self._nodes = nodes
+        self.values = values
+        self.dvmid = dvmid
+        self.multi_user = multi_user
+        self._on_message = on_message
+        self._guardian = guardian
+        #: the key direct-data credentials are checked with (credential.py).
+        self._key = credential.domain_key(secret)
+        #: (nspace, rank) -> that process's open direct sessions.
+        self._sessions: dict[tuple[str, int], set[DirectSession]] = {}
+        #: accepted / refused handshakes and requests served, since start.
+        self.counts = {"accepted": 0, "refused": 0, "requests": 0}
+        #: handshakes accepted on the Unix socket (also counted in ``accepted``).
+        self.unix_accepted = 0
+        #: the direct-data Unix socket's directory and server (None: not open).
+        self._dir: Path | None = None
+        self._server: asyncio.AbstractServer | None = None
 
-    def _direct_enabled(self: "Master") -> bool:
+    @property
+    def enabled(self) -> bool:
         return self.values["pydvm_direct_data"] == "on"
 
-    async def _open_direct_socket(self: "Master", factory: Callable[[], Any]) -> None:
+    def count(self) -> int:
+        """Processes with an open direct connection (``pydvm info``'s records)."""
+        return len(self._sessions)
+
+    # ------------------------------------------------------------------
+    # the Unix socket
+    # ------------------------------------------------------------------
+
+    async def open_socket(self, factory: Callable[[], Any]) -> None:
         """Listen on the direct-data Unix socket (same-host clients)."""
-        self._direct_dir = make_socket_dir(self.dvmid, "master", self.multi_user)
-        self.guardian().remove_on_exit(str(self._direct_dir))  # even after a SIGKILL
-        path = self._direct_path()
-        self._direct_server = await asyncio.get_running_loop().create_unix_server(
-            factory, path)
+        self._dir = make_socket_dir(self.dvmid, "master", self.multi_user)
+        self._guardian().remove_on_exit(str(self._dir))  # even after a SIGKILL
+        path = self._path()
+        self._server = await asyncio.get_running_loop().create_unix_server(factory, path)
         # Multi-user: every user's processes connect; who they are is the
         # credential, checked against SO_PEERCRED.
         os.chmod(path, 0o666 if self.multi_user else 0o600)
 
-    def _direct_path(self: "Master") -> str:
-        return str(self._direct_dir / "direct.sock")
+    def _path(self) -> str:
+        return str(self._dir / "direct.sock")
 
-    def _close_direct_socket(self: "Master") -> None:
-        if self._direct_server is not None:
-            self._direct_server.close()
-            self._direct_server = None
-        if self._direct_dir is not None:
-            shutil.rmtree(self._direct_dir, ignore_errors=True)
-            self._direct_dir = None
+    def close_socket(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
 
-    def _direct_welcome(self: "Master") -> dict[str, Any]:
+    def welcome(self) -> dict[str, Any]:
         """What a joining node learns of the direct-data socket: its path
         and this machine's identity (a daemon with another identity ignores
         it and its clients use the TCP port)."""
-        if self._direct_dir is None:
+        if self._dir is None:
             return {}
-        return {"direct_unix": {"path": self._direct_path(), "host": host_identity()}}
+        return {"direct_unix": {"path": self._path(), "host": host_identity()}}
 
-    def _register_direct(self: "Master", ch: Channel, msg: Message) -> None:
+    # ------------------------------------------------------------------
+    # handshake and requests
+    # ------------------------------------------------------------------
+
+    def register(self, ch: Channel, msg: Message) -> None:
         """A client's ``auth`` with ``role: client``: accept it as the process
         its credential names, or refuse it (logged, connection closed)."""
         rid = msg.get("id")
         why = ""
         ident = None
-        if not self._direct_enabled():
+        if not self.enabled:
             why = "direct data is off in this DVM (pydvm_direct_data)"
         else:
-            ident = credential.verify(self._direct_key, self.dvmid, ch.nonce, msg)
+            ident = credential.verify(self._key, self.dvmid, ch.nonce, msg)
             if ident is None:
                 why = "invalid direct-data credential"
         if ident is not None:
-            why = self._direct_refusal(*ident)
+            ns, rank, node, uid, _gid, app, sid = ident
+            why = self._processes.refusal(ns, rank, node, app=app, session=sid,
+                                          uid=uid if self.multi_user else None)
         if not why and ch.creds is not None and ch.creds != (ident[3], ident[4]):
             why = (f"peer runs as uid {ch.creds[0]} gid {ch.creds[1]}, "
                    f"the credential names uid {ident[3]} gid {ident[4]}")
         if why:
-            self.direct_counts["refused"] += 1
+            self.counts["refused"] += 1
             who = f"{msg.get('nspace')!r}:{msg.get('rank')!r} uid {msg.get('uid')!r}"
             log.warning("%s: refused a direct connection claiming %s: %s", ch.name, who, why)
             ch.send(reply(rid, Status.ERR_NO_PERMISSIONS, why))
             ch.close(f"direct connection refused: {why}")
             return
-        ns, rank, node, uid, gid, _app, _session = ident
-        caller = self._resolve_caller(ns, rank, uid, gid, node)
-        session = DirectSession(ch, caller, self.values["pydvm_max_outstanding"])
-        self._direct.setdefault((ns, rank), set()).add(session)
-        self.direct_counts["accepted"] += 1
+        ns, rank, node, uid, gid, _app, _sid = ident
+        caller = self._processes.caller(ns, rank, uid, gid, node)
+        peer = DirectSession(ch, caller, self.values["pydvm_max_outstanding"])
+        self._sessions.setdefault((ns, rank), set()).add(peer)
+        self.counts["accepted"] += 1
         if ch.creds is not None:
-            self.direct_unix_accepted += 1
+            self.unix_accepted += 1
         ch.name = f"direct client {ns}:{rank} ({node})"
-        ch.on_message = self._on_direct
+        ch.on_message = self._on_message
         log.debug("%s: accepted", ch.name)
         ch.send(reply(rid, Status.SUCCESS, dvm=self.dvmid, node=node))
 
-    def _direct_refusal(self: "Master", ns: str, rank: int, node: str, uid: int, gid: int,
-                        app: int, session: int) -> str:
-        """Why the master will not act for this (vouched-for) process; "" if it will."""
-        job = self.jobs.get(ns)
-        proc = job.procs.get(rank) if job is not None else None
-        if proc is None or proc.node != node:
-            return f"process {ns}:{rank} is not a process of node {node}"
-        if proc.state is ProcState.ENDED:
-            return f"process {ns}:{rank} has ended"
-        if proc.app_idx != app or job.session_id != session:
-            return f"process {ns}:{rank} is not of application {app} in session {session}"
-        if self.multi_user and job.uid is not None and uid != job.uid:
-            return f"process {ns}:{rank} is not a process of uid {uid}"
-        return ""
-
-    def _on_direct(self: "Master", ch: Channel, msg: Message) -> None:
-        session: DirectSession = ch.session
+    def request(self, peer: DirectSession, msg: Message) -> None:
+        """A direct client's data request: served by the master store unless
+        the routing table gives it to the node alone."""
         t = msg["t"]
-        if t in dataops.DATA_OPS:
-            if dataops.MASTER not in dataops.stores_for(t, dataops.request_range(msg)):
-                refuse(ch, msg, Status.ERR_BAD_PARAM,
-                       "a LOCAL-range request goes to the node's daemon, not the master")
-                return
-            refusal = session.admit(msg)
-            if refusal is not None:
-                session.send(refusal)
-                return
-            self.direct_counts["requests"] += 1
-            # An unpublish's answer says whether its node part is needed: only
-            # if the node store may hold something of this uid (_node_holds).
-            extra = {"node": self._node_may_hold(session.caller.node, session.caller.uid)} \
-                if t == "unpublish" else {}
-            self._data_op(session, msg, session.caller, **extra)
-        elif t == "cancel":
-            self._cancel(session, msg.get("ref"))
-        else:
-            self._ping_or_unknown(ch, msg)
-
-    def _node_may_hold(self: "Master", node: str | None, uid: int) -> bool:
-        """Whether node ``node``'s store may hold items of ``uid`` (True
-        unless its daemon's reports say it holds none)."""
-        rec = self.nodes.get(node) if node is not None else None
-        return rec is None or rec.holders is None or uid in rec.holders
-
-    def _node_holds(self: "Master", session, msg: Message) -> None:
-        """A daemon's ``node_holds``: ``uids`` now own items in its store
-        (``holds`` true; a call, answered once recorded, before the daemon
-        answers the publish that stored them) or no longer do (a notice).
-        A direct client's unpublish then tells the client whether its node
-        part is needed (``node`` in the answer): the node store of a uid
-        that holds nothing there is skipped, saving a wake-up of the daemon.
-        """
-        uids, holds = msg.get("uids"), msg.get("holds")
-        node = self.nodes.get(session.node)
-        if (node is None or not isinstance(holds, bool) or not isinstance(uids, list)
-                or not all(isinstance(u, int) and not isinstance(u, bool) for u in uids)):
-            refuse(session.channel, msg, Status.ERR_BAD_PARAM, "malformed node_holds")
+        if dataops.MASTER not in dataops.stores_for(t, dataops.request_range(msg)):
+            refuse(peer.channel, msg, Status.ERR_BAD_PARAM,
+                   "a LOCAL-range request goes to the node's daemon, not the master")
             return
-        if node.holders is None:
-            pass  # it never said it would report (ready): keep assuming any uid
-        elif holds:
-            node.holders.update(uids)
-        else:
-            node.holders.difference_update(uids)
-        if "id" in msg:
-            session.channel.send(reply(msg["id"], Status.SUCCESS))
+        refusal = peer.admit(msg)
+        if refusal is not None:
+            peer.send(refusal)
+            return
+        self.counts["requests"] += 1
+        # An unpublish's answer says whether its node part is needed: only
+        # if the node store may hold something of this uid.
+        extra = {"node": self._nodes.may_hold(peer.caller.node, peer.caller.uid)} \
+            if t == "unpublish" else {}
+        self._data.serve(peer, msg, peer.caller, **extra)
 
-    def _close_direct(self: "Master", nspace: str, rank: int, why: str) -> None:
+    # ------------------------------------------------------------------
+    # ends
+    # ------------------------------------------------------------------
+
+    def proc_ended(self, nspace: str, rank: int) -> None:
         """Process ``nspace:rank`` ended: nothing may act for it any more."""
-        for session in list(self._direct.pop((nspace, rank), ())):
-            session.channel.close(why)
+        for peer in list(self._sessions.pop((nspace, rank), ())):
+            peer.channel.close(f"process {nspace}:{rank} ended")
 
-    def _direct_gone(self: "Master", session: DirectSession) -> None:
-        sessions = self._direct.get(session.proc_key)
-        if sessions is not None:
-            sessions.discard(session)
-            if not sessions:
-                del self._direct[session.proc_key]
+    def gone(self, peer: DirectSession) -> None:
+        """A direct connection closed."""
+        peers = self._sessions.get(peer.proc_key)
+        if peers is not None:
+            peers.discard(peer)
+            if not peers:
+                del self._sessions[peer.proc_key]
 
-    def direct_stats(self: "Master") -> dict[str, int]:
+    def stats(self) -> dict[str, int]:
         """``pydvm info``'s ``direct``: open connections, and the counts."""
-        return {"open": sum(len(s) for s in self._direct.values()), **self.direct_counts}
+        return {"open": sum(len(s) for s in self._sessions.values()), **self.counts}
 
-    def direct_socket_info(self: "Master") -> dict[str, Any] | None:
+    def socket_info(self) -> dict[str, Any] | None:
         """``pydvm info``'s ``direct_unix``: the same-host socket's path and
         how many connections it accepted (None: no such socket)."""
-        if self._direct_dir is None:
+        if self._dir is None:
             return None
-        return {"path": self._direct_path(), "accepted": self.direct_unix_accepted}
+        return {"path": self._path(), "accepted": self.unix_accepted}

@@ -39,6 +39,11 @@ import tty
 from collections import deque
 from typing import Callable
 
+# STDIN_WINDOW: bytes of stdin a ``pydvm run`` may have sent and not yet seen
+# written into rank 0's pipe; STDIN_CHUNK: the largest piece it sends at once.
+# Defined in the protocol module: the tool reads them without the runtime.
+from ..protocol import STDIN_CHUNK, STDIN_WINDOW  # noqa: F401 (re-exported)
+
 log = logging.getLogger("pydvm.node")
 
 #: Largest piece of output one message carries; a longer line is split.
@@ -51,10 +56,6 @@ OUTPUT_OVERHEAD = 256
 #: this long (a prompt); shorter than the node's ``PIPE_IDLE``, so it goes
 #: before the process's exit is reported.
 PARTIAL_WAIT = 0.2
-#: Bytes of stdin a ``pydvm run`` may have sent and not yet seen written
-#: into rank 0's pipe; also the largest piece it sends at once.
-STDIN_WINDOW = 256 * 1024
-STDIN_CHUNK = 64 * 1024
 
 
 def output_cost(n: int) -> int:

@@ -29,6 +29,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from ..protocol import parse_host_list
+
 
 @dataclass(frozen=True)
 class HostSpec:
@@ -37,32 +39,10 @@ class HostSpec:
 
 
 def parse_hosts(text: str) -> list[HostSpec]:
-    """Parse ``h1,h2:4,...`` into host specs (one slot unless given)."""
-    out: list[HostSpec] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        name, _, slots = part.partition(":")
-        if not name:
-            raise ValueError(f"empty host name in {text!r}")
-        if slots:
-            try:
-                n = int(slots)
-            except ValueError:
-                raise ValueError(f"bad slot count {slots!r} for host {name!r}") from None
-            if n < 1:
-                raise ValueError(f"slot count for host {name!r} must be >= 1")
-        else:
-            n = 1
-        out.append(HostSpec(name, n))
-    if not out:
-        raise ValueError(f"no hosts in {text!r}")
-    names = [h.name for h in out]
-    dups = {n for n in names if names.count(n) > 1}
-    if dups:
-        raise ValueError(f"host listed twice: {', '.join(sorted(dups))}")
-    return out
+    """Parse ``h1,h2:4,...`` into host specs (one slot unless given); the
+    syntax is :func:`pydvm.protocol.parse_host_list`'s (``pydvm run`` reads
+    it without loading the runtime)."""
+    return [HostSpec(name, slots) for name, slots in parse_host_list(text)]
 
 
 def map_app(n: int, hosts: list[HostSpec]) -> list[str]:
@@ -149,10 +129,9 @@ class JobRecord:
     started: float = 0.0
     #: the process that spawned it (PMIx_Spawn), if any.
     parent: tuple[str, int] | None = None
-    #: its pydvm run forwards its stdin to rank 0; bytes of it sent on to
-    #: rank 0's node and not yet acknowledged there.
+    #: its pydvm run forwards its stdin to rank 0 (what is in flight is the
+    #: master's job streams' to count: runtime/jobstreams.py).
     stdin: bool = False
-    stdin_in_flight: int = 0
     #: node -> its ranks, in rank order (made by :func:`build_job`; a record
     #: built by hand gets it on first use).
     _by_node: dict[str, list[int]] | None = field(default=None, repr=False)

@@ -1,40 +1,53 @@
-"""The master: one per DVM.  Tracks nodes, jobs and sessions; holds the master store.
+"""The master: one per DVM.  The composition root of its components.
 
 Everything here runs on one asyncio loop.  Messages are handled
-synchronously as they arrive (the store is synchronous too); only work that
-must wait for daemons -- launching a job, the cleanup broadcasts, stopping --
-runs as tasks.
+synchronously as they arrive (the stores are synchronous too); only work
+that must wait for daemons -- launching a job, the cleanup broadcasts,
+stopping -- runs as tasks (:class:`~pydvm.runtime.tasks.Tasks`).
 
-:class:`Master` is assembled from one mixin per concern, each in its own
-module and each owning the attributes its docstring names:
+:class:`Master` builds one object per concern, each owning its state and
+reached by the others only through the methods of its interface and the
+listeners the master wires:
 
-=======================  ===================================================
-module                   concern
-=======================  ===================================================
-``master.py`` (here)     start-up and shutdown, accepting connections, the
-                         handshake that gives each peer its session, message
-                         dispatch
-``nodes.py``             launching daemons (and serving the head node here,
-                         see below), registration, heartbeats, node loss,
-                         acknowledged broadcasts
-``lifetimes.py``         jobs and sessions: planning, launching, exits, the
-                         purges each lifetime causes, output flow control
-``routing.py``           data requests: whose they are, which store answers
-``toolreqs.py``          every other tool request
-``collectives.py``       PMIx across nodes: fence, connect, direct modex,
-                         abort, spawn (each node hosts its own PMIx server)
-``direct.py``            daemon-node clients connected straight to the
-                         master for their master-store requests
-=======================  ===================================================
+=======================  ============================  ====================================
+component                module                        owns
+=======================  ============================  ====================================
+``nodes``                ``nodes.py``                  NodeTable: node records, daemons and
+                                                       the launcher, heartbeats, node loss,
+                                                       acknowledged broadcasts, events
+``processes``            ``processes.py``              ProcessTable: the LifetimeCore (jobs,
+                                                       sessions), launching, the tool of each
+                                                       job, job and session waiters, callers
+``streams``              ``jobstreams.py``             JobStreams: output and stdin
+                                                       forwarding, flow control
+``data``                 ``dataservice.py``            DataService: the master store, the
+                                                       relay, data requests, store purges
+``direct``               ``direct.py``                 DirectGate: direct-data clients, their
+                                                       socket and handshake
+``collectives``          ``collectives.py``            Collectives: fence, connect, group,
+                                                       dmodex, abort, spawn, events
+``tools``                ``toolreqs.py``               ToolService: run, kill, ps, stop,
+                                                       sessions, store, info
+=======================  ============================  ====================================
 
-Peers are typed sessions (:mod:`pydvm.runtime.peers`): a channel's
-``session`` says who it is and what it has outstanding.
+Listeners (fan-out): a lost node (:class:`~pydvm.runtime.nodes.NodeListener`)
+goes to collectives, then the process table; a lifetime's end
+(:class:`~pydvm.runtime.processes.ProcessListener`: a master-store purge,
+a process ended, a job ended, a session ended) goes to the data service,
+the direct gate, collectives and the job streams, in that order.
+
+The master itself keeps what is the DVM's as a whole -- its id, secret,
+URI, lock, guardian, metrics server, listening sockets and open
+connections -- does the handshake that gives each peer its session, and
+dispatches each message to the component that owns its type
+(:data:`DAEMON_MESSAGES`, :data:`TOOL_MESSAGES`, :data:`DIRECT_MESSAGES`).
 
 The head node (``pydvm_head_node``; by default the node named like this
 machine) is served by the master process itself: the same
 :class:`~pydvm.runtime.node.NodeServer` a daemon runs, joined to the master
 by an in-process link, whose clients' data requests the master serves in
-place (one hop).  Every other node has its daemon.
+place (one hop, :class:`~pydvm.runtime.dataservice.MasterRouter`).  Every
+other node has its daemon.
 """
 
 from __future__ import annotations
@@ -45,34 +58,80 @@ import os
 import secrets
 import shutil
 import socket
-from typing import Any
+from typing import Any, Callable
 
 from .. import params as P
 from ..errors import Status
-from ..store import DataStore, MonotonicClock, StoreParams
-from ..wire import Channel, Message, peer_credentials, poll_after_messages, refuse, reply, stop_polling
-from . import dataops, registry
+from ..store import DataStore
+from ..wire import Channel, Message, peer_credentials, poll_after_messages, refuse, reply, \
+    stop_polling
+from . import registry
 from .auth import HANDSHAKE_TIMEOUT, DvmUri, check_auth, tool_socket_path
-from .collectives import PMIX_REQUESTS, CollectivesMixin
-from .core import LifetimeCore
+from .collectives import PMIX_REQUESTS, Collectives
 from .credential import ROLE as DIRECT_ROLE
-from .credential import domain_key
-from .direct import DirectMixin
-from .jobs import HostSpec, JobRecord, SessionRecord
-from .launch import Launcher, make_launcher
-from .lifetimes import DEFAULT_SESSION, LifetimesMixin
+from .dataops import DATA_OPS
+from .dataservice import DataService, MasterRouter
+from .direct import DirectGate
 from .guard import Guardian
+from .jobs import HostSpec, JobRecord, SessionRecord
+from .jobstreams import JobStreams
+from .launch import Launcher, make_launcher
 from .metrics import MetricsServer, MetricsUnavailable, RequestStats, require_prometheus
-from .nodes import LOST_STATUS, NodeRecord, NodesMixin, StartError, choose_head_node  # noqa: F401
-from .peers import DaemonSession, DirectSession, PeerSession, ToolSession, route_answer
-from .relay import Relay
-from .routing import RoutingMixin
-from .storeguard import GuardedStats, guard_for, guarded_store
-from .toolreqs import ToolRequestsMixin
+from .nodes import NodeRecord, NodeTable, StartError
+from .peers import DaemonSession, DirectSession, PeerSession, ToolSession
+from .pmixhost import pmix_status
+from .processes import ProcessTable
+from .tasks import Tasks
+from .toolreqs import ADMIN_ONLY, ToolService
 
 log = logging.getLogger("pydvm.master")
 
-__all__ = ["Master", "StartError"]
+__all__ = ["Master", "StartError", "DAEMON_MESSAGES", "TOOL_MESSAGES", "DIRECT_MESSAGES"]
+
+# ----------------------------------------------------------------------
+# message -> handler: (component, method); every handler takes
+# (peer session, message).  runtime/DESIGN.md has the same table.
+# ----------------------------------------------------------------------
+
+#: What a daemon (or the head node's in-process link) sends the master.
+DAEMON_MESSAGES: dict[str, tuple[str, str]] = {
+    "ready": ("nodes", "ready"),
+    "node_holds": ("nodes", "holds"),
+    "exited": ("processes", "exited"),
+    "output": ("streams", "output"),
+    "stdin_ack": ("streams", "stdin_ack"),
+    **{t: ("data", "daemon_request") for t in sorted(DATA_OPS)},
+    "cancel": ("data", "cancel"),
+    **{t: ("collectives", "request") for t in sorted(PMIX_REQUESTS)},
+    "ping": ("master", "ping"),
+}
+
+#: What a tool (the CLI, or a relaying DVM) sends the master, once authenticated.
+TOOL_MESSAGES: dict[str, tuple[str, str]] = {
+    **{t: ("data", "tool_request") for t in sorted(DATA_OPS)},
+    "cancel": ("data", "cancel"),
+    "purge": ("data", "relayed_purge"),
+    "stdin": ("streams", "stdin"),
+    "run": ("tools", "run"),
+    "kill_job": ("tools", "kill_job"),
+    "ps": ("tools", "ps"),
+    "stop": ("tools", "stop"),
+    "session_new": ("tools", "session_new"),
+    "session_end": ("tools", "session_end"),
+    "store": ("tools", "store"),
+    "info": ("tools", "info"),
+    "ping": ("tools", "ping"),
+}
+
+#: What a direct-data client sends the master, once its handshake is accepted.
+DIRECT_MESSAGES: dict[str, tuple[str, str]] = {
+    **{t: ("direct", "request") for t in sorted(DATA_OPS)},
+    "cancel": ("data", "cancel"),
+    "ping": ("master", "ping"),
+}
+
+#: Tool requests still served while the DVM stops (data requests are, too).
+WHILE_STOPPING = frozenset({"stop", "ping", "cancel"})
 
 
 class _PeerChannel(Channel):
@@ -101,8 +160,7 @@ class _PeerChannel(Channel):
         self.master._greet(self)
 
 
-class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, CollectivesMixin,
-             DirectMixin):
+class Master:
     """One DVM's master.  ``await start()``, then ``await wait_stopped()``."""
 
     def __init__(
@@ -125,58 +183,79 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
         #: a root-started DVM serving tools of every local user (their jobs
         #: run as them); otherwise only its owner's tools (holders of the secret).
         self.multi_user = multi_user
-        self._tool_server: asyncio.AbstractServer | None = None
         self.dvm_nspace = f"pydvm-{self.dvmid}"
         self.secret = secrets.token_bytes(32)
-        #: the key direct-data credentials are checked with (credential.py).
-        self._direct_key = domain_key(self.secret)
-        self._direct: dict[tuple[str, int], set[DirectSession]] = {}
-        self.direct_counts = {"accepted": 0, "refused": 0, "requests": 0}
-        #: starts the daemons (:mod:`pydvm.runtime.launch`); a name gets that
-        #: launcher with hosts given by the caller.
-        self.launcher = launcher if isinstance(launcher, Launcher) else make_launcher(launcher)
         self.bind = bind
         self.log_dir = log_dir
-        self.nodes: dict[str, NodeRecord] = {h.name: NodeRecord(h.name, h.slots) for h in hosts}
-        #: jobs and sessions, and the rules of their lifetimes (runtime/core.py);
-        #: ``jobs`` and ``sessions`` are its records, read by every component
-        #: and changed only through ``core.handle`` (lifetimes.LifetimesMixin._feed).
-        self.core = LifetimeCore()
-        self.core.new_session(DEFAULT_SESSION, list(hosts))
-        self.jobs: dict[str, JobRecord] = self.core.jobs
-        self.sessions: dict[int, SessionRecord] = self.core.sessions
-        self._job_done: dict[str, asyncio.Future] = {}
-        self._session_done: dict[int, asyncio.Future] = {}
-        self._job_tool: dict[str, PeerSession] = {}
-        self._next_session = 1
-        self._next_job = 1
-        self._tool_seq = 0
         self.uri: DvmUri | None = None
-        self.store: DataStore | None = None
         self._server: asyncio.AbstractServer | None = None
+        self._tool_server: asyncio.AbstractServer | None = None
         self._stopping = False
         self._stopped = asyncio.Event()
-        self._tasks: set[asyncio.Task] = set()
         self._peers: set[Channel] = set()
-        self._callers: dict[str, dict[tuple, Any]] = {}
-        self._collectives: dict[tuple, Any] = {}
-        #: the last PMIx group context id handed out (unique in the DVM's life).
-        self._next_ctxid = 0
-        self._pmix_nodes: dict[str, list] = {}
-        self._job_launch: dict[str, tuple[dict, str]] = {}
-        self._children: dict[str, list[asyncio.Future]] = {}
-        self._heartbeat: asyncio.Task | None = None
+        self._tool_seq = 0
         self._lock: registry.DvmLock | None = None
-        #: the node this process serves itself (see nodes.choose_head_node).
-        self.head_node: str | None = None
         self._guardian: Guardian | None = None
-        #: set when this DVM relays its data requests to another DVM (SPEC 7).
-        self.relay: Relay | None = Relay(data_server, self.values) if data_server else None
         #: (addr, port) to serve Prometheus metrics on; the server once started.
         self.metrics_address = metrics
         self.metrics: MetricsServer | None = None
-        #: counts and latencies of the data requests the master store served.
-        self.request_stats = RequestStats()
+
+        # -- the components, and who hears what ---------------------------
+        self.tasks = Tasks()
+        self.nodes = NodeTable(
+            hosts, values=self.values,
+            launcher=launcher if isinstance(launcher, Launcher) else make_launcher(launcher),
+            tasks=self.tasks, on_message=self._on_daemon, welcome=self._welcome,
+            guardian=self.guardian, all_gone=lambda reason: self.tasks.start(self.stop()))
+        self.processes = ProcessTable(hosts, dvm_nspace=self.dvm_nspace, nodes=self.nodes,
+                                      tasks=self.tasks)
+        self.streams = JobStreams(self.processes, self.nodes, self.values)
+        self.data = DataService(self.processes, values=self.values, dvm_nspace=self.dvm_nspace,
+                                data_server=data_server)
+        self.direct = DirectGate(self.processes, self.data, self.nodes, values=self.values,
+                                 dvmid=self.dvmid, secret=self.secret, multi_user=multi_user,
+                                 on_message=self._on_direct, guardian=self.guardian)
+        self.collectives = Collectives(self.processes, self.nodes, self.tasks)
+        self.tools = ToolService(self.processes, self.nodes, self.data, self.tasks,
+                                 stop=self.stop, describe=self.describe)
+        self.nodes.add_listener(self.collectives)
+        self.nodes.add_listener(self.processes)
+        for listener in (self.data, self.direct, self.collectives, self.streams):
+            self.processes.add_listener(listener)
+        self._daemon_handlers = self._bind(DAEMON_MESSAGES)
+        self._tool_handlers = self._bind(TOOL_MESSAGES)
+        self._direct_handlers = self._bind(DIRECT_MESSAGES)
+
+    def _bind(self, table: dict[str, tuple[str, str]]) -> dict[str, Callable]:
+        """A message table with each (component, method) resolved to its bound method."""
+        return {t: getattr(self if c == "master" else getattr(self, c), m)
+                for t, (c, m) in table.items()}
+
+    # -- read-only views (metrics.py, tests) ------------------------------
+
+    @property
+    def store(self) -> DataStore | None:
+        return self.data.store
+
+    @property
+    def request_stats(self) -> RequestStats:
+        return self.data.request_stats
+
+    @property
+    def jobs(self) -> dict[str, JobRecord]:
+        return self.processes.jobs
+
+    @property
+    def sessions(self) -> dict[int, SessionRecord]:
+        return self.processes.sessions
+
+    @property
+    def node_records(self) -> dict[str, NodeRecord]:
+        return self.nodes.records
+
+    @property
+    def head_node(self) -> str | None:
+        return self.nodes.head_node
 
     # ------------------------------------------------------------------
     # start / stop
@@ -190,8 +269,7 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
         without prometheus_client; and, after tearing down what it started,
         if the metrics address cannot be bound.
         """
-        self.head_node = choose_head_node(self.values["pydvm_head_node"],
-                                          [HostSpec(n.name, n.slots) for n in self.nodes.values()])
+        self.nodes.choose_head(self.values["pydvm_head_node"])
         if self.metrics_address is not None:
             try:
                 require_prometheus()
@@ -203,21 +281,7 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
             raise StartError(str(exc)) from None
         loop = asyncio.get_running_loop()
         poll_after_messages(loop, self.values["pydvm_master_poll_us"])
-        # under the process's store guard, shared with the head node's
-        # PMIx requests answered on libpmix's thread (runtime/storeguard.py)
-        self.request_stats = GuardedStats(guard_for(loop))
-        self.store = guarded_store(
-            guard_for(loop),
-            name="master",
-            clock=MonotonicClock(),
-            on_answer=route_answer,
-            params=StoreParams(
-                timeout=self.values["prte_data_server_timeout"],
-                max_size=self.values["prte_data_server_max_size"],
-                verbose=self.values["prte_data_server_verbose"],
-            ),
-            dvm_nspace=self.dvm_nspace,
-        )
+        self.data.open(loop)
         try:
             try:
                 self._server = await loop.create_server(lambda: _PeerChannel(self), self.bind,
@@ -227,11 +291,11 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
             port = self._server.sockets[0].getsockname()[1]
             host = self.bind if self.bind not in ("0.0.0.0", "::") else socket.gethostname()
             self.uri = DvmUri(host, port, self.dvmid)
-            self._lock.publish(self.secret, self.uri, [n for n in self.nodes])
+            self._lock.publish(self.secret, self.uri, list(self.nodes.records))
             if self.multi_user:
                 await self._open_tool_socket()
-            if self._direct_enabled():
-                await self._open_direct_socket(lambda: _PeerChannel(self, unix="direct"))
+            if self.direct.enabled:
+                await self.direct.open_socket(lambda: _PeerChannel(self, unix="direct"))
             if self.metrics_address is not None:
                 try:
                     self.metrics = MetricsServer.start(self, *self.metrics_address)
@@ -240,12 +304,14 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
                                      % (*self.metrics_address, exc)) from None
                 log.info("serving metrics at %s", self.metrics.url)
             log.info("DVM %s listening at %s", self.dvmid, self.uri)
-            if self.relay is not None:
+            relay = self.data.relay
+            if relay is not None:
                 try:
-                    await self.relay.start()
+                    await relay.start()
                 except (ConnectionError, OSError, ValueError) as exc:
-                    raise StartError(f"cannot reach the data server {self.relay.uri}: {exc}")
-            await self._launch_daemons()
+                    raise StartError(f"cannot reach the data server {relay.uri}: {exc}")
+            await self.nodes.start(str(self.uri), self.secret, self.log_dir,
+                                   MasterRouter(self.data))
         except BaseException:
             await self._teardown()
             raise
@@ -268,6 +334,21 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
             lambda: _PeerChannel(self, unix="tool"), str(path))
         os.chmod(path, 0o666)  # any local user; identity comes from SO_PEERCRED
 
+    def guardian(self) -> Guardian:
+        """This process's guardian (:mod:`pydvm.runtime.guard`), forked on
+        first use: it removes the head node's processes and the master's
+        socket directories however the master dies."""
+        if self._guardian is None:
+            self._guardian = Guardian()
+            self._guardian.start()
+        return self._guardian
+
+    def _welcome(self) -> dict[str, Any]:
+        """What a node is told when it joins."""
+        return {"params": P.to_wire(self.resolved), "dvm": self.dvmid,
+                "dvm_nspace": self.dvm_nspace, "multi_user": self.multi_user,
+                **self.direct.welcome()}
+
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
@@ -277,40 +358,26 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
             await self._stopped.wait()
             return
         self._stopping = True
+        self.nodes.begin_stop()
         log.info("stopping DVM %s", self.dvmid)
-        for ns in list(self.jobs):
-            self._kill_job(ns, "the DVM is stopping")
-        done = [f for f in self._job_done.values() if not f.done()]
-        if done:
-            await asyncio.wait(done, timeout=15)
+        self.processes.kill_all("the DVM is stopping")
+        await self.processes.wait_all(timeout=15)
         await self._teardown()
 
     async def _teardown(self) -> None:
         if self.metrics is not None:
             await self.metrics.stop()
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-        if self.relay is not None:
-            self.relay.stop()
-        acks = []
-        for node in self.nodes.values():
-            if node.channel is not None and not node.channel.closed:
-                acks.append(node.channel.call({"t": "shutdown"}, timeout=10))
+        acks = self.nodes.shut_down()
+        self.data.stop()
         if self._server is not None:
             self._server.close()  # a daemon still on its way in finds nobody
-        if acks:
-            await asyncio.gather(*acks)
-        await self.launcher.finish(timeout=10)
-        for node in self.nodes.values():
-            if node.server is not None:
-                await node.server.stop()
-            node.state = "stopped"
+        await self.nodes.finish(acks)
         if self._guardian is not None:
             self._guardian.close()
         if self._tool_server is not None:
             self._tool_server.close()
             shutil.rmtree(tool_socket_path(self.dvmid).parent, ignore_errors=True)
-        self._close_direct_socket()
+        self.direct.close_socket()
         for ch in list(self._peers):
             if not isinstance(ch.session, ToolSession):
                 ch.close("DVM stopped")
@@ -318,6 +385,10 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
             self._lock.release()
         stop_polling()
         self._stopped.set()
+
+    # ------------------------------------------------------------------
+    # what the DVM is (pydvm info)
+    # ------------------------------------------------------------------
 
     def record_counts(self) -> dict[str, int]:
         """How many records of each kind the master holds (``pydvm info``).
@@ -327,37 +398,29 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
         benchmark checks it.
         """
         return {
-            "jobs": len(self.jobs),
-            "job_waiters": len(self._job_done),
-            "job_tools": len(self._job_tool),
-            "sessions": len(self.sessions),
-            "session_history": sum(len(s.history) for s in self.sessions.values()),
-            "caller_cache": sum(len(c) for c in self._callers.values()),
-            "collectives": len(self._collectives),
-            "job_launch_env": len(self._job_launch),
-            "spawn_parents": len(self._children),
+            **self.processes.counts(),
+            "collectives": self.collectives.count(),
+            "stdin_streams": self.streams.count(),
             "connections": len(self._peers),
-            "direct_procs": len(self._direct),
-            "tasks": len(self._tasks),
+            "direct_procs": self.direct.count(),
+            "tasks": len(self.tasks),
         }
 
-    def _spawn(self, coro, answer: tuple[Channel, Any] | None = None) -> asyncio.Task:
-        """Run ``coro`` as a task.  If it fails and ``answer`` names a request
-        (channel, id), that request is answered with the failure, so its
-        caller is never left waiting."""
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(lambda t: self._task_done(t, answer))
-        return task
-
-    def _task_done(self, task: asyncio.Task, answer: tuple[Channel, Any] | None) -> None:
-        self._tasks.discard(task)
-        if task.cancelled() or task.exception() is None:
-            return
-        log.error("internal error", exc_info=task.exception())
-        if answer is not None:
-            ch, rid = answer
-            ch.send(reply(rid, Status.ERR_UNREACH, f"internal error: {task.exception()!r}"))
+    def describe(self) -> dict[str, Any]:
+        """The ``info`` reply's fields."""
+        return {
+            "params": {k: [r.value, r.source, P.REGISTRY[k].help]
+                       for k, r in self.resolved.items()},
+            **self.nodes.info(),
+            "sessions": sorted(self.sessions), "jobs": sorted(self.jobs),
+            "dvm": self.dvmid, "uri": str(self.uri), "pid": os.getpid(),
+            "log_dir": self.log_dir,
+            "records": self.record_counts(),
+            "direct": self.direct.stats(),
+            "direct_unix": self.direct.socket_info(),
+            "metrics": self.metrics.url if self.metrics is not None else None,
+            "pmix": {"master": list(pmix_status()), "nodes": self.nodes.pmix_report()},
+        }
 
     # ------------------------------------------------------------------
     # connections
@@ -378,7 +441,7 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
             # a daemon-node client: identity by the credential its daemon gave it
             if ch.auth_timer is not None:
                 ch.auth_timer.cancel()
-            self._register_direct(ch, msg)
+            self.direct.register(ch, msg)
             return
         if ch.unix == "direct":
             problem = "only direct-data clients connect on the direct-data socket"
@@ -394,7 +457,7 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
         if ch.auth_timer is not None:
             ch.auth_timer.cancel()
         if msg["role"] == "daemon":
-            self._register_daemon(ch, msg)
+            self.nodes.register(ch, msg)
             return
         self._tool_seq += 1
         if ch.creds is not None:
@@ -403,66 +466,71 @@ class Master(NodesMixin, LifetimesMixin, RoutingMixin, ToolRequestsMixin, Collec
         else:  # it proved it holds the secret: the DVM's own user
             uid, gid = os.getuid(), os.getgid()
             owner = True
-        session = ToolSession(ch, uid, gid, owner=owner, seq=self._tool_seq,
-                              relay=bool(msg.get("relay")),
-                              max_outstanding=self.values["pydvm_max_outstanding"])
-        ch.name = f"tool#{self._tool_seq}" + (" (relay)" if session.relay else "")
+        tool = ToolSession(ch, uid, gid, owner=owner, seq=self._tool_seq,
+                           relay=bool(msg.get("relay")),
+                           max_outstanding=self.values["pydvm_max_outstanding"])
+        ch.name = f"tool#{self._tool_seq}" + (" (relay)" if tool.relay else "")
         ch.on_message = self._on_tool
         ch.send(reply(msg.get("id"), Status.SUCCESS, dvm=self.dvmid))
 
     def _on_peer_closed(self, ch: Channel, reason: str) -> None:
         self._peers.discard(ch)
-        session = ch.session
-        if session is None:
+        peer = ch.session
+        if peer is None:
             return
-        self._withdraw(session)
-        if isinstance(session, DaemonSession):
-            self._collectives_node_gone(session.node)
-            self._node_lost(session.node, reason)
-        elif isinstance(session, ToolSession):
-            self._tool_gone(session)
-        elif isinstance(session, DirectSession):
-            self._direct_gone(session)
+        self.data.withdraw(peer)
+        if isinstance(peer, DaemonSession):
+            self.nodes.link_closed(peer.node, reason)
+        elif isinstance(peer, ToolSession):
+            self.processes.tool_gone(peer)
+        elif isinstance(peer, DirectSession):
+            self.direct.gone(peer)
 
     # ------------------------------------------------------------------
-    # daemon messages
+    # dispatch: one table per kind of peer (above)
     # ------------------------------------------------------------------
 
     def _on_daemon(self, ch: Channel, msg: Message) -> None:
-        session: DaemonSession = ch.session
-        t = msg["t"]
-        if t in dataops.DATA_OPS:
-            self._daemon_data_op(session, msg)
-        elif t == "output":
-            self._on_output(session, msg)
-        elif t == "stdin_ack":
-            self._on_stdin_ack(session, msg)
-        elif t == "cancel":
-            self._cancel(session, msg.get("ref"))
-        elif t == "exited":
-            self._on_exited(session, msg)
-        elif t in PMIX_REQUESTS:
-            self._on_pmix_request(session, msg)
-        elif t == "node_holds":
-            self._node_holds(session, msg)
-        elif t == "ready":
-            pmix = msg.get("pmix")
-            self._pmix_nodes[session.node] = list(pmix) if isinstance(pmix, list) else \
-                [False, "not reported", None]
-            if msg.get("holders") == [] and session.node in self.nodes:
-                self.nodes[session.node].holders = set()
-            self._daemon_ready(session.node)
+        handler = self._daemon_handlers.get(msg["t"])
+        if handler is None:
+            self._unknown(ch, msg)
         else:
-            self._ping_or_unknown(ch, msg)
+            handler(ch.session, msg)
 
-    def _ping_or_unknown(self, ch: Channel, msg: Message) -> None:
-        """What every peer may send besides its own messages: a ``ping``
-        (answered), else an unknown type (logged; refused if it asked)."""
+    def _on_direct(self, ch: Channel, msg: Message) -> None:
+        handler = self._direct_handlers.get(msg["t"])
+        if handler is None:
+            self._unknown(ch, msg)
+        else:
+            handler(ch.session, msg)
+
+    def _on_tool(self, ch: Channel, msg: Message) -> None:
+        tool: ToolSession = ch.session
         t = msg["t"]
-        if t == "ping":
-            if "id" in msg:
-                ch.send(reply(msg.get("id"), Status.SUCCESS))
+        handler = self._tool_handlers.get(t)
+        if handler is None:
+            refuse(ch, msg, Status.ERR_BAD_PARAM, f"unknown message type {t!r}")
             return
+        if t not in DATA_OPS:
+            if self._stopping and t not in WHILE_STOPPING:
+                ch.send(reply(msg.get("id"), Status.ERR_UNREACH, "the DVM is stopping"))
+                return
+            if t in ADMIN_ONLY and not tool.privileged:
+                ch.send(reply(msg.get("id"), Status.ERR_NO_PERMISSIONS,
+                              f"only the DVM's owner or root may {t.replace('_', ' ')}"))
+                return
+        handler(tool, msg)
+
+    def ping(self, peer: PeerSession, msg: Message) -> None:
+        """A ``ping``, from any peer: answered if it asked (a daemon's heartbeat
+        is a notice, a relay's a request)."""
+        if "id" in msg:
+            peer.send(reply(msg.get("id"), Status.SUCCESS))
+
+    def _unknown(self, ch: Channel, msg: Message) -> None:
+        """A message type this kind of peer may not send: logged (unless a
+        stray reply), refused if it asked."""
+        t = msg["t"]
         if t != "reply":
             log.warning("%s: unknown message type %r", ch.name, t)
         if "id" in msg:

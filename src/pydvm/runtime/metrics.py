@@ -235,9 +235,9 @@ async def snapshot(master: "Master", timeout: float = SCRAPE_TIMEOUT) -> dict[st
     # Node and job states as of this instant, when we decide whom to ask: a
     # node lost while we wait shows as a store that did not answer now, and
     # as lost in the next scrape.
-    nodes = dict(Counter(n.state for n in master.nodes.values()))
+    nodes = dict(Counter(n.state for n in master.node_records.values()))
     jobs = dict(Counter(j.state for j in master.jobs.values()))
-    asked = [n for n in master.nodes.values() if n.up]
+    asked = [n for n in master.node_records.values() if n.up]
     replies = await asyncio.gather(*[
         n.channel.call({"t": "stats", "uid": -1, "metrics": True}, timeout=timeout)
         for n in asked])
@@ -253,7 +253,7 @@ async def snapshot(master: "Master", timeout: float = SCRAPE_TIMEOUT) -> dict[st
         "unanswered": unanswered,
         "nodes": nodes,
         "jobs": jobs,
-        "jobs_started": master._next_job - 1,  # namespaces are numbered from 1
+        "jobs_started": master.processes.jobs_started,
         "sessions": len(master.sessions),
     }
 

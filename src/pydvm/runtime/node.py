@@ -78,7 +78,7 @@ from pathlib import Path
 from .. import params as P
 from ..enums import Persistence
 from ..errors import Status
-from ..store import Caller, DataStore, MonotonicClock, StoreParams
+from ..store import DataStore, MonotonicClock, StoreParams
 from ..wire import Channel, Message, peer_credentials, refuse, reply
 from . import dataops
 from .auth import host_identity
@@ -88,7 +88,7 @@ from .guard import Guardian, die_with_parent, group_alive
 from .jobio import LINE_LIMIT, PARTIAL_WAIT, StdinFeed, output_cost, output_pty, read_some, \
     take_chunk
 from .metrics import RequestStats, store_sample
-from .peers import ClientSession, route_answer
+from .peers import ClientSession, process_caller, route_answer
 from .pmixhost import FOREIGN_LAUNCH_PREFIXES, OMPI_JOB_DIRS, PmixHost
 from .storeguard import GuardedStats, StoreGuard, guard_for, guarded_store
 
@@ -193,7 +193,8 @@ class NodeServer:
 
     def __init__(self, node: str, uplink, welcome: Message, *, guardian: Guardian,
                  router=None, vouch: tuple[bytes, str] | None = None) -> None:
-        self.node = node
+        #: the node's name, as the master knows it.
+        self.name = node
         self.uplink = uplink
         self.router = router or UplinkRouter(uplink)
         self.guardian = guardian
@@ -244,7 +245,7 @@ class NodeServer:
         self.request_stats = GuardedStats(self.guard)
         self.store = guarded_store(
             self.guard,
-            name=self.node,
+            name=self.name,
             clock=MonotonicClock(),
             on_answer=route_answer,
             params=StoreParams(
@@ -268,10 +269,10 @@ class NodeServer:
         if self.voucher is not None:
             ready["holders"] = []  # from now on announced (see _holder_changed)
         self.uplink.send(ready)
-        log.info("node %s serving clients at %s", self.node, self.socket_path)
+        log.info("node %s serving clients at %s", self.name, self.socket_path)
 
     def _make_socket_dir(self) -> None:
-        self.socket_dir = make_socket_dir(self.dvmid, self.node, self.multi_user)
+        self.socket_dir = make_socket_dir(self.dvmid, self.name, self.multi_user)
         self.socket_path = str(self.socket_dir / "client.sock")
         self.guardian.remove_on_exit(str(self.socket_dir))
 
@@ -323,7 +324,7 @@ class NodeServer:
             log.error("internal error", exc_info=t.exception())
             if answer_id is not None:
                 self.uplink.send(reply(answer_id, Status.ERR_UNREACH,
-                                       f"{self.node}: internal error: {t.exception()!r}"))
+                                       f"{self.name}: internal error: {t.exception()!r}"))
         task.add_done_callback(done)
         return task
 
@@ -461,7 +462,7 @@ class NodeServer:
             return job.work_dir
         if self.shm_dir is None:
             try:
-                self.shm_dir = make_socket_dir(self.dvmid, f"{self.node}-jobs",
+                self.shm_dir = make_socket_dir(self.dvmid, f"{self.name}-jobs",
                                                self.multi_user, root="/dev/shm")
             except OSError:
                 self.shm_dir = self.socket_dir / "jobs"
@@ -499,7 +500,7 @@ class NodeServer:
             why, code = find_program(p["argv"][0], p["env"].get("PATH", os.defpath),
                                      _workdir(p.get("cwd")))
             if why:
-                self.uplink.send(reply(rid, Status.ERR_NOT_FOUND, f"{self.node}: {why}",
+                self.uplink.send(reply(rid, Status.ERR_NOT_FOUND, f"{self.name}: {why}",
                                        exit=code))
                 return
         preexec = _child_setup(os.getpid(), switch)
@@ -520,7 +521,7 @@ class NodeServer:
                 "PYDVM_RANK": str(p["rank"]),
                 "PYDVM_APP_IDX": str(p["app_idx"]),
                 "PYDVM_JOB_SIZE": str(msg.get("job_size")),
-                "PYDVM_NODE": self.node,
+                "PYDVM_NODE": self.name,
                 "PYDVM_SESSION": str(job.session_id),
                 "PMIX_NAMESPACE": ns,
                 "PMIX_RANK": str(p["rank"]),
@@ -573,7 +574,7 @@ class NodeServer:
                 # Already started ranks of this job are killed by the master.
                 job.procs.pop(p["rank"], None)
                 self.uplink.send(reply(rid, Status.ERR_NOT_FOUND,
-                                       f"{self.node}: cannot start {p['argv'][0]}: {exc}",
+                                       f"{self.name}: cannot start {p['argv'][0]}: {exc}",
                                        exit=126 if isinstance(exc, PermissionError) else 127))
                 for q in procs[started:]:
                     job.procs.pop(q["rank"], None)
@@ -734,8 +735,7 @@ class NodeServer:
             ch.close(f"client pid {pid} refused: {why}", error=True)
             return
         ch.name = f"client {ns}:{rank} pid {pid}"
-        # The default session (0) never ends: no session horizon applies to it.
-        caller = Caller(ns, rank, uid, gid, self.node, lp.app_idx, job.session_id or None)
+        caller = process_caller(ns, rank, uid, gid, self.name, lp.app_idx, job.session_id)
         session = ClientSession(ch, caller, pid, self.values["pydvm_max_outstanding"])
         lp.sessions.add(session)
         ch.on_message = self._on_client
@@ -745,7 +745,7 @@ class NodeServer:
             extra["direct"] = self.voucher.master_uri
             if self.voucher.master_unix:
                 extra["direct_unix"] = self.voucher.master_unix
-        ch.send(reply(rid, Status.SUCCESS, node=self.node,
+        ch.send(reply(rid, Status.SUCCESS, node=self.name,
                       envelope=getattr(self.router, "wants_envelopes", True), **extra))
 
     def _on_client(self, ch: Channel, msg: Message) -> None:

@@ -1,15 +1,20 @@
-"""The master's nodes: launching daemons, their registration, heartbeats, node loss.
+"""The master's node table: daemons, their registration, heartbeats, node loss, broadcasts.
 
 A node's state moves ``launching -> joining -> up -> lost | stopped``:
 ``joining`` once its daemon has authenticated, ``up`` once the daemon says
 it serves clients, ``lost`` when its link breaks or stays silent for three
 heartbeat periods, ``stopped`` when the DVM shuts it down.  Only ``up``
 nodes get work: the default mapping of a job and a new session use the
-nodes that are up at that moment (:meth:`NodesMixin.live_hosts`), and a job
+nodes that are up at that moment (:meth:`NodeTable.live_hosts`), and a job
 naming only nodes that are not up is refused with their names.
 
-This is one concern of :class:`~pydvm.runtime.master.Master`, written as a
-mixin; it owns ``nodes`` and ``_heartbeat``.
+:class:`NodeTable` owns every :class:`NodeRecord` (and what each daemon
+reported of itself: PMIx hosting, which uids its store holds), the
+launcher, the heartbeat task and the head node's in-process server.  Other
+components reach nodes only through its methods (:meth:`~NodeTable.send`,
+:meth:`~NodeTable.call`, :meth:`~NodeTable.broadcast`,
+:meth:`~NodeTable.deliver_event`...) and hear of a lost node through
+:meth:`NodeListener.node_lost`.
 """
 
 from __future__ import annotations
@@ -19,20 +24,16 @@ import logging
 import socket
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
-from .. import params as P
 from ..errors import Status
-from ..wire import Channel, LocalEnd, Message, heartbeat, local_pair, reply
+from ..wire import Channel, LocalEnd, Message, heartbeat, local_pair, refuse, reply
 from .guard import Guardian
-from .core import LOST_STATUS, NodeLost  # noqa: F401 (LOST_STATUS: re-exported)
 from .jobs import HostSpec
-from .launch import DaemonCommand, LaunchError, stderr_sink
+from .launch import DaemonCommand, LaunchError, Launcher, stderr_sink
 from .node import NodeServer
 from .peers import DaemonSession
-
-if TYPE_CHECKING:
-    from .master import Master
+from .tasks import Tasks
 
 log = logging.getLogger("pydvm.master")
 
@@ -40,7 +41,10 @@ log = logging.getLogger("pydvm.master")
 REGISTER_TIMEOUT = 60.0
 #: How long a daemon gets to acknowledge a purge or stats request.
 ACK_TIMEOUT = 30.0
-#: Exit status recorded for processes lost with their node.
+#: Seconds a failed process's PMIx event is given to reach its job's
+#: handlers before the job is killed (and twice that, at most, for the
+#: nodes to pass any event on: :meth:`NodeTable.deliver_event`).
+EVENT_GRACE = 1.0
 
 
 class StartError(RuntimeError):
@@ -63,45 +67,150 @@ class NodeRecord:
     #: (``node_holds``; see runtime/direct.py).  None: not reported -- a
     #: daemon without direct data, or the head node -- so assume any.
     holders: set[int] | None = None
+    #: [available, version or reason, path] of its PMIx server, as its
+    #: ``ready`` said (None until then).
+    pmix: list | None = None
 
     @property
     def up(self) -> bool:
         return self.state == "up" and self.channel is not None
 
 
-class NodesMixin:
-    """Launching, registering, heartbeating and losing nodes."""
+class NodeListener:
+    """What a component hears from the node table (the master wires it)."""
 
-    nodes: dict[str, NodeRecord]
+    def node_lost(self, name: str, reason: str) -> None:
+        """Node ``name``'s link broke or fell silent (not when the DVM stops it)."""
 
-    def live_hosts(self: "Master", hosts: list[HostSpec]) -> list[HostSpec]:
+
+class NodeTable:
+    """Every node of the DVM (see the module docstring).
+
+    ``on_message`` handles a registered daemon's messages (the master's
+    dispatch); ``welcome()`` is what a joining node is told; ``guardian()``
+    is the master process's guardian; ``all_gone(reason)`` is called when
+    the launcher has lost every daemon for good.
+    """
+
+    def __init__(self, hosts: list[HostSpec], *, values: dict[str, Any], launcher: Launcher,
+                 tasks: Tasks, on_message: Callable[[Channel, Message], None],
+                 welcome: Callable[[], dict[str, Any]], guardian: Callable[[], Guardian],
+                 all_gone: Callable[[str], None]) -> None:
+        self.records: dict[str, NodeRecord] = {h.name: NodeRecord(h.name, h.slots)
+                                               for h in hosts}
+        self.values = values
+        self.launcher = launcher
+        self._tasks = tasks
+        self._on_message = on_message
+        self._welcome = welcome
+        self._guardian = guardian
+        self._all_gone = all_gone
+        self._listeners: list[NodeListener] = []
+        self._heartbeat: asyncio.Task | None = None
+        #: the node this process serves itself (see :func:`choose_head_node`).
+        self.head_node: str | None = None
+        #: set by :meth:`begin_stop`: links closing from now on are stops, not losses.
+        self.stopping = False
+
+    def add_listener(self, listener: NodeListener) -> None:
+        self._listeners.append(listener)
+
+    # ------------------------------------------------------------------
+    # queries
+    # ------------------------------------------------------------------
+
+    def get(self, name: Any) -> NodeRecord | None:
+        return self.records.get(name) if isinstance(name, str) else None
+
+    def is_up(self, name: Any) -> bool:
+        node = self.get(name)
+        return node is not None and node.up
+
+    def hosts(self) -> list[HostSpec]:
+        return [HostSpec(n.name, n.slots) for n in self.records.values()]
+
+    def live_hosts(self, hosts: list[HostSpec]) -> list[HostSpec]:
         """The entries of ``hosts`` whose node is up, in order."""
-        return [h for h in hosts if self.nodes[h.name].up]
+        return [h for h in hosts if self.records[h.name].up]
 
-    def up_channels(self: "Master") -> list[Channel]:
-        return [n.channel for n in self.nodes.values() if n.up]
+    def up_names(self) -> list[str]:
+        return [n.name for n in self.records.values() if n.up]
 
-    async def _launch_daemons(self: "Master") -> None:
-        """Serve the head node here, start every other node's daemon with the
-        DVM's launcher; return once all have reported in.  A daemon that ends
-        before reporting in fails the start-up with what it wrote on stderr
-        (:meth:`_start_failure`)."""
-        for node in self.nodes.values():
+    def up_channels(self) -> list[Channel]:
+        return [n.channel for n in self.records.values() if n.up]
+
+    def node_ids(self) -> dict[str, int]:
+        """Each node's index in the DVM's host list (PMIx's node ids)."""
+        return {name: i for i, name in enumerate(self.records)}
+
+    def may_hold(self, name: str | None, uid: int) -> bool:
+        """Whether node ``name``'s store may hold items of ``uid`` (True
+        unless its daemon's reports say it holds none)."""
+        rec = self.records.get(name) if name is not None else None
+        return rec is None or rec.holders is None or uid in rec.holders
+
+    def hosting_pmix(self, names: set[str]) -> set[str]:
+        """Those of ``names`` whose node server hosts PMIx."""
+        out = set()
+        for n in names:
+            rec = self.records.get(n)
+            if rec is not None and rec.pmix and rec.pmix[0]:
+                out.add(n)
+        return out
+
+    def pmix_missing(self, names: set[str]) -> list[str]:
+        """``name (why)`` for each of ``names`` (sorted) without PMIx."""
+        out = []
+        for n in sorted(names):
+            rec = self.records.get(n)
+            pmix = (rec.pmix if rec is not None else None) or [False, "not reported"]
+            if not pmix[0]:
+                out.append(f"{n} ({pmix[1]})")
+        return out
+
+    def pmix_report(self) -> dict[str, list]:
+        """node -> its PMIx report, for the nodes that made one (``pydvm info``)."""
+        return {n.name: n.pmix for n in self.records.values() if n.pmix is not None}
+
+    def info(self) -> dict[str, Any]:
+        """``pydvm info``'s fields about nodes and how they were started."""
+        return {
+            "nodes": [[n.name, n.slots, n.state] for n in self.records.values()],
+            "node_reasons": {n.name: n.lost_reason for n in self.records.values()
+                             if n.lost_reason},
+            "daemon_pids": {n.name: n.process.pid for n in self.records.values() if n.process},
+            "launcher": self.launcher.name, "hosts_from": self.launcher.source,
+            "head_node": self.head_node,
+        }
+
+    # ------------------------------------------------------------------
+    # start-up
+    # ------------------------------------------------------------------
+
+    def choose_head(self, setting: str) -> None:
+        """Decide which node this process serves (``pydvm_head_node``); raises StartError."""
+        self.head_node = choose_head_node(setting, self.hosts())
+
+    async def start(self, uri: str, secret: bytes, log_dir: str | None, head_router: Any) -> None:
+        """Serve the head node here (its data requests through ``head_router``),
+        start every other node's daemon with the DVM's launcher; return once
+        all have reported in.  A daemon that ends before reporting in fails
+        the start-up with what it wrote on stderr (:meth:`_start_failure`)."""
+        for node in self.records.values():
             if node.name == self.head_node:
-                await self._serve_head(node)
-        daemons = [n for n in self.nodes if n != self.head_node]
+                await self._serve_head(node, head_router)
+        daemons = [n for n in self.records if n != self.head_node]
         launcher = self.launcher
-        cmd = DaemonCommand(str(self.uri), self.log_dir,
-                            self.values["pydvm_remote_python"] or sys.executable)
-        launcher.tail.sink = stderr_sink(self.log_dir)
+        cmd = DaemonCommand(uri, log_dir, self.values["pydvm_remote_python"] or sys.executable)
+        launcher.tail.sink = stderr_sink(log_dir)
         if daemons:
             try:
-                await launcher.start(daemons, cmd, self.secret, self.values)
+                await launcher.start(daemons, cmd, secret, self.values)
             except LaunchError as exc:
                 raise StartError(str(exc)) from None
         for name, proc in launcher.processes().items():
-            self.nodes[name].process = proc
-        waits = {n: asyncio.ensure_future(self.nodes[n].registered.wait()) for n in daemons}
+            self.records[name].process = proc
+        waits = {n: asyncio.ensure_future(self.records[n].registered.wait()) for n in daemons}
         gone = {name: launcher.gone(name) for name in daemons}
         deadline = asyncio.get_running_loop().time() + REGISTER_TIMEOUT
         try:
@@ -116,7 +225,7 @@ class NodesMixin:
                 await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
                 failed = [n for n, g in gone.items() if g.done() and not waits[n].done()]
                 if failed:
-                    raise StartError(self._start_failure(failed))
+                    raise StartError(self._start_failure(failed, log_dir))
         finally:
             for w in waits.values():
                 w.cancel()
@@ -124,40 +233,23 @@ class NodesMixin:
         # closing (or falling silent); but a launcher that has lost every
         # daemon for good (the srun step ended) ends the DVM.
         launcher.on_ended = self._launcher_ended
-        self._heartbeat = self._spawn(heartbeat(self.up_channels,
-                                                self.values["pydvm_heartbeat_interval"]))
+        self._heartbeat = self._tasks.start(heartbeat(self.up_channels,
+                                                      self.values["pydvm_heartbeat_interval"]))
 
-    async def _serve_head(self: "Master", node: NodeRecord) -> None:
+    async def _serve_head(self, node: NodeRecord, router: Any) -> None:
         """Serve the head node in this process: a NodeServer joined to the
         master by an in-process link instead of a daemon over TCP."""
         mine, its = local_pair(f"head node {node.name}", "master")
         DaemonSession(mine, node.name)
-        mine.on_message = self._on_daemon
+        mine.on_message = self._on_message
         node.channel = mine
         node.state = "joining"
-        from .routing import MasterRouter
-
-        node.server = NodeServer(node.name, its, self._welcome(), guardian=self.guardian(),
-                                 router=MasterRouter(self))
+        node.server = NodeServer(node.name, its, self._welcome(), guardian=self._guardian(),
+                                 router=router)
         await node.server.start()
         await node.registered.wait()
 
-    def guardian(self: "Master") -> Guardian:
-        """This process's guardian (:mod:`pydvm.runtime.guard`), forked on
-        first use: it removes the head node's processes and the master's
-        socket directories however the master dies."""
-        if self._guardian is None:
-            self._guardian = Guardian()
-            self._guardian.start()
-        return self._guardian
-
-    def _welcome(self: "Master") -> dict[str, Any]:
-        """What a node is told when it joins."""
-        return {"params": P.to_wire(self.resolved), "dvm": self.dvmid,
-                "dvm_nspace": self.dvm_nspace, "multi_user": self.multi_user,
-                **self._direct_welcome()}
-
-    def _start_failure(self: "Master", failed: list[str]) -> str:
+    def _start_failure(self, failed: list[str], log_dir: str | None) -> str:
         """The start-up error for daemons that ended before reporting in:
         the first one's reason and the last lines of its stderr."""
         name = failed[0]
@@ -170,61 +262,178 @@ class NodesMixin:
             text += "; its standard error ended with:\n" + "\n".join(f"  {ln}" for ln in tail)
         else:
             text += "; it wrote nothing on its standard error"
-        if self.log_dir:
-            text += f"\n(logs in {self.log_dir})"
+        if log_dir:
+            text += f"\n(logs in {log_dir})"
         return text
 
-    def _launcher_ended(self: "Master", reason: str) -> None:
-        if not self._stopping:
+    def _launcher_ended(self, reason: str) -> None:
+        if not self.stopping:
             log.error("%s: every daemon is gone; stopping the DVM", reason)
-            self._spawn(self.stop())
+            self._all_gone(reason)
 
-    def _register_daemon(self: "Master", ch: Channel, msg: Message) -> None:
+    # ------------------------------------------------------------------
+    # a daemon's life
+    # ------------------------------------------------------------------
+
+    def register(self, ch: Channel, msg: Message) -> bool:
+        """A daemon's ``auth``: accept it for the node it names (welcomed,
+        its messages to ``on_message``) or refuse it; True if accepted."""
         name = msg.get("node")
-        node = self.nodes.get(name) if isinstance(name, str) else None
+        node = self.get(name)
         if node is None or node.state != "launching" or node.server is not None:
             why = f"unexpected daemon for node {name!r}"
             ch.send(reply(msg.get("id"), Status.ERR_NO_PERMISSIONS, why))
             ch.close(why, error=True)
-            return
+            return False
         DaemonSession(ch, name)
         ch.name = f"daemon {name}"
-        ch.on_message = self._on_daemon
+        ch.on_message = self._on_message
         node.channel = ch
         node.state = "joining"  # up once it says it is ready to serve clients
         ch.send(reply(msg.get("id"), Status.SUCCESS, **self._welcome()))
+        return True
 
-    def _daemon_ready(self: "Master", node_name: str) -> None:
-        node = self.nodes[node_name]
+    def ready(self, daemon: DaemonSession, msg: Message) -> None:
+        """A daemon's ``ready``: it serves clients; what it says of PMIx and
+        whether it reports its store's holders is recorded."""
+        node = self.records.get(daemon.node)
+        if node is None:
+            return
+        pmix = msg.get("pmix")
+        node.pmix = list(pmix) if isinstance(pmix, list) else [False, "not reported", None]
+        if msg.get("holders") == []:
+            node.holders = set()
         if node.state == "joining":
             node.state = "up"
             node.registered.set()
             log.info("daemon %s registered", node.name)
 
-    def _node_lost(self: "Master", name: str, reason: str) -> None:
-        node = self.nodes[name]
+    def holds(self, daemon: DaemonSession, msg: Message) -> None:
+        """A daemon's ``node_holds``: ``uids`` now own items in its store
+        (``holds`` true; a call, answered once recorded, before the daemon
+        answers the publish that stored them) or no longer do (a notice).
+        A direct client's unpublish then tells the client whether its node
+        part is needed (:meth:`may_hold`): the node store of a uid that
+        holds nothing there is skipped, saving a wake-up of the daemon.
+        """
+        uids, holds = msg.get("uids"), msg.get("holds")
+        node = self.records.get(daemon.node)
+        if (node is None or not isinstance(holds, bool) or not isinstance(uids, list)
+                or not all(isinstance(u, int) and not isinstance(u, bool) for u in uids)):
+            refuse(daemon.channel, msg, Status.ERR_BAD_PARAM, "malformed node_holds")
+            return
+        if node.holders is None:
+            pass  # it never said it would report (ready): keep assuming any uid
+        elif holds:
+            node.holders.update(uids)
+        else:
+            node.holders.difference_update(uids)
+        if "id" in msg:
+            daemon.send(reply(msg["id"], Status.SUCCESS))
+
+    def link_closed(self, name: str, reason: str) -> None:
+        """Node ``name``'s link is gone: the node is lost (its listeners told),
+        or stopped if the DVM is stopping."""
+        node = self.records[name]
         if node.state not in ("up", "joining"):
             return
-        node.state = "stopped" if self._stopping else "lost"
+        node.state = "stopped" if self.stopping else "lost"
         node.lost_reason = reason
         node.holders = None
-        if self._stopping:
+        if self.stopping:
             return
         log.error("lost node %s: %s", name, reason)
-        self._feed(NodeLost(name, reason))
+        for listener in self._listeners:
+            listener.node_lost(name, reason)
 
-    async def _broadcast(self: "Master", msg: Message, nodes: set[str] | None = None,
-                         what: str = "broadcast") -> list[Any]:
-        """Send ``msg`` to every up node (or those of ``nodes`` that are up) and
-        wait for each to acknowledge; returns their replies."""
-        targets = [n for n in self.nodes.values()
+    # ------------------------------------------------------------------
+    # talking to nodes
+    # ------------------------------------------------------------------
+
+    def send(self, name: str, msg: Message) -> bool:
+        """Send ``msg`` to node ``name`` if it is up; whether it was."""
+        node = self.records.get(name)
+        if node is None or not node.up:
+            return False
+        node.channel.send(msg)
+        return True
+
+    async def call(self, name: str, msg: Message) -> Message:
+        """Ask node ``name`` and return its answer (``PMIX_ERR_UNREACH`` if
+        it is not up, or does not answer within :data:`ACK_TIMEOUT`)."""
+        node = self.records[name]
+        if not node.up:
+            return reply(None, Status.ERR_UNREACH, f"node {name} is not available")
+        return await node.channel.call(msg, timeout=ACK_TIMEOUT)
+
+    def request(self, name: str, msg: Message, answered: Callable[[Message], None]) -> bool:
+        """Send a request to node ``name`` (if up); ``answered`` gets its reply."""
+        node = self.records.get(name)
+        if node is None or not node.up:
+            return False
+        node.channel.request(msg, answered)
+        return True
+
+    async def broadcast(self, msg: Message, nodes: set[str] | None = None,
+                        what: str = "broadcast") -> list[tuple[str, Message]]:
+        """Send ``msg`` to every up node (or those of ``nodes`` that are up)
+        and wait for each to acknowledge; returns (node, reply) pairs."""
+        targets = [n for n in self.records.values()
                    if n.up and (nodes is None or n.name in nodes)]
         replies = await asyncio.gather(*[n.channel.call(dict(msg), timeout=ACK_TIMEOUT)
                                          for n in targets])
         for node, r in zip(targets, replies):
             if r.get("status") != 0:
                 log.warning("%s not applied on %s: %s", what, node.name, r.get("msg"))
-        return replies
+        return [(n.name, r) for n, r in zip(targets, replies)]
+
+    async def deliver_event(self, nodes: set[str], code: int, source: tuple[str, int],
+                            rng: int, info: list) -> bool:
+        """Deliver a PMIx event through the PMIx servers of ``nodes`` (those
+        hosting PMIx), each to its clients in range; returns once each has
+        passed it on, or after :data:`EVENT_GRACE` x 2 at most.  False when
+        none of ``nodes`` hosts PMIx."""
+        targets = self.hosting_pmix(nodes)
+        if not targets:
+            return False
+        msg = {"t": "event", "code": code, "source": list(source), "range": rng,
+               "info": info}
+        try:
+            await asyncio.wait_for(self.broadcast(msg, targets, what="event"), 2 * EVENT_GRACE)
+        except asyncio.TimeoutError:
+            log.warning("event %d from %s:%s not passed on by every node within %.0fs",
+                        code, source[0], source[1], 2 * EVENT_GRACE)
+        return True
+
+    # ------------------------------------------------------------------
+    # stopping
+    # ------------------------------------------------------------------
+
+    def begin_stop(self) -> None:
+        self.stopping = True
+
+    def shut_down(self) -> list[asyncio.Future]:
+        """Stop heartbeating; tell every daemon to shut down (returns the
+        acknowledgements to await in :meth:`finish`)."""
+        self.stopping = True
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        acks = []
+        for node in self.records.values():
+            if node.channel is not None and not node.channel.closed:
+                acks.append(node.channel.call({"t": "shutdown"}, timeout=10))
+        return acks
+
+    async def finish(self, acks: list[asyncio.Future]) -> None:
+        """Wait for the daemons' acknowledgements and their processes; stop
+        the head node's server; every node is ``stopped``."""
+        if acks:
+            await asyncio.gather(*acks)
+        await self.launcher.finish(timeout=10)
+        for node in self.records.values():
+            if node.server is not None:
+                await node.server.stop()
+            node.state = "stopped"
 
 
 def choose_head_node(setting: str, hosts: list[HostSpec]) -> str | None:
@@ -249,4 +458,3 @@ def choose_head_node(setting: str, hosts: list[HostSpec]) -> str | None:
         raise StartError(f"pydvm_head_node {setting!r} is not one of the DVM's hosts "
                          f"({', '.join(names)})")
     return setting
-

@@ -53,6 +53,7 @@ from ..errors import Status
 from ..store import Caller, Reply
 from ..wire import BODY, Message, pack_payload, reply
 from . import dataops
+from .core import DEFAULT_SESSION
 
 if TYPE_CHECKING:
     from ..wire import Channel
@@ -67,12 +68,25 @@ RELAY_FACTOR = 64
 
 
 class ClaimRefused(Exception):
-    """A tool asked to act as an identity it may not take (``status`` is
-    NO_PERMISSIONS), or its claim is malformed (BAD_PARAM); the text says which."""
+    """A peer asked to act as an identity it may not take (``status`` is
+    NO_PERMISSIONS), or its claim is malformed (BAD_PARAM); the text says
+    which.  Raised by :meth:`ToolSession.claimed_caller` and by the
+    master's process table for a process that is not running where its
+    peer says (:meth:`~pydvm.runtime.processes.ProcessTable.running_caller`)."""
 
     def __init__(self, text: str, status: Status = Status.ERR_NO_PERMISSIONS) -> None:
         super().__init__(text)
         self.status = status
+
+
+def process_caller(nspace: str, rank: int, uid: int, gid: int | None, node: str | None = None,
+                   app_idx: int | None = None, session_id: int | None = None) -> Caller:
+    """The one way a process's identity is built -- by the master (from its
+    job records), a node server (at a client's hello) and a PMIx host (at
+    registration).  The default session never ends, so no SESSION horizon
+    applies to its processes: their ``session_id`` is None."""
+    return Caller(nspace, rank, uid, gid, node, app_idx,
+                  None if session_id == DEFAULT_SESSION else session_id)
 
 
 class PeerSession:

@@ -92,7 +92,7 @@ from ..errors import Status
 from ..store import Caller, Reply, Typed
 from ..store.model import DEFAULT_TYPES
 from ..wire import MAX_FRAME, Message, unpack_body
-from .peers import PeerSession
+from .peers import PeerSession, process_caller
 
 if TYPE_CHECKING:
     from .node import LocalJob, NodeServer
@@ -326,10 +326,10 @@ class PmixHost:
                 # The store judges sizes against its cap (OUT_OF_RESOURCE); the
                 # binding only refuses what no frame could carry (BAD_PARAM).
                 server = PmixServer(max_value_size=MAX_FRAME // 2,
-                                    nspace=f"{self.node.dvm_nspace}-{self.node.node}")
+                                    nspace=f"{self.node.dvm_nspace}-{self.node.name}")
                 from ..pmix import constants as C
                 server.start(tmpdir, asyncio.get_running_loop(), self,
-                             extra_info=[(C.HOSTNAME, self.node.node)],
+                             extra_info=[(C.HOSTNAME, self.node.name)],
                              answer_now=self.answer_now)
             except Exception as exc:
                 ok, what = False, f"cannot start the PMIx server: {exc}"
@@ -339,11 +339,11 @@ class PmixHost:
         if not ok:
             if mode == "on":
                 log.error("node %s: pydvm_pmix=on but PMIx cannot be hosted: %s",
-                          self.node.node, what)
+                          self.node.name, what)
                 raise RuntimeError(f"pydvm_pmix=on but PMIx cannot be hosted: {what}")
-            log.info("node %s: PMIx hosting unavailable: %s", self.node.node, what)
+            log.info("node %s: PMIx hosting unavailable: %s", self.node.name, what)
         else:
-            log.info("node %s: PMIx server (%s) in %s", self.node.node, what, self.server.tmpdir)
+            log.info("node %s: PMIx server (%s) in %s", self.node.name, what, self.server.tmpdir)
         return ok
 
     def stop(self) -> None:
@@ -356,7 +356,7 @@ class PmixHost:
                 st = self.server.stats
                 log.warning("node %s: store checks: %d sections checked, %d broken; pmix: "
                             "%d requests, %d answered on libpmix's thread, %d found the "
-                            "guard held", self.node.node, guard.checked, guard.broken,
+                            "guard held", self.node.name, guard.checked, guard.broken,
                             st["requests"], st["answered_now"], guard.busy)
             self.server.finalize()
             self.server = None
@@ -376,8 +376,8 @@ class PmixHost:
         jl = job_layout(ns, layout, job.session_id)
         from ..pmix.jobinfo import job_info
         self.local_nspaces.add(ns)
-        await self.server.register_nspace(ns, jl.local_count(self.node.node),
-                                          job_info(jl, self.node.node))
+        await self.server.register_nspace(ns, jl.local_count(self.node.name),
+                                          job_info(jl, self.node.name))
 
     async def register_proc(self, job: "LocalJob", rank: int, app_idx: int, uid: int,
                             gid: int) -> dict[str, str]:
@@ -385,8 +385,8 @@ class PmixHost:
         from ..pmix import Proc
         proc = Proc(job.nspace, rank)
         await self.server.register_client(proc, uid, gid)
-        caller = Caller(job.nspace, rank, uid, gid, self.node.node, app_idx,
-                        job.session_id or None)
+        caller = process_caller(job.nspace, rank, uid, gid, self.node.name, app_idx,
+                                job.session_id)
         session = PmixSession(self, caller, self.node.values["pydvm_max_outstanding"])
         self.sessions[(job.nspace, rank)] = session
         lp = job.procs.get(rank)
@@ -445,7 +445,7 @@ class PmixHost:
             jl = job_layout(ns, lay, lay.get("session_id"))
             self.foreign.add(ns)
             try:
-                await self.server.register_nspace(ns, 0, job_info(jl, self.node.node))
+                await self.server.register_nspace(ns, 0, job_info(jl, self.node.name))
             except Exception as exc:
                 self.foreign.discard(ns)
                 log.warning("cannot register peer namespace %s: %s", ns, exc)

@@ -4,7 +4,7 @@ Public names:
 
 * :class:`DataStore` -- the store; :class:`StoreParams` its parameters.
 * :class:`Caller` -- an identity (requestor or owner); :class:`Item`.
-* :class:`Reply`, :class:`Found`, :class:`Pending`, :class:`StoreStats`,
+* :class:`Reply`, :class:`FoundKey`, :class:`Pending`, :class:`StoreStats`,
   :class:`KeyInfo` -- what operations and inspection return.
 * :class:`Clock`, :class:`Timer`, :class:`MonotonicClock`,
   :class:`FakeScheduler` -- time, injected.
@@ -20,7 +20,7 @@ from .model import (ACCESSOR_OVERHEAD, ITEM_OVERHEAD, Caller, Item, Typed, item_
 from .results import (
     DEFAULT_MAX_SIZE,
     DEFAULT_TIMEOUT,
-    Found,
+    FoundKey,
     KeyInfo,
     Pending,
     Reason,
@@ -38,7 +38,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "DataStore",
     "FakeScheduler",
-    "Found",
+    "FoundKey",
     "ITEM_OVERHEAD",
     "Item",
     "KeyInfo",

@@ -33,8 +33,9 @@ class StoreParams:
     verbose: int = 0
 
 
-class Found(NamedTuple):
-    """One answered key: its value and the process that published it."""
+class FoundKey(NamedTuple):
+    """One answered key: its value and the process that published it.  (What
+    a client is handed for it is :class:`pydvm.Found`, built from the reply.)"""
 
     key: str
     value: Value
@@ -55,7 +56,7 @@ class Reply(NamedTuple):
     """
 
     status: Status
-    found: tuple[Found, ...] = ()
+    found: tuple[FoundKey, ...] = ()
     message: str = ""
     count: int = 0
     keys: tuple[str, ...] = ()

@@ -69,7 +69,7 @@ from .keyindex import KeyIndex
 from .model import (INT_MAX, INT_MIN, Caller, Item, Typed, Value, check_typed, item_nbytes,
                     value_size)
 from .parked import ParkedLookups
-from .results import (PURGE_REASON, Found, KeyInfo, Pending, Reason, Reply, StoreParams,
+from .results import (PURGE_REASON, FoundKey, KeyInfo, Pending, Reason, Reply, StoreParams,
                       StoreStats)
 from .rules import LIFETIME_HORIZONS, ReadVerdict, expires_by, may_read, owns, sweep_interval
 from .touchqueue import TouchQueue
@@ -506,7 +506,7 @@ class DataStore:
             if target is None:
                 return Reply(Status.SUCCESS)
             self._touch(target, now)
-            return Reply(Status.SUCCESS, (Found(key, current, target.owner.proc),))
+            return Reply(Status.SUCCESS, (FoundKey(key, current, target.owner.proc),))
         if target is not None:
             self._touch(target, now)  # first: the most recently used is evicted last
             cap = self.params.max_size
@@ -524,7 +524,7 @@ class DataStore:
         else:
             owner = self._store_new(caller, {key: new}, rng, persist, uids, gids, grown, now,
                                     op).owner
-        answer = Reply(Status.SUCCESS, (Found(key, new, owner.proc),), count=1)
+        answer = Reply(Status.SUCCESS, (FoundKey(key, new, owner.proc),), count=1)
         self._wake((key,), now)
         return answer
 
@@ -686,7 +686,7 @@ class DataStore:
         found = []
         consumed: dict[int, tuple[Item, list[str]]] = {}
         for key, item in hits:
-            found.append(Found(key, item.pairs[key], item.owner.proc))
+            found.append(FoundKey(key, item.pairs[key], item.owner.proc))
             self._touch(item, now)
             if item.persistence is Persistence.FIRST_READ:
                 consumed.setdefault(item.id, (item, []))[1].append(key)

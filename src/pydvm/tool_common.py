@@ -1,0 +1,309 @@
+"""What both ``pydvm run`` tools share: errors, the URI, output, stdin, the job's end.
+
+A persistent DVM's ``pydvm run`` is blocking (:mod:`pydvm.tool_run`); a
+one-shot DVM's runs on the asyncio loop its master runs on
+(:mod:`pydvm.tool`).  Both forward the job's output the same way
+(:class:`JobOutput`), read their stdin for rank 0 the same way
+(:class:`StdinSource`: only the waiting differs) and end the same way
+(:func:`job_exit`).  Nothing here loads asyncio or the runtime.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .errors import Status
+from .protocol import STDIN_CHUNK, STDIN_WINDOW, DvmUri
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+#: SIGPIPE's number (Linux): what a ``pydvm run`` whose stdout reader went
+#: away exits with, 128 + this (the signal module is not needed for it).
+SIGPIPE = 13
+
+
+class ToolError(RuntimeError):
+    """A tool request failed; the message is meant for the user."""
+
+
+class DvmUnreachable(ToolError):
+    """No DVM answers at the URI (nothing listens there, or this user has no
+    credentials for it): the URI is probably stale.  The command line
+    explains what to do (:func:`pydvm.cli_dvms.unreachable_lines`)."""
+
+    def __init__(self, uri: DvmUri, why: str) -> None:
+        super().__init__(why)
+        self.uri = uri
+
+
+def resolve_uri(text: str | None) -> DvmUri:
+    """The DVM named by ``text``, else by ``PYDVM_URI``; ToolError if neither
+    names one, UriError if it is not a URI."""
+    text = text or os.environ.get("PYDVM_URI")
+    if not text:
+        from .cli_dvms import START_HINT
+
+        raise ToolError("no DVM given: use --dvm URI or set PYDVM_URI ('pydvm dvms' lists your "
+                        f"running DVMs; '{START_HINT}' starts one)")
+    return DvmUri.parse(text)
+
+
+def status_name(st: Any) -> str:
+    """A reply's status as its PMIx name (``status N`` if it has none)."""
+    try:
+        return Status(st).pmix_name
+    except ValueError:
+        return f"status {st}"
+
+
+def silence(fd: int) -> None:
+    """Point ``fd`` at /dev/null so nothing more (not even the interpreter's
+    final flush) fails on a reader that went away."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+# ----------------------------------------------------------------------
+# output
+# ----------------------------------------------------------------------
+
+
+def tag_lines(data: bytes, prefix: bytes, mid_line: bool) -> tuple[bytes, bool]:
+    """``data`` (one or more lines of one stream of one process) with
+    ``prefix`` before every line that starts in it -- not before the first
+    if the previous piece ended ``mid_line``.  Returns the tagged bytes and
+    whether they end mid-line."""
+    if not data:
+        return data, mid_line
+    parts = data.split(b"\n")
+    out: list[bytes] = []
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if last and not part:
+            break
+        if i or not mid_line:
+            out.append(prefix)
+        out.append(part)
+        if not last:
+            out.append(b"\n")
+    return b"".join(out), not data.endswith(b"\n")
+
+
+class JobOutput:
+    """Writes a job's ``output`` messages to our stdout and stderr, each line
+    prefixed ``[NSPACE,RANK] `` with ``tag``.
+
+    A stream whose reader went away (``pydvm run ... | head``) is pointed at
+    /dev/null and written no more (:attr:`closed`); :meth:`write` says when
+    that happened to stdout, which should end the job as SIGPIPE would.
+    """
+
+    def __init__(self, tag: bool) -> None:
+        self.tag = tag
+        self.out = sys.stdout.buffer
+        self.err = sys.stderr.buffer
+        #: our own fds (1, 2) whose reader went away
+        self.closed: set[int] = set()
+        self._mid_line: set[tuple[Any, Any]] = set()  # (rank, fd) last seen without a newline
+
+    def write(self, msg: dict) -> bool:
+        """Write one ``output`` message; True if stdout's reader just went away."""
+        data = msg.get("data") or b""
+        fd = 2 if msg.get("fd") == 2 else 1
+        if fd in self.closed:
+            return False
+        if self.tag:
+            where = (msg.get("rank"), msg.get("fd"))
+            prefix = f"[{msg.get('nspace')},{msg.get('rank')}] ".encode()
+            data, mid = tag_lines(data, prefix, where in self._mid_line)
+            if mid:
+                self._mid_line.add(where)
+            else:
+                self._mid_line.discard(where)
+        stream = self.err if fd == 2 else self.out
+        try:
+            stream.write(data)
+            stream.flush()
+        except BrokenPipeError:
+            self.closed.add(fd)
+            silence(fd)
+            return fd == 1
+        return False
+
+
+def job_exit(r: dict, signum: int | None, output: JobOutput) -> int:
+    """The exit status of a ``pydvm run`` whose job ended with reply ``r``
+    (``signum``: the signal that interrupted it, if any), after reporting on
+    stderr who failed and who ended the job
+    (:func:`pydvm.cli_format.job_end_lines`)."""
+    if 1 not in output.closed:
+        try:
+            output.out.flush()
+        except BrokenPipeError:
+            silence(1)
+            return 128 + SIGPIPE
+    if r.get("status") != 0:
+        sys.stderr.write(f"pydvm run: {status_name(r.get('status'))}: {r.get('msg')}\n")
+        return 1
+    code = 128 + signum if signum is not None else int(r.get("exit") or 0)
+    from .cli_format import job_end_lines
+
+    report = job_end_lines(r, interrupted=signum is not None, exit_status=code)
+    if report and 2 not in output.closed:
+        try:
+            sys.stderr.write("".join(f"{ln}\n" for ln in report))
+            sys.stderr.flush()
+        except BrokenPipeError:
+            silence(2)
+    return code
+
+
+def run_request(apps: list[dict], session: int | None, abort_on_failure: bool | None,
+                pmix: bool, stdin: bool, env: dict[str, str] | None = None,
+                cwd: str | None = None) -> dict:
+    """The ``run`` request of a job (its id is the caller's)."""
+    return {"t": "run", "apps": apps, "session": session, "abort_on_failure": abort_on_failure,
+            "env": dict(os.environ if env is None else env), "cwd": cwd or os.getcwd(),
+            "pmix": pmix, "stdin": stdin}
+
+
+# ----------------------------------------------------------------------
+# stdin
+# ----------------------------------------------------------------------
+
+
+def stdin_kind(fd: int = 0) -> str | None:
+    """How ``pydvm run`` forwards its stdin ``fd`` to rank 0: ``"tty"`` (a
+    terminal: read while in the foreground), ``"poll"`` (a pipe or socket:
+    read when it has data), ``"file"`` (a regular file or a device other than
+    /dev/null: read as the window allows), or None -- closed or /dev/null:
+    nothing to forward, rank 0 gets /dev/null."""
+    import stat
+
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    if stat.S_ISCHR(st.st_mode):
+        if os.isatty(fd):
+            return "tty"
+        try:
+            if st.st_rdev == os.stat(os.devnull).st_rdev:
+                return None
+        except OSError:
+            pass
+        return "file"
+    if stat.S_ISREG(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        return "file"
+    return "poll"
+
+
+class StdinSource:
+    """What ``pydvm run`` reads on its stdin for its job's rank 0, and sends.
+
+    At most :data:`STDIN_WINDOW` bytes are in flight: the source is read
+    only while the node has acknowledged enough into rank 0's pipe
+    (:meth:`ack`), so a huge stdin is never held anywhere but in its
+    source.  End of file is passed on; a ``closed`` acknowledgement (rank 0
+    ended or closed its stdin, or the job is gone) stops the reading.  A
+    terminal is read only while ``pydvm run`` is in its foreground process
+    group (:meth:`background`: a background ``pydvm run`` is never stopped
+    by SIGTTIN; it waits until it is brought to the foreground, as a shell
+    job would).
+
+    When to read is the caller's: while :meth:`wants_data`, a ``"file"`` at
+    once, a pipe or terminal once :attr:`rfd` polls readable.
+    """
+
+    #: seconds between checks whether a background pydvm run is in the foreground again
+    BACKGROUND_POLL = 0.5
+
+    def __init__(self, send: Callable[[dict], None], kind: str, fd: int = 0) -> None:
+        self.send = send
+        self.kind = kind
+        self.fd = fd
+        self.credit = STDIN_WINDOW
+        self.nspace: str | None = None
+        self.done = False
+        #: the descriptor polled and read: for a pipe or terminal, one opened
+        #: anew (its own open file description) -- polling makes a descriptor
+        #: non-blocking, which must not leak to the shell or to whoever
+        #: shares our stdin; else ``fd`` itself, its flags restored at stop.
+        self.rfd = fd
+        self._restore: int | None = None
+        if kind != "file":
+            try:
+                self.rfd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK
+                                   | os.O_NOCTTY | os.O_CLOEXEC)
+            except OSError:  # a socket, another user's pipe, no /proc
+                import fcntl
+
+                try:
+                    self._restore = fcntl.fcntl(fd, fcntl.F_GETFL)
+                except OSError:
+                    pass
+
+    def start(self, nspace: str) -> None:
+        """The job has started as ``nspace``: reading may begin."""
+        self.nspace = nspace
+
+    def wants_data(self) -> bool:
+        """True while the window has room and the job can take more."""
+        return not self.done and self.nspace is not None and self.credit > 0
+
+    def ack(self, n: Any, closed: bool) -> None:
+        """A ``stdin_ack``: ``n`` more bytes are in rank 0's pipe, or (with
+        ``closed``) nothing more goes in."""
+        if closed:
+            self.stop()
+            return
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            self.credit = min(STDIN_WINDOW, self.credit + n)
+
+    def background(self) -> bool:
+        """True when our terminal's foreground process group is not ours."""
+        try:
+            return os.tcgetpgrp(self.fd) != os.getpgrp()
+        except OSError:
+            return False  # not our controlling terminal: reading it stops nobody
+
+    def read(self) -> None:
+        """Read what the window allows and send it (at end of file, say so
+        and stop).  Nothing to read yet is no error."""
+        if not self.wants_data():
+            return
+        try:
+            data = os.read(self.rfd if self.kind != "file" else self.fd,
+                           min(STDIN_CHUNK, self.credit))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""  # an unreadable stdin ends there
+        if not data:
+            self.send({"t": "stdin", "nspace": self.nspace, "data": b"", "eof": True})
+            self.stop()
+            return
+        self.credit -= len(data)
+        self.send({"t": "stdin", "nspace": self.nspace, "data": data})
+
+    def stop(self) -> None:
+        """Read no more; give back what was opened or changed."""
+        if self.done:
+            return
+        self.done = True
+        if self.rfd != self.fd:
+            os.close(self.rfd)
+            self.rfd = self.fd
+        elif self._restore is not None:
+            import fcntl
+
+            try:
+                fcntl.fcntl(self.fd, fcntl.F_SETFL, self._restore)
+            except OSError:
+                pass

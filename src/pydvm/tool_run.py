@@ -1,0 +1,427 @@
+"""A persistent DVM's ``pydvm run``: one socket, one poll loop, no asyncio.
+
+The tool connects to the master (TCP, proving it holds the DVM's secret;
+else a multi-user DVM's tool socket, where the master reads who it is from
+the socket), submits the job, forwards its output and our stdin until the
+job ends, and exits with its status.  It loads the protocol module and
+nothing of the runtime, the store or asyncio: a ``pydvm run`` starts as
+fast as the interpreter allows.
+
+The exchange, and what is pipelined::
+
+    tool                                   master
+    connect                  ------------>
+                             <------------  challenge (nonce, DVM id)
+    auth (MAC of the nonce)
+    run                      ------------>  (both in one write)
+                             <------------  welcome (the auth's reply)
+                             <------------  started, output, stdin_ack ...
+    stdin, kill_job          ------------>
+                             <------------  the run's reply: the job ended
+
+The ``run`` request goes right behind the ``auth`` answer, without
+waiting for the welcome: the master handles a connection's messages in
+order, and a refused auth closes the connection before anything after it
+is read -- so nothing a peer sends before it is authenticated ever runs
+(``tests/e2e/test_tool_run.py`` checks both).  The challenge itself must
+be waited for: its nonce is what the MAC answers.
+
+One ``poll`` waits for the socket, our stdin (when rank 0 may take more)
+and the signal wake-up pipe: SIGINT or SIGTERM asks the master to kill the
+job (``kill_job``), then the tool waits for the job's end and exits with
+128 + the signal's number.  Connecting and waiting for the challenge watch
+the same pipe: a signal then ends the tool before anything is submitted.  A stdout whose reader went away (``pydvm run
+... | head``) ends the job the same way, quietly, with 141.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import signal
+import time
+import _socket
+
+from ._blocking import BlockingChannel
+from .errors import Status
+from .protocol import (HANDSHAKE_TIMEOUT, DvmUri, FrameError, UriError, mac, pack, read_secret,
+                       tool_socket_name)
+from .tool_common import (SIGPIPE, DvmUnreachable, JobOutput, StdinSource, ToolError,
+                          job_exit, run_request, stdin_kind)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+#: Request ids of the two requests a run makes.
+AUTH_ID, RUN_ID = 1, 2
+
+_IN = select.POLLIN | select.POLLPRI
+
+
+class _Interrupted(Exception):
+    """A signal came before the job was submitted: there is nothing to kill."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _wait(fd: int, events: int, deadline: float, signals: "_Signals") -> bool:
+    """Wait until ``fd`` is ready for ``events`` (True) or ``deadline`` (a
+    ``time.monotonic()``) passes (False); raise _Interrupted on a signal."""
+    poller = select.poll()
+    poller.register(fd, events)
+    poller.register(signals.rfd, _IN)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        ready = dict(poller.poll(left * 1000))
+        for signum in signals.pending():
+            raise _Interrupted(signum)
+        if fd in ready:
+            return True
+
+
+def _connect_socket(uri: DvmUri, signals: "_Signals") -> tuple[Any, bytes | None, str]:
+    """A socket connected to the master, the secret to answer with (None
+    on a multi-user DVM's tool socket) and the master's name for messages.
+
+    Raises DvmUnreachable when there is nobody to talk to: this user has no
+    secret for the DVM and there is no tool socket, or nothing listens
+    within :data:`HANDSHAKE_TIMEOUT`; _Interrupted on a signal meanwhile."""
+    name = f"master {uri.host}:{uri.port}"
+    try:
+        secret: bytes | None = read_secret(uri.dvmid)
+    except UriError as exc:
+        path = tool_socket_name(uri.dvmid)
+        if not os.path.exists(path):
+            raise DvmUnreachable(uri, str(exc)) from None
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        sock.settimeout(HANDSHAKE_TIMEOUT)  # a local socket: answered at once, or refused
+        try:
+            sock.connect(path)
+        except OSError as err:
+            sock.close()
+            raise DvmUnreachable(uri, f"cannot reach DVM master at {path}: {err}") from None
+        return sock, None, name
+    where = f"{uri.host}:{uri.port}"
+    deadline = time.monotonic() + HANDSHAKE_TIMEOUT
+    host = uri.host
+    if host.isascii():
+        host = host.encode()  # a str would be IDNA-encoded, which costs an import
+    try:
+        infos = _socket.getaddrinfo(host, uri.port, 0, _socket.SOCK_STREAM)
+    except (OSError, ValueError, OverflowError) as err:  # also a port past 65535
+        raise DvmUnreachable(uri, f"cannot reach DVM master at {where}: {err}") from None
+    problem: OSError | None = None
+    for family, kind, proto, _, addr in infos:
+        sock = _socket.socket(family, kind, proto)
+        sock.setblocking(False)  # connect while watching for signals
+        try:
+            err = sock.connect_ex(addr)
+            if err == errno.EINPROGRESS:
+                if not _wait(sock.fileno(), select.POLLOUT, deadline, signals):
+                    raise TimeoutError(errno.ETIMEDOUT, "timed out")
+                err = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_ERROR)
+            if err:
+                raise OSError(err, os.strerror(err))
+        except OSError as exc:
+            sock.close()
+            problem = exc
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        try:
+            sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        return sock, secret, name
+    raise DvmUnreachable(uri, f"cannot reach DVM master at {where}: {problem}")
+
+
+class _Signals:
+    """SIGINT and SIGTERM, caught and reported through a pipe that ``poll``
+    watches (``signal.set_wakeup_fd``): a signal wakes the loop, and is
+    handled there, between messages -- never in the middle of one."""
+
+    CAUGHT = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.rfd, self._wfd = os.pipe()
+        os.set_blocking(self.rfd, False)
+        os.set_blocking(self._wfd, False)
+        self._old: dict = {}
+        try:
+            self._old_fd: int | None = signal.set_wakeup_fd(self._wfd, warn_on_full_buffer=False)
+        except ValueError:  # not the main thread, which alone receives signals
+            self._old_fd = None
+            return
+        self._old = {s: signal.signal(s, _ignore) for s in self.CAUGHT}
+
+    def pending(self) -> list[int]:
+        """The signals caught since the last call, in order."""
+        out: list[int] = []
+        while True:
+            try:
+                data = os.read(self.rfd, 64)
+            except (BlockingIOError, InterruptedError):
+                break
+            if not data:
+                break
+            out.extend(b for b in data if b in self.CAUGHT)
+        return out
+
+    def close(self) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
+        if self._old_fd is not None:
+            signal.set_wakeup_fd(self._old_fd)
+        os.close(self.rfd)
+        os.close(self._wfd)
+
+
+def _ignore(signum, frame) -> None:
+    """The Python-level handler: the wake-up pipe carries the signal."""
+
+
+def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output: bool,
+            env: dict[str, str] | None = None, cwd: str | None = None,
+            abort_on_failure: bool | None = None, pmix: bool = False,
+            forward_stdin: bool = True) -> int:
+    """Submit a job to the DVM at ``uri``, forward its output, and our stdin
+    to its rank 0 (not with ``forward_stdin`` false, nor when stdin is
+    closed or /dev/null: rank 0 then reads /dev/null); return its exit
+    status.
+
+    Ctrl-C (SIGINT) or SIGTERM asks the master to kill the job; the tool then
+    waits for the job's end and exits with 128 + the signal number (one
+    that comes while connecting -- before anything is submitted -- ends the
+    tool at once, with the same status).  When the job has ended, the processes that failed and who ended it (if it was
+    killed) are reported on stderr (:func:`pydvm.cli_format.job_end_lines`).
+    ``abort_on_failure``: True, the master kills the rest of the job at the
+    first failure; False, never; None, as ``mpirun`` would for an MPI job
+    (run with ``pmix``, or a failing process that used PMIx), else never.
+
+    Raises DvmUnreachable if no DVM answers at ``uri`` (or it refuses us),
+    ToolError for other failures to submit.
+    """
+    signals = _Signals()
+    try:
+        return _Run(uri, signals, tag_output, forward_stdin).run(
+            run_request(apps, session, abort_on_failure, pmix, stdin=False, env=env, cwd=cwd))
+    finally:
+        signals.close()
+
+
+class _Run:
+    """One ``pydvm run``'s connection and loop (see :func:`run_job`)."""
+
+    def __init__(self, uri: DvmUri, signals: _Signals, tag: bool, forward_stdin: bool) -> None:
+        self.uri = uri
+        self.signals = signals
+        self.output = JobOutput(tag)
+        self.forward_stdin = forward_stdin
+        self.ch: BlockingChannel | None = None
+        self.name = ""
+        self.nspace: str | None = None
+        self.signum: int | None = None
+        self.welcomed = False
+        self.result: dict | None = None
+        self.stdin: StdinSource | None = None
+
+    # -- connecting -------------------------------------------------------------
+
+    def _handshake(self) -> tuple[BlockingChannel, bytes]:
+        """Connect and read the challenge; the channel and the auth answer."""
+        uri = self.uri
+        sock, secret, self.name = _connect_socket(uri, self.signals)
+        ch = BlockingChannel(sock)
+        try:
+            challenge = self._challenge(ch)
+        except BaseException:
+            ch.close()
+            raise
+        auth: dict = {"t": "auth", "id": AUTH_ID, "role": "tool"}
+        if secret is not None:
+            auth["mac"] = mac(secret, challenge["nonce"], "tool")
+        return ch, pack(auth)
+
+    def _challenge(self, ch: BlockingChannel) -> dict:
+        """The master's challenge, checked to come from the DVM named."""
+        uri = self.uri
+        deadline = time.monotonic() + HANDSHAKE_TIMEOUT
+        while True:
+            if not _wait(ch.sock.fileno(), _IN, deadline, self.signals):
+                raise DvmUnreachable(uri, f"{self.name} closed: no challenge within "
+                                          f"{HANDSHAKE_TIMEOUT:.0f}s")
+            try:
+                msgs, eof = ch.recv_available()
+            except (OSError, FrameError) as exc:  # reset, garbage
+                raise DvmUnreachable(uri, f"{self.name} closed: {exc}") from None
+            if msgs:
+                break
+            if eof:
+                raise DvmUnreachable(uri, f"{self.name} closed: peer closed")
+        challenge = msgs[0]
+        if challenge.get("t") != "challenge" or not isinstance(challenge.get("nonce"), bytes):
+            raise DvmUnreachable(uri, "master sent no challenge")
+        if challenge.get("dvm") != uri.dvmid:
+            raise DvmUnreachable(uri, f"{uri.host}:{uri.port} is DVM {challenge.get('dvm')}, "
+                                      f"not {uri.dvmid}")
+        return challenge
+
+    # -- the loop -----------------------------------------------------------------
+
+    def run(self, run: dict) -> int:
+        kind = stdin_kind(0) if self.forward_stdin else None
+        run["stdin"] = kind is not None
+        run["id"] = RUN_ID
+        try:
+            for signum in self.signals.pending():
+                raise _Interrupted(signum)
+            ch, auth = self._handshake()
+            for signum in self.signals.pending():
+                ch.close()
+                raise _Interrupted(signum)
+        except _Interrupted as exc:  # nothing was submitted: nothing to kill
+            return 128 + exc.signum
+        self.ch = ch
+        try:
+            ch.sock.sendall(auth + pack(run))  # the run right behind the auth answer
+        except OSError as exc:
+            ch.close()
+            raise DvmUnreachable(self.uri, f"{self.name} closed: connection lost: {exc}") \
+                from None
+        if kind is not None:
+            self.stdin = StdinSource(ch.send, kind)
+        try:
+            self._loop()
+        finally:
+            if self.stdin is not None:
+                self.stdin.stop()
+            ch.close()
+        assert self.result is not None
+        return job_exit(self.result, self.signum, self.output)
+
+    def _loop(self) -> None:
+        ch = self.ch
+        assert ch is not None
+        sock_fd = ch.sock.fileno()
+        poller = select.poll()
+        poller.register(sock_fd, _IN)
+        poller.register(self.signals.rfd, _IN)
+        polled_stdin: int | None = None
+        welcome_by = time.monotonic() + HANDSHAKE_TIMEOUT
+        while self.result is None:
+            src = self.stdin
+            want = src is not None and src.wants_data()
+            timeout: float | None = None
+            if want and src.kind == "file":
+                timeout = 0  # readable now: read it between the socket's messages
+            want_poll = want and src.kind != "file"
+            if want_poll and src.kind == "tty" and src.background():
+                want_poll = False
+                timeout = src.BACKGROUND_POLL
+            if want_poll and polled_stdin is None:
+                poller.register(src.rfd, _IN)
+                polled_stdin = src.rfd
+            elif not want_poll and polled_stdin is not None:
+                poller.unregister(polled_stdin)
+                polled_stdin = None
+            if not self.welcomed:
+                left = max(0.0, welcome_by - time.monotonic())
+                timeout = left if timeout is None else min(timeout, left)
+            events = poller.poll(None if timeout is None else timeout * 1000)
+            for signum in self.signals.pending():
+                self._interrupted(signum)
+            ready = dict(events)
+            if sock_fd in ready:
+                try:
+                    msgs, eof = ch.recv_available()
+                except OSError as exc:  # reset
+                    self._lost(f"connection lost: {exc}")
+                    return
+                except FrameError as exc:
+                    self._lost(f"protocol error: {exc}")
+                    return
+                for msg in msgs:
+                    self._on_message(msg)
+                    if self.result is not None:
+                        return
+                if eof:
+                    self._lost("peer closed")
+                    return
+            if not self.welcomed and time.monotonic() >= welcome_by:
+                raise DvmUnreachable(self.uri, "master refused the connection: no reply from "
+                                               f"{self.name} in {HANDSHAKE_TIMEOUT}s")
+            src = self.stdin
+            if src is None or not src.wants_data():
+                continue
+            if polled_stdin is not None and polled_stdin in ready:
+                if ready[polled_stdin] & select.POLLNVAL:
+                    poller.unregister(polled_stdin)
+                    polled_stdin = None
+                    src.kind = "file"  # cannot be polled: read it as a file
+                elif src.kind == "tty" and src.background():
+                    continue
+                src.read()
+            elif src.kind == "file":
+                src.read()
+            if src.done and polled_stdin is not None:
+                poller.unregister(polled_stdin)
+                polled_stdin = None
+
+    def _lost(self, reason: str) -> None:
+        """The connection ended before the job's reply."""
+        if not self.welcomed:
+            raise DvmUnreachable(self.uri, f"{self.name} closed: {reason}")
+        self.result = {"t": "reply", "id": RUN_ID, "status": int(Status.ERR_UNREACH),
+                       "msg": f"connection to {self.name} lost: {reason}"}
+
+    def _on_message(self, msg: dict) -> None:
+        t = msg.get("t")
+        if t == "output":
+            if self.output.write(msg) and self.signum is None:
+                # Our reader is gone (``pydvm run ... | head``): as SIGPIPE
+                # would, end quietly -- and take the job down with us.
+                self._interrupted(SIGPIPE)
+        elif t == "stdin_ack":
+            if self.stdin is not None:
+                self.stdin.ack(msg.get("bytes"), msg.get("closed") is True)
+        elif t == "started":
+            self.nspace = msg.get("nspace")
+            if self.signum is not None:
+                self._kill()
+            elif self.stdin is not None and isinstance(self.nspace, str):
+                self.stdin.start(self.nspace)
+        elif t == "reply" and msg.get("id") == AUTH_ID:
+            if msg.get("status") != 0:
+                raise DvmUnreachable(self.uri, "master refused the connection: "
+                                               f"{msg.get('msg')}")
+            self.welcomed = True
+        elif t == "reply" and msg.get("id") == RUN_ID:
+            self.result = msg
+
+    def _interrupted(self, signum: int) -> None:
+        if self.signum is not None:
+            return
+        self.signum = signum
+        if self.stdin is not None:
+            self.stdin.stop()
+        if self.nspace is not None:
+            self._kill()
+
+    def _kill(self) -> None:
+        assert self.ch is not None
+        try:
+            self.ch.send({"t": "kill_job", "id": 0, "nspace": self.nspace,
+                          "signal": int(self.signum or 0)})
+        except OSError:
+            pass  # the connection is gone: its end is read next
+
+
+__all__ = ["run_job", "DvmUnreachable", "ToolError"]
