@@ -22,7 +22,7 @@ from pydvm.runtime import storeguard as G
 from pydvm.runtime.node import NodeServer
 from pydvm.runtime.peers import route_answer
 from pydvm.runtime.pmixhost import PmixSession
-from pydvm.runtime.routing import MasterRouter
+from pydvm.runtime.dataservice import MasterRouter
 from pydvm.store import Caller, DataStore, MonotonicClock, StoreParams
 
 NS = "pydvm-t@1"
