@@ -84,7 +84,8 @@ from . import dataops
 from .auth import host_identity
 from .credential import ENV as credential_env
 from .credential import Voucher
-from .guard import Guardian, die_with_parent, group_alive
+from . import jobproc
+from .guard import Guardian, group_alive
 from .jobio import LINE_LIMIT, PARTIAL_WAIT, StdinFeed, output_cost, output_pty, read_some, \
     take_chunk
 from .metrics import RequestStats, store_sample
@@ -259,6 +260,10 @@ class NodeServer:
             ready["holders"] = []  # from now on announced (see _holder_changed)
         self.uplink.send(ready)
         log.info("node %s serving clients at %s", self.node, self.socket_path)
+        if not jobproc.death_signal_available():
+            log.warning("node %s: setpriv (util-linux) not found: job processes get no "
+                        "parent-death signal; only the guardian ends them if this process "
+                        "dies", self.node)
 
     def _make_socket_dir(self) -> None:
         self.socket_dir = make_socket_dir(self.dvmid, self.node, self.multi_user)
@@ -492,7 +497,6 @@ class NodeServer:
                 self.uplink.send(reply(rid, Status.ERR_NOT_FOUND, f"{self.node}: {why}",
                                        exit=code))
                 return
-        preexec = _child_setup(os.getpid(), switch)
         layout = msg.get("pmix")
         uid = msg["uid"] if isinstance(msg.get("uid"), int) else os.getuid()
         gid = msg["gid"] if isinstance(msg.get("gid"), int) else os.getgid()
@@ -543,7 +547,7 @@ class NodeServer:
                 ours.append(err_r)
                 theirs.append(err_w)
                 os.set_blocking(err_r, False)
-                stdin = asyncio.subprocess.DEVNULL
+                stdin = jobproc.DEVNULL
                 if p.get("stdin") is True:
                     in_r, in_w = os.pipe()
                     ours.append(in_w)
@@ -554,9 +558,8 @@ class NodeServer:
                     # Its own user may reopen them (/dev/stdout, /dev/stderr, /dev/stdin).
                     for fd in theirs:
                         os.fchown(fd, switch[0], -1)
-                lp.process = await asyncio.create_subprocess_exec(
-                    *p["argv"], env=env, cwd=cwd, stdin=stdin, stdout=out_w, stderr=err_w,
-                    start_new_session=True, preexec_fn=preexec)
+                lp.process = jobproc.start(p["argv"], env=env, cwd=cwd, stdin=stdin,
+                                           stdout=out_w, stderr=err_w, switch=switch)
             except OSError as exc:
                 for fd in ours + theirs:
                     os.close(fd)
@@ -847,23 +850,6 @@ def _credentials(uid: int, gid: int) -> tuple[int, int, list[int]]:
     except KeyError:
         groups = [gid]
     return uid, gid, groups
-
-
-def _child_setup(parent: int, switch: tuple[int, int, list[int]] | None):
-    """The function run in each job process between fork and exec: switch to
-    the job's user if needed (uvloop's subprocess support has no
-    ``user``/``group`` arguments), then ask to die with the daemon -- in that
-    order, since a change of user clears the parent-death signal."""
-
-    def setup() -> None:
-        if switch is not None:
-            uid, gid, groups = switch
-            os.setgroups(groups)
-            os.setgid(gid)
-            os.setuid(uid)
-        die_with_parent(parent)
-
-    return setup
 
 
 def _workdir(cwd: str | None) -> str | None:
