@@ -500,10 +500,18 @@ class NodeServer:
         layout = msg.get("pmix")
         uid = msg["uid"] if isinstance(msg.get("uid"), int) else os.getuid()
         gid = msg["gid"] if isinstance(msg.get("gid"), int) else os.getgid()
+        pmix_envs: list[dict[str, str]] = [{} for _ in procs]
         if layout and self.pmix.running:
+            # Every rank here is registered with libpmix before the first one
+            # starts, all at once: one wait on libpmix's thread, not one per rank.
+            for p in procs:
+                job.procs[p["rank"]] = LocalProc(ns, p["rank"], p["app_idx"])
             await self.pmix.register_job(job, layout, uid, gid)
+            pmix_envs = list(await asyncio.gather(*[
+                self.pmix.register_proc(job, p["rank"], p["app_idx"], uid, gid)
+                for p in procs]))
         started = 0
-        for p in procs:
+        for p, pmix_env in zip(procs, pmix_envs):
             env = dict(p["env"])
             if layout and self.pmix.running:
                 for k in [k for k in env if k.startswith(FOREIGN_LAUNCH_PREFIXES)]:
@@ -525,11 +533,11 @@ class NodeServer:
                                                                          os.getgid())
                 env.update(self.voucher.environment(ns, p["rank"], run_uid, run_gid,
                                                     p["app_idx"], job.session_id))
-            lp = LocalProc(ns, p["rank"], p["app_idx"])
-            job.procs[p["rank"]] = lp
+            lp = job.procs.get(p["rank"])
+            if lp is None:
+                lp = job.procs[p["rank"]] = LocalProc(ns, p["rank"], p["app_idx"])
             if layout and self.pmix.running:
-                env.update(await self.pmix.register_proc(job, p["rank"], p["app_idx"], uid,
-                                                         gid))
+                env.update(pmix_env)
                 wd = str(self.job_dir(job))
                 for k in OMPI_JOB_DIRS:
                     env.setdefault(k, wd)
