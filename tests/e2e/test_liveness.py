@@ -113,6 +113,41 @@ def test_sigkilled_daemon_takes_its_job_processes_and_their_children_along(dvm):
         finish(job)
 
 
+def _children(pid: int) -> list[int]:
+    kids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(d.name))
+    return kids
+
+
+def test_a_job_process_dies_with_its_daemon_even_without_the_guardian(dvm):
+    """The parent-death signal alone ends a job process whose daemon is
+    killed with SIGKILL: here node b's guardian is killed first, so nothing
+    else can.  (Its own children are the guardian's part: they live on.)"""
+    job = dvm.run_bg("--host", "b", "-n", "1", "sh", "-c", 'echo PID $$; exec sleep 300')
+    reader = LineReader(job.stdout)
+    try:
+        pid = int(reader.wait_line("PID").split()[1])
+        daemon = dvm.daemon_pids["b"]
+        guardians = [k for k in _children(daemon) if k != pid
+                     and os.readlink(f"/proc/{k}/exe") == os.readlink(f"/proc/{daemon}/exe")]
+        assert len(guardians) == 1, guardians
+        os.kill(guardians[0], signal.SIGKILL)
+        wait_for(lambda: not pid_alive(guardians[0]), what="the guardian to die")
+        assert pid_alive(pid)
+        os.kill(daemon, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(pid), timeout=10,
+                 what="the job process to die with its daemon")
+    finally:
+        finish(job)
+
+
 def test_sigkilled_master_leaves_no_daemon_and_no_job_process(tmp_path):
     """Issue 8.4: kill -9 of the master: every daemon and job process is gone
     within a bounded time (the link drops; the heartbeat would catch a silent one)."""

@@ -3,10 +3,11 @@
 Two mechanisms, because neither alone covers every case:
 
 * **Parent-death signal.**  Each job process is started with
-  ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` set in the child just before ``exec``
-  (after any uid switch, which would clear it), so the kernel kills it the
-  moment its daemon dies -- even by SIGKILL.  It reaches only the direct
-  child, not what that child started.
+  ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` set just before it executes its
+  program (by ``setpriv``, after any uid switch, which would clear it; see
+  :mod:`pydvm.runtime.jobproc`), so the kernel kills it the moment its
+  daemon dies -- even by SIGKILL.  It reaches only the direct child, not
+  what that child started.
 * **A guardian process.**  Before its event loop starts, the daemon forks a
   tiny guardian that does nothing but read a pipe from the daemon: the
   process groups the daemon launched (``+PGID`` / ``-PGID``) and the
@@ -25,32 +26,9 @@ recycled process-group id is never signalled.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import shutil
 import signal
-
-PR_SET_PDEATHSIG = 1
-
-_libc = None
-
-
-def _prctl():
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    return _libc.prctl
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """In a freshly forked child: get SIGKILL when the parent dies.
-
-    If the parent is already gone (it died between fork and here), exit now.
-    """
-    _prctl()(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:
-        os._exit(1)
 
 
 def group_alive(pgid: int) -> bool:
@@ -74,7 +52,6 @@ class Guardian:
 
     def start(self) -> None:
         """Fork the guardian.  Call before any thread or event loop exists."""
-        _prctl()  # load libc now: the guardian child must not import anything
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:

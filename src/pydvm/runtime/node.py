@@ -84,7 +84,8 @@ from . import dataops
 from .auth import host_identity
 from .credential import ENV as credential_env
 from .credential import Voucher
-from .guard import Guardian, die_with_parent, group_alive
+from . import jobproc
+from .guard import Guardian, group_alive
 from .jobio import LINE_LIMIT, PARTIAL_WAIT, StdinFeed, output_cost, output_pty, read_some, \
     take_chunk
 from .metrics import RequestStats, store_sample
@@ -270,6 +271,10 @@ class NodeServer:
             ready["holders"] = []  # from now on announced (see _holder_changed)
         self.uplink.send(ready)
         log.info("node %s serving clients at %s", self.name, self.socket_path)
+        if not jobproc.death_signal_available():
+            log.warning("node %s: setpriv (util-linux) not found: job processes get no "
+                        "parent-death signal; only the guardian ends them if this process "
+                        "dies", self.name)
 
     def _make_socket_dir(self) -> None:
         self.socket_dir = make_socket_dir(self.dvmid, self.name, self.multi_user)
@@ -503,14 +508,21 @@ class NodeServer:
                 self.uplink.send(reply(rid, Status.ERR_NOT_FOUND, f"{self.name}: {why}",
                                        exit=code))
                 return
-        preexec = _child_setup(os.getpid(), switch)
         layout = msg.get("pmix")
         uid = msg["uid"] if isinstance(msg.get("uid"), int) else os.getuid()
         gid = msg["gid"] if isinstance(msg.get("gid"), int) else os.getgid()
+        pmix_envs: list[dict[str, str]] = [{} for _ in procs]
         if layout and self.pmix.running:
+            # Every rank here is registered with libpmix before the first one
+            # starts, all at once: one wait on libpmix's thread, not one per rank.
+            for p in procs:
+                job.procs[p["rank"]] = LocalProc(ns, p["rank"], p["app_idx"])
             await self.pmix.register_job(job, layout, uid, gid)
+            pmix_envs = list(await asyncio.gather(*[
+                self.pmix.register_proc(job, p["rank"], p["app_idx"], uid, gid)
+                for p in procs]))
         started = 0
-        for p in procs:
+        for p, pmix_env in zip(procs, pmix_envs):
             env = dict(p["env"])
             if layout and self.pmix.running:
                 for k in [k for k in env if k.startswith(FOREIGN_LAUNCH_PREFIXES)]:
@@ -532,11 +544,11 @@ class NodeServer:
                                                                          os.getgid())
                 env.update(self.voucher.environment(ns, p["rank"], run_uid, run_gid,
                                                     p["app_idx"], job.session_id))
-            lp = LocalProc(ns, p["rank"], p["app_idx"])
-            job.procs[p["rank"]] = lp
+            lp = job.procs.get(p["rank"])
+            if lp is None:
+                lp = job.procs[p["rank"]] = LocalProc(ns, p["rank"], p["app_idx"])
             if layout and self.pmix.running:
-                env.update(await self.pmix.register_proc(job, p["rank"], p["app_idx"], uid,
-                                                         gid))
+                env.update(pmix_env)
                 wd = str(self.job_dir(job))
                 for k in OMPI_JOB_DIRS:
                     env.setdefault(k, wd)
@@ -554,7 +566,7 @@ class NodeServer:
                 ours.append(err_r)
                 theirs.append(err_w)
                 os.set_blocking(err_r, False)
-                stdin = asyncio.subprocess.DEVNULL
+                stdin = jobproc.DEVNULL
                 if p.get("stdin") is True:
                     in_r, in_w = os.pipe()
                     ours.append(in_w)
@@ -565,9 +577,8 @@ class NodeServer:
                     # Its own user may reopen them (/dev/stdout, /dev/stderr, /dev/stdin).
                     for fd in theirs:
                         os.fchown(fd, switch[0], -1)
-                lp.process = await asyncio.create_subprocess_exec(
-                    *p["argv"], env=env, cwd=cwd, stdin=stdin, stdout=out_w, stderr=err_w,
-                    start_new_session=True, preexec_fn=preexec)
+                lp.process = jobproc.start(p["argv"], env=env, cwd=cwd, stdin=stdin,
+                                           stdout=out_w, stderr=err_w, switch=switch)
             except OSError as exc:
                 for fd in ours + theirs:
                     os.close(fd)
@@ -898,23 +909,6 @@ def _credentials(uid: int, gid: int) -> tuple[int, int, list[int]]:
     except KeyError:
         groups = [gid]
     return uid, gid, groups
-
-
-def _child_setup(parent: int, switch: tuple[int, int, list[int]] | None):
-    """The function run in each job process between fork and exec: switch to
-    the job's user if needed (uvloop's subprocess support has no
-    ``user``/``group`` arguments), then ask to die with the daemon -- in that
-    order, since a change of user clears the parent-death signal."""
-
-    def setup() -> None:
-        if switch is not None:
-            uid, gid, groups = switch
-            os.setgroups(groups)
-            os.setgid(gid)
-            os.setuid(uid)
-        die_with_parent(parent)
-
-    return setup
 
 
 def _workdir(cwd: str | None) -> str | None:

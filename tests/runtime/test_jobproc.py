@@ -1,0 +1,82 @@
+"""Starting and reaping job processes (pydvm.runtime.jobproc), with real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+
+import pytest
+
+from pydvm.runtime import jobproc
+
+
+@pytest.fixture
+def no_setpriv(monkeypatch):
+    monkeypatch.setattr(jobproc, "_setpriv", [None])
+
+
+def test_the_command_goes_through_setpriv_with_the_death_signal_after_the_user_switch(
+        monkeypatch):
+    monkeypatch.setattr(jobproc, "_setpriv", ["/usr/bin/setpriv"])
+    assert jobproc.command_line(["prog", "-x"], None) == [
+        "/usr/bin/setpriv", "--pdeathsig", "KILL", "--", "prog", "-x"]
+    assert jobproc.command_line(["prog"], (1000, 100, [100, 27])) == [
+        "/usr/bin/setpriv", "--reuid=1000", "--regid=100", "--groups=100,27",
+        "--pdeathsig", "KILL", "--", "prog"]
+    assert "--clear-groups" in jobproc.command_line(["prog"], (1000, 100, []))
+
+
+def test_without_setpriv_the_command_is_run_as_given(no_setpriv):
+    assert jobproc.command_line(["prog", "-x"], (1, 2, [2])) == ["prog", "-x"]
+    assert not jobproc.death_signal_available()
+
+
+def _run(argv, switch=None, stdin=jobproc.DEVNULL):
+    async def go():
+        r, w = os.pipe()
+        try:
+            p = jobproc.start(argv, env={"PATH": os.defpath}, cwd="/", stdin=stdin,
+                              stdout=w, stderr=w, switch=switch)
+        finally:
+            os.close(w)
+        code = await p.wait()
+        assert p.returncode == code
+        with os.fdopen(r, "rb") as f:
+            return p.pid, code, f.read().decode()
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("setpriv", [True, False])
+def test_a_process_runs_in_its_own_session_and_is_reaped_with_its_status(monkeypatch, setpriv):
+    if not setpriv:
+        monkeypatch.setattr(jobproc, "_setpriv", [None])
+    elif not jobproc.death_signal_available():
+        pytest.skip("setpriv (util-linux) is not installed")
+    pid, code, out = _run(["sh", "-c", "echo $$ $(ps -o sid= -p $$); exit 7"])
+    shown_pid, sid = out.split()
+    assert int(shown_pid) == pid == int(sid)  # same pid through setpriv; a new session
+    assert code == 7
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped already, by the process object
+
+
+def test_a_killed_process_reports_minus_the_signal():
+    async def go():
+        p = jobproc.start(["sleep", "30"], env={"PATH": os.defpath}, cwd=None,
+                          stdin=jobproc.DEVNULL, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, switch=None)
+        os.kill(p.pid, 9)
+        return await p.wait()
+    assert asyncio.run(go()) == -9
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="switching users needs root")
+@pytest.mark.parametrize("setpriv", [True, False])
+def test_the_process_runs_as_the_jobs_user_and_groups(monkeypatch, setpriv):
+    if not setpriv:
+        monkeypatch.setattr(jobproc, "_setpriv", [None])
+    _, code, out = _run(["sh", "-c", "id -u; id -g; id -G"], switch=(65534, 65534, [65534, 100]))
+    assert code == 0
+    uid, gid, groups = out.splitlines()
+    assert (uid, gid, sorted(groups.split())) == ("65534", "65534", ["100", "65534"])
