@@ -345,7 +345,10 @@ _DVMID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01
 
 def _split_uri(text: str) -> tuple[str, str, str] | None:
     """The host (brackets and all), port and DVM id of ``text`` matched
-    against :data:`_URI_PATTERN`; None if it does not match."""
+    against :data:`_URI_PATTERN`; None if it does not match.  As the
+    pattern's ``$`` does, one final newline is allowed."""
+    if text.endswith("\n"):
+        text = text[:-1]
     if not text.startswith("tcp://"):
         return None
     rest = text[6:]

@@ -233,6 +233,9 @@ class Scratch:
         env.pop("PYDVM_URI", None)
         env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
         env["PYDVM_STATE_DIR"] = str(self.state)
+        # Open MPI between local nodes over loopback only: other tests'
+        # network namespaces come and go while a snippet's ranks connect.
+        env.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")
         self.env = env
 
     def write_files(self, doc_blocks: list[Block]) -> None:

@@ -86,11 +86,21 @@ def mpi4py_python(libpmix):
     return find_mpi4py_python()
 
 
+def local_mpi(d: dvmkit.Dvm) -> dvmkit.Dvm:
+    """Open MPI between this DVM's nodes (all on this machine) over loopback
+    only: by default its TCP transport also lists the host side of other
+    tests' network namespaces, which come and go while it runs (a rank then
+    fails to bind an address that just vanished)."""
+    d.env.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")
+    return d
+
+
 @pytest.fixture(scope="module")
 def pdvm(tmp_path_factory, libpmix):
     """One DVM for a module: the head node (this machine's name) and daemon node ``far``."""
     tmp = tmp_path_factory.mktemp("pdvm")
     with dvmkit.start_dvm(tmp, f"{HEAD}:4,{FAR}:4", {"pydvm_pmix": "on"}) as d:
+        local_mpi(d)
         yield d
 
 
@@ -98,7 +108,7 @@ def pdvm(tmp_path_factory, libpmix):
 def make_pdvm(tmp_path, libpmix):
     """Factory for DVMs with their own parameters (same two nodes); stopped at the end."""
     def start(sub, **mca) -> dvmkit.Dvm:
-        return dvmkit.start_dvm(sub, f"{HEAD}:4,{FAR}:4", {"pydvm_pmix": "on", **mca})
+        return local_mpi(dvmkit.start_dvm(sub, f"{HEAD}:4,{FAR}:4", {"pydvm_pmix": "on", **mca}))
 
     with dvmkit.dvm_factory(tmp_path, start) as make:
         yield make
