@@ -104,20 +104,12 @@ class BlockingChannel:
 
     def recv_ready(self) -> list[Message]:
         """Every message already received, without waiting for more (an
-        empty list if none).  Raises ConnectionError at end of file."""
-        if self._timeout is not None:
-            # a socket with a timeout would wait for data despite MSG_DONTWAIT
-            self.sock.settimeout(None)
-            self._timeout = None
-        while True:
-            try:
-                data = self.sock.recv(1 << 16, MSG_DONTWAIT)
-            except BlockingIOError:
-                break
-            if not data:
-                raise ConnectionError("server closed the connection")
-            self._queue.extend(self._decoder.feed(data))
-        out, self._queue = self._queue, []
+        empty list if none).  Raises ConnectionError at end of file (what
+        came before it stays queued)."""
+        out, eof = self.recv_available()
+        if eof:
+            self._queue[:0] = out
+            raise ConnectionError("server closed the connection")
         return out
 
     def recv_available(self) -> tuple[list[Message], bool]:
@@ -127,6 +119,7 @@ class BlockingChannel:
         refusal, or a last answer, is often followed by the close).
         Raises FrameError on bytes that are not frames, OSError on a reset."""
         if self._timeout is not None:
+            # a socket with a timeout would wait for data despite MSG_DONTWAIT
             self.sock.settimeout(None)
             self._timeout = None
         eof = False

@@ -188,6 +188,16 @@ class _FakeMaster:
 
 def _run_against(fake: _FakeMaster, dvmid: str, tmp_path) -> tuple[subprocess.CompletedProcess,
                                                                    float]:
+    """``pydvm run -n 1 true`` against ``fake`` (closed afterwards): its
+    result and how long it took."""
+    try:
+        return _run_once(fake, dvmid, tmp_path)
+    finally:
+        fake.close()
+
+
+def _run_once(fake: _FakeMaster, dvmid: str, tmp_path) -> tuple[subprocess.CompletedProcess,
+                                                                float]:
     state = tmp_path / "state"
     state.mkdir(mode=0o700, exist_ok=True)
     (state / f"{dvmid}.secret").write_text("00" * 32)
@@ -202,10 +212,7 @@ def _run_against(fake: _FakeMaster, dvmid: str, tmp_path) -> tuple[subprocess.Co
 
 def test_a_peer_that_is_another_dvm_is_refused_before_anything_is_sent(tmp_path):
     fake = _FakeMaster({"t": "challenge", "nonce": b"n" * 32, "dvm": "other"})
-    try:
-        p, _ = _run_against(fake, "mine", tmp_path)
-    finally:
-        fake.close()
+    p, _ = _run_against(fake, "mine", tmp_path)
     assert p.returncode == 1, p
     assert p.stderr.startswith(f"pydvm: --dvm tcp://127.0.0.1:{fake.port}/mine: ") and \
         f"127.0.0.1:{fake.port} is DVM other, not mine" in p.stderr, p.stderr
@@ -215,10 +222,7 @@ def test_a_peer_that_never_greets_gets_up_to_the_handshake_timeout(tmp_path):
     """Nobody hangs: a listener that never sends a challenge is given up on
     after the handshake timeout (10 s), with the reason."""
     fake = _FakeMaster(None)
-    try:
-        p, took = _run_against(fake, "mine", tmp_path)
-    finally:
-        fake.close()
+    p, took = _run_against(fake, "mine", tmp_path)
     assert p.returncode == 1, p
     assert "no challenge within 10s" in p.stderr, p.stderr
     assert 9 < took < 30, took
@@ -226,10 +230,7 @@ def test_a_peer_that_never_greets_gets_up_to_the_handshake_timeout(tmp_path):
 
 def test_a_peer_that_greets_but_never_welcomes_gets_up_to_the_handshake_timeout(tmp_path):
     fake = _FakeMaster({"t": "challenge", "nonce": b"n" * 32, "dvm": "mine"})
-    try:
-        p, took = _run_against(fake, "mine", tmp_path)
-    finally:
-        fake.close()
+    p, took = _run_against(fake, "mine", tmp_path)
     assert p.returncode == 1, p
     assert "master refused the connection: no reply from master 127.0.0.1:" in p.stderr, \
         p.stderr

@@ -19,7 +19,9 @@ Where to change what is in ``DESIGN.md`` (next to this file).  The modules:
   :mod:`.tasks` holds their background tasks.
 * :mod:`.node` -- serving one node: launching and reaping processes, their
   client connections, the node store; hosted by :mod:`.daemon` or by the
-  master (the head node).  :mod:`.pmixhost` -- a node's PMIx server.
+  master (the head node).  :mod:`.jobproc` -- starting and reaping a job
+  process; :mod:`.sockdir` -- private socket directories.  :mod:`.pmixhost`
+  -- a node's PMIx server.
 * :mod:`.peers` -- typed peer sessions (identity, outstanding requests, caps)
   and the one builder of a process's identity (``process_caller``).
 * :mod:`.dataops` -- how a data request is applied to a store (both kinds),

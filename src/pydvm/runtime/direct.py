@@ -37,7 +37,7 @@ port: a Unix socket's round trip costs less than a loopback TCP one
 (``bench/pingpong.py``).  The
 handshake is the same; on that socket the peer's SO_PEERCRED uid and gid
 must also be the credential's.  The socket lives in a directory like a
-node's client socket (:func:`~pydvm.runtime.node.make_socket_dir`), open to
+node's client socket (:func:`~pydvm.runtime.sockdir.make_socket_dir`), open to
 the DVM's user only, or traversable by all on a multi-user DVM.
 
 :class:`DirectGate` owns the open direct sessions by process, the counts
@@ -63,7 +63,7 @@ from . import credential, dataops
 from .auth import host_identity
 from .dataservice import DataService
 from .guard import Guardian
-from .node import make_socket_dir
+from .sockdir import make_socket_dir
 from .nodes import NodeTable
 from .peers import DirectSession
 from .processes import ProcessListener, ProcessTable

@@ -116,7 +116,7 @@ def start(argv: list[str], *, env: dict[str, str], cwd: str | None, stdin, stdou
     """Start ``argv`` in a new session (its own process group) with the given
     standard streams, as the job's user if ``switch`` says so.  Raises
     OSError if it cannot be started (the program was checked beforehand,
-    see :func:`pydvm.runtime.node.find_program`)."""
+    see :func:`find_program`)."""
     cmd = command_line(argv, switch)
     kw = {}
     if switch is not None and setpriv_path() is None:
@@ -125,3 +125,57 @@ def start(argv: list[str], *, env: dict[str, str], cwd: str | None, stdin, stdou
     popen = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr,
                              start_new_session=True, close_fds=True, **kw)
     return ChildProcess(popen, asyncio.get_running_loop())
+
+
+def credentials(uid: int, gid: int) -> tuple[int, int, list[int]]:
+    """(uid, gid, supplementary groups) to start a job process as."""
+    import pwd
+
+    try:
+        groups = os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)
+    except KeyError:
+        groups = [gid]
+    return uid, gid, groups
+
+
+def workdir(cwd: str | None) -> str | None:
+    """The directory a job process starts in: the job's own where it exists
+    on this node, else (None) the node server's."""
+    return cwd if cwd and os.path.isdir(cwd) else None
+
+
+def find_program(exe: str, path: str, cwd: str | None) -> tuple[str, int]:
+    """Resolve a job's program as a shell does: ``("", 0)`` when it can be
+    run, else a message naming it and the shell's exit status for it (127
+    not found, 126 found but not runnable).
+
+    A name with a ``/`` is taken as a path, relative to ``cwd`` (the job's
+    working directory, not this process's); a bare name is looked up in
+    ``path`` (``PATH``), whose relative entries are relative to ``cwd`` too.
+    """
+    base = cwd or os.getcwd()
+    if "/" in exe:
+        candidates = [os.path.join(base, exe)]
+    else:
+        candidates = [os.path.join(base, d or ".", exe) for d in path.split(os.pathsep)]
+    unrunnable = ""
+    for c in candidates:
+        if not os.path.exists(c):
+            continue
+        if os.path.isdir(c):
+            unrunnable = unrunnable or f"{exe}: is a directory"
+        elif not os.access(c, os.X_OK):
+            unrunnable = unrunnable or f"{exe}: permission denied (the file is not executable)"
+        else:
+            return "", 0
+    if unrunnable:
+        return unrunnable, 126
+    where = f"in {base}" if "/" in exe else "in PATH"
+    return f"executable not found: {exe} (looked {where})", 127
+
+
+def signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

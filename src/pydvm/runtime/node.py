@@ -61,6 +61,9 @@ the master's ``output_ack``.  A process's stdout is a pseudo-terminal (so C
 programs write it line by line), its stderr a pipe, its stdin ``/dev/null``
 -- or, for rank 0 of a job whose ``pydvm run`` forwards its stdin, a pipe
 fed from it (:mod:`pydvm.runtime.jobio`).
+
+How a process is started and reaped is :mod:`pydvm.runtime.jobproc`'s; the
+private directory of the client socket is :mod:`pydvm.runtime.sockdir`'s.
 """
 
 from __future__ import annotations
@@ -70,8 +73,6 @@ import logging
 import os
 import shutil
 import signal
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,17 +81,16 @@ from ..enums import Persistence
 from ..errors import Status
 from ..store import DataStore, MonotonicClock, StoreParams
 from ..wire import Channel, Message, peer_credentials, refuse, reply
-from . import dataops
-from .auth import host_identity
+from . import dataops, jobproc
 from .credential import ENV as credential_env
 from .credential import Voucher
-from . import jobproc
 from .guard import Guardian, group_alive
 from .jobio import LINE_LIMIT, PARTIAL_WAIT, StdinFeed, output_cost, output_pty, read_some, \
     take_chunk
 from .metrics import RequestStats, store_sample
 from .peers import ClientSession, process_caller, route_answer
 from .pmixhost import FOREIGN_LAUNCH_PREFIXES, OMPI_JOB_DIRS, PmixHost
+from .sockdir import make_socket_dir, same_host_socket
 from .storeguard import GuardedStats, StoreGuard, guard_for, guarded_store
 
 log = logging.getLogger("pydvm.node")
@@ -100,9 +100,6 @@ KILL_GRACE = 3.0
 #: After a process exits, how long its pipes may sit idle (held open by a
 #: lingering child) before the exit is reported anyway.
 PIPE_IDLE = 0.5
-#: A socket directory without an owner file is left alone this long (its
-#: daemon may be creating it right now).
-STALE_GRACE = 60.0
 
 
 @dataclass
@@ -442,7 +439,7 @@ class NodeServer:
         for lp in job.procs.values():
             pgid = lp.pgid
             if pgid is not None and pgid in self.guardian.groups:
-                _signal_group(pgid, signal.SIGKILL)
+                jobproc.signal_group(pgid, signal.SIGKILL)
                 self.guardian.release(pgid)
             for s in list(lp.sessions):
                 s.channel.close(f"job {job.nspace} ended")
@@ -498,12 +495,12 @@ class NodeServer:
         if self.multi_user and msg.get("uid") is not None:
             job.uid, job.gid = msg["uid"], msg["gid"]
             if job.uid != os.getuid():
-                switch = _credentials(job.uid, job.gid)
+                switch = jobproc.credentials(job.uid, job.gid)
         # Resolve every executable first, as a shell would in the process's
         # working directory: a job either starts here or fails whole.
         for p in procs:
-            why, code = find_program(p["argv"][0], p["env"].get("PATH", os.defpath),
-                                     _workdir(p.get("cwd")))
+            why, code = jobproc.find_program(p["argv"][0], p["env"].get("PATH", os.defpath),
+                                             jobproc.workdir(p.get("cwd")))
             if why:
                 self.uplink.send(reply(rid, Status.ERR_NOT_FOUND, f"{self.name}: {why}",
                                        exit=code))
@@ -553,7 +550,7 @@ class NodeServer:
                 for k in OMPI_JOB_DIRS:
                     env.setdefault(k, wd)
                 env.update(p.get("pmix_env") or {})
-            cwd = _workdir(p.get("cwd"))
+            cwd = jobproc.workdir(p.get("cwd"))
             # stdout: a pseudo-terminal (line by line, as under mpirun); stderr:
             # a pipe; stdin: /dev/null, or for rank 0 the pipe its pydvm run feeds.
             ours: list[int] = []  # the read ends (and stdin's write end) we keep
@@ -695,23 +692,23 @@ class NodeServer:
     async def _kill_procs(self, procs: list[LocalProc], grace: float) -> None:
         live = [lp for lp in procs if lp.process is not None and lp.process.returncode is None]
         for lp in live:
-            _signal_group(lp.process.pid, signal.SIGTERM)
+            jobproc.signal_group(lp.process.pid, signal.SIGTERM)
         deadline = asyncio.get_running_loop().time() + grace
         for lp in live:
             left = max(0.0, deadline - asyncio.get_running_loop().time())
             try:
                 await asyncio.wait_for(asyncio.shield(lp.process.wait()), left)
             except asyncio.TimeoutError:
-                _signal_group(lp.process.pid, signal.SIGKILL)
+                jobproc.signal_group(lp.process.pid, signal.SIGKILL)
         for lp in live:
-            _signal_group(lp.process.pid, signal.SIGKILL)  # stragglers in the group
+            jobproc.signal_group(lp.process.pid, signal.SIGKILL)  # stragglers in the group
             await lp.process.wait()
 
     async def _kill_all(self, grace: float) -> None:
         procs = [lp for job in self.jobs.values() for lp in job.procs.values()]
         await self._kill_procs(procs, grace)
         for pgid in self.guardian.groups:  # lingering children of ended processes
-            _signal_group(pgid, signal.SIGKILL)
+            jobproc.signal_group(pgid, signal.SIGKILL)
         # Let the watchers report and purge.
         for _ in range(50):
             if all(lp.ended for lp in procs):
@@ -898,148 +895,3 @@ class NodeServer:
             if self.store.cancel((session, rid)):
                 session.parked.discard(rid)
         self.router.withdraw_all(session)
-
-
-def _credentials(uid: int, gid: int) -> tuple[int, int, list[int]]:
-    """(uid, gid, supplementary groups) to start a job process as."""
-    import pwd
-
-    try:
-        groups = os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)
-    except KeyError:
-        groups = [gid]
-    return uid, gid, groups
-
-
-def _workdir(cwd: str | None) -> str | None:
-    """The directory a job process starts in: the job's own where it exists
-    on this node, else (None) the node server's."""
-    return cwd if cwd and os.path.isdir(cwd) else None
-
-
-def find_program(exe: str, path: str, cwd: str | None) -> tuple[str, int]:
-    """Resolve a job's program as a shell does: ``("", 0)`` when it can be
-    run, else a message naming it and the shell's exit status for it (127
-    not found, 126 found but not runnable).
-
-    A name with a ``/`` is taken as a path, relative to ``cwd`` (the job's
-    working directory, not this process's); a bare name is looked up in
-    ``path`` (``PATH``), whose relative entries are relative to ``cwd`` too.
-    """
-    base = cwd or os.getcwd()
-    if "/" in exe:
-        candidates = [os.path.join(base, exe)]
-    else:
-        candidates = [os.path.join(base, d or ".", exe) for d in path.split(os.pathsep)]
-    unrunnable = ""
-    for c in candidates:
-        if not os.path.exists(c):
-            continue
-        if os.path.isdir(c):
-            unrunnable = unrunnable or f"{exe}: is a directory"
-        elif not os.access(c, os.X_OK):
-            unrunnable = unrunnable or f"{exe}: permission denied (the file is not executable)"
-        else:
-            return "", 0
-    if unrunnable:
-        return unrunnable, 126
-    where = f"in {base}" if "/" in exe else "in PATH"
-    return f"executable not found: {exe} (looked {where})", 127
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def make_socket_dir(dvmid: str, label: str, multi_user: bool,
-                    root: str | None = None) -> Path:
-    """A private directory for a listening Unix socket (a node's client
-    socket, the master's direct-data socket), after removing those left by
-    processes that died (their ``owner`` process is gone).
-
-    Single-user: only the DVM's user can enter it (under
-    ``$TMPDIR/pydvm-<uid>``, 0700).  Multi-user: job processes of every
-    user must reach the socket, so the directory is traversable (not
-    listable) and the socket open to all -- identity comes from SO_PEERCRED
-    (and, on the direct-data socket, a credential) and is checked against
-    the job's owner; those live under ``$TMPDIR/pydvm-<uid>-mu`` (0711), a
-    base of their own, so that a single-user DVM of the same user never
-    closes it to the others.  ``root`` replaces ``$TMPDIR`` (``/dev/shm``
-    for the jobs' shared-memory directories).
-    """
-    mode = 0o711 if multi_user else 0o700
-    suffix = "-mu" if multi_user else ""
-    base = Path(root or tempfile.gettempdir()) / f"pydvm-{os.getuid()}{suffix}"
-    base.mkdir(mode=mode, exist_ok=True)
-    if base.stat().st_mode & 0o777 != mode:
-        os.chmod(base, mode)
-    remove_stale_socket_dirs(base)
-    d = Path(tempfile.mkdtemp(prefix=f"{dvmid}-{label}-", dir=base))
-    # written whole or not at all: other DVMs' processes sweep this directory
-    tmp = d / "owner.tmp"
-    tmp.write_text(_process_identity(os.getpid()))
-    tmp.rename(d / "owner")
-    os.chmod(d, mode)
-    return d
-
-
-def same_host_socket(offer: object) -> str:
-    """The master's direct-data socket path from a welcome's ``direct_unix``
-    offer, if the master runs on this machine as this process sees it
-    (:func:`~pydvm.runtime.auth.host_identity`); else ""."""
-    if not isinstance(offer, dict):
-        return ""
-    path, host = offer.get("path"), offer.get("host")
-    if not (isinstance(path, str) and isinstance(host, str) and host):
-        return ""
-    return path if host == host_identity() else ""
-
-
-def _process_identity(pid: int) -> str:
-    """``PID STARTTIME``: names one process even if its pid is reused later."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            start = f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        start = "?"
-    return f"{pid} {start}"
-
-
-def remove_stale_socket_dirs(base: Path) -> list[Path]:
-    """Remove socket directories under ``base`` whose daemon is dead.
-
-    Each daemon writes ``owner`` (``PID STARTTIME``) into its directory; a
-    directory whose owner process no longer exists (or is another process
-    under a reused pid) is a dead DVM's.  One without an owner file, or with
-    one not yet written whole, is left alone for :data:`STALE_GRACE` seconds.
-    Returns what was removed.
-    """
-    removed = []
-    try:
-        entries = list(base.iterdir())
-    except OSError:
-        return removed
-    now = time.time()
-    for d in entries:
-        if not d.is_dir():
-            continue
-        try:
-            ident = (d / "owner").read_text().split()
-        except OSError:
-            ident = None
-        if ident is not None and not (len(ident) == 2 and ident[0].isdigit()):
-            ident = None  # being written by a daemon starting right now: as if missing
-        if ident is None:
-            try:
-                if now - d.stat().st_mtime < STALE_GRACE:
-                    continue
-            except OSError:
-                continue
-        elif _process_identity(int(ident[0])) == " ".join(ident):
-            continue  # its daemon is alive
-        shutil.rmtree(d, ignore_errors=True)
-        removed.append(d)
-    return removed
