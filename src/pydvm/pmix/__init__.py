@@ -8,8 +8,8 @@ from . import constants
 from .values import DataArray, PmixValueError, Proc, Value
 from .requests import (Abort, App, ClientConnected, ClientFinalized, Connect, DirectModex,
                        Disconnect, Fence, Lookup, Publish, Request, Spawn, Unpublish)
-from .server import (Handler, LookupReply, ModexReply, OpReply, PmixServerError, PmixServer,
-                     SpawnReply, cleanup_stale)
+from .replies import LookupReply, ModexReply, OpReply, SpawnReply
+from .server import Handler, PmixServerError, PmixServer, cleanup_stale
 
 __all__ = [
     "Abort", "App", "ClientConnected", "ClientFinalized", "Connect", "DataArray",

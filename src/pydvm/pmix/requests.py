@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .values import Proc, Value
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .server import InfoReply, LookupReply, ModexReply, OpReply, SpawnReply
+    from .replies import InfoReply, LookupReply, ModexReply, OpReply, SpawnReply
 
 
 @dataclass(eq=False)
