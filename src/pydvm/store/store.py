@@ -59,22 +59,21 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from typing import Callable, Hashable, Iterable, Mapping
 
 from ..enums import Persistence, Range
 from ..errors import Status
 from .clock import Clock, Timer, TimerHandle
 from .keyindex import KeyIndex
-from .model import (INT_MAX, INT_MIN, Caller, Item, Typed, Value, check_typed, item_nbytes,
-                    value_size)
+from .model import Caller, Item, Value, item_nbytes, value_size
 from .parked import ParkedLookups
 from .results import (PURGE_REASON, FoundKey, KeyInfo, Pending, Reason, Reply, StoreParams,
                       StoreStats)
 from .rules import LIFETIME_HORIZONS, ReadVerdict, expires_by, may_read, owns, sweep_interval
 from .touchqueue import TouchQueue
+from .updates import UPDATE_OPS, as_int, describe, plain_of, updated
 from .validate import (as_persistence, as_range, check_key, check_keys, check_pairs,
-                       check_value, id_list)
+                       check_value, item_args)
 
 log = logging.getLogger("pydvm.store")
 
@@ -85,109 +84,8 @@ SWEEP_BUDGET = 1000
 AnswerSink = Callable[[Hashable, Reply], None]
 
 
-#: The operations of :meth:`DataStore.update`.
-UPDATE_OPS = ("add", "cas", "append")
-
-
 def _bad(message: str) -> Reply:
     return Reply(Status.ERR_BAD_PARAM, message=message)
-
-
-def _item_args(range, persistence, access_uids, access_gids):
-    """Validate what a new item is stored with: ``(problem, range,
-    persistence, uids, gids)``, problem "" when all is well."""
-    rng = as_range(range)
-    if rng is None:
-        return f"unknown range {range!r}", None, None, None, None
-    if persistence is None:
-        persist = Persistence.NSPACE
-    else:
-        persist = as_persistence(persistence)
-        if persist is None:
-            return f"unknown persistence {persistence!r}", None, None, None, None
-        if persist is Persistence.INVALID:
-            persist = Persistence.NSPACE
-    uids = id_list(access_uids)
-    gids = id_list(access_gids)
-    if uids is None:
-        return "access uids must be a list of non-negative integers", None, None, None, None
-    if gids is None:
-        return "access gids must be a list of non-negative integers", None, None, None, None
-    return "", rng, persist, uids, gids
-
-
-def _plain(value):
-    """The plain Python value of a stored value (a Typed one unwrapped)."""
-    return value.value if value.__class__ is Typed else value
-
-
-def _describe(value) -> str:
-    plain = _plain(value)
-    text = repr(plain)
-    return f"{type(plain).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
-
-
-#: Decimal text an ``add`` accepts: an optional sign and ASCII digits.
-_DECIMAL = re.compile(r"[+-]?[0-9]+")
-
-
-def _as_int(value) -> int | None:
-    """The integer ``value`` holds -- an int, a typed PMIx integer, or
-    decimal text as str or bytes -- else None (a bool, a float, other text)."""
-    plain = _plain(value)
-    cls = plain.__class__
-    if cls is int:
-        return plain
-    if cls is str or cls is bytes:
-        text = plain.decode("ascii", "replace") if cls is bytes else plain
-        if len(text) <= 40 and _DECIMAL.fullmatch(text):
-            return int(text)
-    return None
-
-
-def _same(a, b) -> bool:
-    """Compare-and-set's equality: same plain Python type, equal values."""
-    a, b = _plain(a), _plain(b)
-    return a.__class__ is b.__class__ and a == b
-
-
-def _updated(op: str, current, operand, expected, delta: int | None
-             ) -> tuple[str, Value | None]:
-    """``(problem, new value)`` of an update (``delta``: an add's operand as
-    an int); new value None: no change (a compare-and-set that did not
-    match)."""
-    if op == "cas":
-        if current is None:
-            matches = expected is None or (_plain(expected).__class__ in (str, bytes)
-                                           and not _plain(expected))
-        else:
-            matches = expected is not None and _same(current, expected)
-        return "", operand if matches else None
-    if current is None:
-        return "", operand
-    if op == "add":
-        base = _as_int(current)
-        if base is None:
-            return f"the value is not an integer ({_describe(current)})", None
-        total = base + delta
-        plain = _plain(current)
-        if current.__class__ is Typed:
-            new: Value = Typed(total, current.pmix_type)
-            problem = check_typed(new)
-            return (f"the result {problem}", None) if problem else ("", new)
-        if not INT_MIN <= total <= INT_MAX:
-            return f"the result {total} does not fit in 64 bits", None
-        if plain.__class__ is int:
-            return "", total
-        text = str(total)
-        return "", text.encode("ascii") if plain.__class__ is bytes else text
-    # append
-    plain, extra = _plain(current), _plain(operand)
-    if plain.__class__ is not extra.__class__ or plain.__class__ not in (str, bytes):
-        return (f"cannot append {type(extra).__name__} to {type(plain).__name__}", None)
-    if current.__class__ is Typed:
-        return "", Typed(plain + extra, current.pmix_type)
-    return "", plain + extra
 
 
 class DataStore:
@@ -299,7 +197,7 @@ class DataStore:
         problem, norm = check_pairs(pairs)
         if problem:
             return _bad(problem)
-        problem, rng, persist, uids, gids = _item_args(range, persistence, access_uids,
+        problem, rng, persist, uids, gids = item_args(range, persistence, access_uids,
                                                        access_gids)
         if problem:
             return _bad(problem)
@@ -466,19 +364,19 @@ class DataStore:
             problem = check_value(key, expected)
             if problem:
                 return _bad(f"expected: {problem}")
-        problem, rng, persist, uids, gids = _item_args(range, persistence, access_uids,
+        problem, rng, persist, uids, gids = item_args(range, persistence, access_uids,
                                                        access_gids)
         if problem:
             return _bad(problem)
         operand = value
         delta = None
         if op == "add":
-            delta = _as_int(operand)
+            delta = as_int(operand)
             if delta is None:
                 return _bad(f"add needs an integer (int or decimal text), not "
-                            f"{_describe(operand)}")
-        if op == "append" and _plain(operand).__class__ not in (str, bytes):
-            return _bad(f"append needs str or bytes, not {_describe(operand)}")
+                            f"{describe(operand)}")
+        if op == "append" and plain_of(operand).__class__ not in (str, bytes):
+            return _bad(f"append needs str or bytes, not {describe(operand)}")
         now = self._clock.now()
 
         # -- decide: whose key, and its new value ---------------------------
@@ -489,7 +387,7 @@ class DataStore:
                                  "owner may change it")
         target = next(iter(own.values()))[0] if own else None
         current = target.pairs[key] if target is not None else None
-        problem, new = _updated(op, current, operand, expected, delta)
+        problem, new = updated(op, current, operand, expected, delta)
         if problem:
             return _bad(f"{op} on {key!r}: {problem}")
         grown = 0

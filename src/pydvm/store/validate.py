@@ -90,3 +90,26 @@ def check_pairs(pairs) -> tuple[str, dict[str, Value]]:
             return problem, {}
         norm[key] = value
     return "", norm
+
+
+def item_args(range, persistence, access_uids, access_gids):
+    """Validate what a new item is stored with: ``(problem, range,
+    persistence, uids, gids)``, problem "" when all is well."""
+    rng = as_range(range)
+    if rng is None:
+        return f"unknown range {range!r}", None, None, None, None
+    if persistence is None:
+        persist = Persistence.NSPACE
+    else:
+        persist = as_persistence(persistence)
+        if persist is None:
+            return f"unknown persistence {persistence!r}", None, None, None, None
+        if persist is Persistence.INVALID:
+            persist = Persistence.NSPACE
+    uids = id_list(access_uids)
+    gids = id_list(access_gids)
+    if uids is None:
+        return "access uids must be a list of non-negative integers", None, None, None, None
+    if gids is None:
+        return "access gids must be a list of non-negative integers", None, None, None, None
+    return "", rng, persist, uids, gids
