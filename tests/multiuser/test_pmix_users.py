@@ -124,3 +124,71 @@ def test_a_users_process_cannot_connect_to_another_users_jobs_pmix_server(
         bg.kill()
         bg.wait(timeout=30)
         shutil.rmtree(share, ignore_errors=True)
+
+
+def _agents(user: str) -> list[int]:
+    p = subprocess.run(["pgrep", "-u", user, "-f", "pydvm.runtime.pmixusers"],
+                       capture_output=True, text=True)
+    return [int(x) for x in p.stdout.split()]
+
+
+def test_each_user_gets_a_pmix_server_of_its_own_and_the_shared_memory_job_store(
+        mudvm, users, progs):
+    """Each user's PMIx processes, on the head node and on a daemon node, are
+    served by a PMIx server running as that user: libpmix's shared-memory job
+    store (ds21) is in a directory that user owns, no fallback store is
+    forced, the client library selects ds21 and reads the job data through
+    it -- and the servers end with the DVM."""
+    show = ("env | grep ^PMIX_ | sort; "
+            "echo OWNER $(stat -c %U \"$PMIX_DSTORE_21_BASE_PATH\")")
+    seen = {}
+    for user in ("pdvmtesta", "pdvmtestb"):
+        p = mudvm.as_user(user, "run", "--pmix", "--host", "a:1,b:1", "-n", "2",
+                          "sh", "-c", show)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert p.stderr == "", p.stderr
+        assert "PMIX_MCA_gds=" not in p.stdout, p.stdout
+        assert p.stdout.count(f"OWNER {user}") == 2, p.stdout
+        seen[user] = set(re.findall(r"PMIX_SERVER_URI41=(\S+)", p.stdout))
+        assert len(seen[user]) == 2, p.stdout  # one server per node
+        assert len(_agents(user)) == 2  # one per node, running as the user
+        # the client library picks the shared-memory store and reads job data from it
+        p = mudvm.as_user(user, "run", "--pmix", "--host", "a:1,b:2", "-n", "3", "sh", "-c",
+                          f"PMIX_MCA_gds_base_verbose=5 exec {progs['pmix_keys']}")
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "PMIX ERROR" not in p.stderr, p.stderr
+        for r, local in ((0, "1"), (1, "2"), (2, "2")):
+            assert f"R{r} JOB pmix.univ.size=3" in p.stdout, p.stdout
+            assert f"R{r} JOB pmix.local.size={local}" in p.stdout
+        assert re.search(r"ds21", p.stderr), p.stderr
+    assert not seen["pdvmtesta"] & seen["pdvmtestb"]
+    mudvm.as_user(None, "stop", timeout=60)
+    from dvmkit import wait_for
+    wait_for(lambda: not _agents("pdvmtesta") and not _agents("pdvmtestb"),
+             what="the users' PMIx servers to end with the DVM")
+
+
+def test_when_a_users_pmix_server_dies_its_processes_end_and_the_next_job_gets_a_new_one(
+        mudvm, users, progs):
+    """Killing A's PMIx server on the head node ends A's PMIx job there (it
+    cannot go on without its server) with an error instead of leaving it
+    hanging; A's next PMIx job starts a new server and runs."""
+    bg = mudvm.popen_as("pdvmtesta", "run", "--pmix", "--host", "a", "-n", "1",
+                        progs["pmix_ops"], "pub:k:string:v", "sleep:60000")
+    try:
+        from dvmkit import wait_for
+        wait_for(lambda: len(_agents("pdvmtesta")) == 1, what="A's PMIx server")
+        (pid,) = _agents("pdvmtesta")
+        os.kill(pid, 9)
+        assert bg.wait(timeout=60) != 0
+    finally:
+        if bg.poll() is None:
+            bg.kill()
+            bg.wait()
+    p = mudvm.as_user("pdvmtesta", "run", "--pmix", "--host", "a", "-n", "1",
+                      progs["pmix_keys"])
+    assert p.returncode == 0 and p.stderr == "", p.stdout + p.stderr
+    assert "R0 JOB pmix.univ.size=1" in p.stdout
+    assert len(_agents("pdvmtesta")) == 1 and _agents("pdvmtesta") != [pid]
+    logs = "".join(f.read_text(errors="replace") for f in mudvm.log_dir.glob("*"))
+    assert "PMIx server of uid" in logs and "ending its 1 process" in logs, logs[-3000:]

@@ -21,7 +21,8 @@ Where to change what is in ``DESIGN.md`` (next to this file).  The modules:
   client connections, the node store; hosted by :mod:`.daemon` or by the
   master (the head node).  :mod:`.jobproc` -- starting and reaping a job
   process; :mod:`.sockdir` -- private socket directories.  :mod:`.pmixhost`
-  -- a node's PMIx server.
+  -- a node's PMIx server; :mod:`.pmixusers` -- on a multi-user DVM, one
+  more per user running PMIx jobs there, as that user, relaying its upcalls.
 * :mod:`.peers` -- typed peer sessions (identity, outstanding requests, caps)
   and the one builder of a process's identity (``process_caller``).
 * :mod:`.dataops` -- how a data request is applied to a store (both kinds),

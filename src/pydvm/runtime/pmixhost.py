@@ -302,11 +302,20 @@ class PmixHost:
         self.status: tuple[bool, str, str | None] = (False, "not started", None)
         #: (nspace, rank) -> the session of a registered local process.
         self.sessions: dict[tuple[str, int], PmixSession] = {}
-        #: namespaces registered for this node's own processes.
-        self.local_nspaces: set[str] = set()
+        #: namespaces registered for this node's own processes, each with
+        #: the server its processes connect to (``self.server`` or a user's
+        #: agent, :mod:`pydvm.runtime.pmixusers`).
+        self.local_nspaces: dict[str, Any] = {}
         #: other nodes' namespaces registered here so that local processes
-        #: connected to them (MPI_Comm_connect, spawn) know their layout.
-        self.foreign: set[str] = set()
+        #: connected to them (MPI_Comm_connect, spawn) know their layout,
+        #: each with the servers it is registered with.
+        self.foreign: dict[str, list] = {}
+        #: uid -> that user's agent on this node (multi-user DVMs only).
+        self.users: dict[int, Any] = {}
+        self._starting: dict[int, asyncio.Future] = {}
+        #: uid -> why that user's agent could not be started (logged once;
+        #: its processes are served by ``self.server`` with the copying store).
+        self.no_agent: dict[int, str] = {}
 
     @property
     def running(self) -> bool:
@@ -360,31 +369,120 @@ class PmixHost:
                             st["requests"], st["answered_now"], guard.busy)
             self.server.finalize()
             self.server = None
+        for agent in list(self.users.values()):
+            agent.finalize()
+        self.users.clear()
 
     # ------------------------------------------------------------------
     # jobs and processes
     # ------------------------------------------------------------------
 
+    async def server_for(self, uid: int, gid: int):
+        """The server the processes of user ``uid`` connect to: the node's
+        own, or on a multi-user DVM for another user that user's agent
+        (:mod:`pydvm.runtime.pmixusers`), started at its first job here.  If
+        the agent cannot start, the node's own server (logged once)."""
+        if uid == os.geteuid() or not getattr(self.node, "multi_user", False):
+            return self.server
+        agent = self.users.get(uid)
+        if agent is not None:
+            return agent
+        if uid in self.no_agent:
+            return self.server
+        starting = self._starting.get(uid)
+        if starting is not None:
+            return await asyncio.shield(starting)
+        fut = self._starting[uid] = asyncio.get_running_loop().create_future()
+        try:
+            agent = await self._start_agent(uid, gid)
+        finally:
+            del self._starting[uid]
+        fut.set_result(agent)
+        return agent
+
+    async def _start_agent(self, uid: int, gid: int):
+        from . import jobproc
+        from .pmixusers import UserServer
+        agent = UserServer(uid, gid, self, self._agent_may, self._agent_lost)
+        try:
+            await agent.start(os.path.dirname(self.server.tmpdir), self.server.nspace + f"-u{uid}",
+                              self.node.name, MAX_FRAME // 2, jobproc.credentials(uid, gid))
+        except Exception as exc:
+            self.no_agent[uid] = str(exc)
+            log.warning("node %s: no PMIx server of its own for uid %d (%s): its processes "
+                        "use the node's, with the job store that copies the job's data "
+                        "into each process", self.node.name, uid, exc)
+            return self.server
+        if self.server is None:  # the node stopped meanwhile
+            agent.finalize()
+            return None
+        self.users[uid] = agent
+        log.info("node %s: PMIx server of uid %d (pid %d) in %s", self.node.name, uid,
+                 agent.proc.pid, agent.tmpdir)
+        return agent
+
+    def _agent_may(self, agent, req) -> str | None:
+        """Why an upcall relayed by ``agent`` is not its user's to make (None: it is)."""
+        for who in (getattr(req, "proc", None), getattr(req, "source", None)):
+            if who is not None and self.local_nspaces.get(who.nspace) is not agent:
+                return f"from {who}, not a process of this user's jobs on this node"
+        for p in getattr(req, "procs", None) or ():
+            srv = self.local_nspaces.get(p.nspace)
+            if srv is not None and srv is not agent:
+                return f"names {p}, a process of another user's job on this node"
+        return None
+
+    def _agent_lost(self, agent, reason: str) -> None:
+        """A user's agent ended: its processes here lost their PMIx server,
+        so they are ended (their jobs fail as with any lost process)."""
+        if self.users.get(agent.uid) is agent:
+            del self.users[agent.uid]
+        for ns in [n for n, srv in self.local_nspaces.items() if srv is agent]:
+            del self.local_nspaces[ns]
+        for ns, servers in list(self.foreign.items()):
+            if agent in servers:
+                servers.remove(agent)
+                if not servers:
+                    del self.foreign[ns]
+        if agent.stopping:
+            return
+        procs = []
+        for key, s in list(self.sessions.items()):
+            if key[0] in agent.nspaces:
+                job = self.node.jobs.get(key[0])
+                lp = job.procs.get(key[1]) if job is not None else None
+                if lp is not None:
+                    procs.append(lp)
+                s.channel.close(f"its PMIx server ended: {reason}")
+        if procs:
+            log.error("node %s: the PMIx server of uid %d ended (%s): ending its %d "
+                      "process(es) here", self.node.name, agent.uid, reason, len(procs))
+            from .node import KILL_GRACE
+            self.node._spawn(self.node._kill_procs(procs, KILL_GRACE))
+
     async def register_job(self, job: "LocalJob", layout: dict, uid: int, gid: int) -> None:
         """Register a job's namespace with its job-level information (once per node)."""
         ns = job.nspace
-        if ns in self.foreign:  # known as a peer's namespace; now it runs here too
-            self.foreign.discard(ns)
-            await self.server.deregister_nspace(ns)
         if ns in self.local_nspaces:
             return
+        server = await self.server_for(uid, gid)
+        if server is None:
+            raise RuntimeError("the node's PMIx server stopped")
+        for srv in self.foreign.pop(ns, ()):  # known as a peer's namespace; now it runs here too
+            await srv.deregister_nspace(ns)
         jl = job_layout(ns, layout, job.session_id)
         from ..pmix.jobinfo import job_info
-        self.local_nspaces.add(ns)
-        await self.server.register_nspace(ns, jl.local_count(self.node.name),
-                                          job_info(jl, self.node.name))
+        self.local_nspaces[ns] = server
+        await server.register_nspace(ns, jl.local_count(self.node.name),
+                                     job_info(jl, self.node.name))
 
     async def register_proc(self, job: "LocalJob", rank: int, app_idx: int, uid: int,
                             gid: int) -> dict[str, str]:
         """Register one local process; returns the environment it needs."""
         from ..pmix import Proc
         proc = Proc(job.nspace, rank)
-        await self.server.register_client(proc, uid, gid)
+        server = self.local_nspaces.get(job.nspace) or self.server
+        await server.register_client(proc, uid, gid)
         caller = process_caller(job.nspace, rank, uid, gid, self.node.name, app_idx,
                                 job.session_id)
         session = PmixSession(self, caller, self.node.values["pydvm_max_outstanding"])
@@ -392,16 +490,16 @@ class PmixHost:
         lp = job.procs.get(rank)
         if lp is not None:
             lp.sessions.add(session)
-        env = self.server.setup_fork(proc)
+        env = server.setup_fork(proc)
         env.update(OMPI_DIRECT_LAUNCH)
-        if uid != os.geteuid():
-            # Another user's process of a multi-user DVM: libpmix 4.2's
-            # shared-memory job store (ds21/ds12) belongs to the server's own
-            # user -- its segments, locks and directory are created for the
-            # uid the server was started as, whatever a namespace registers --
-            # so such a client fails to attach it (printing a PMIX ERROR) and
-            # falls back to the store that copies the job data into the
-            # client at PMIx_Init.  Name that store here: the same data,
+        if uid != os.geteuid() and server is self.server:
+            # Another user's process served by the node's own server (its
+            # agent could not start): libpmix 4.2's shared-memory job store
+            # (ds21/ds12) belongs to the server's user -- its segments, locks
+            # and directory are created for the uid the server was started
+            # as -- so such a client would fail to attach it (printing a PMIX
+            # ERROR) and fall back to the store that copies the job data into
+            # the client at PMIx_Init.  Name that store here: the same data,
             # without the failed attempt (docs/pmix.md, "Users").  It takes
             # the client library's own parameter: the server's
             # PMIX_GDS_MODULE list is only a preference.
@@ -431,23 +529,32 @@ class PmixHost:
             return
         for key in [k for k in self.sessions if k[0] == nspace]:
             self.sessions[key].channel.close(f"job {nspace} ended")
-        if nspace in self.local_nspaces or nspace in self.foreign:
-            self.local_nspaces.discard(nspace)
-            self.foreign.discard(nspace)
-            await self.server.deregister_nspace(nspace)
+        servers = list(self.foreign.pop(nspace, ()))
+        local = self.local_nspaces.pop(nspace, None)
+        if local is not None:
+            servers.append(local)
+        for srv in servers:
+            if srv is self.server or srv.running:
+                await srv.deregister_nspace(nspace)
 
-    async def learn_nspaces(self, layouts: dict) -> None:
-        """Register other nodes' namespaces (from a connect's answer) not known here."""
+    async def learn_nspaces(self, layouts: dict, server=None) -> None:
+        """Register other nodes' namespaces (from a connect's answer) not known
+        to ``server`` (default: the node's own)."""
         from ..pmix.jobinfo import job_info
+        server = server or self.server
         for ns, lay in (layouts or {}).items():
-            if ns in self.local_nspaces or ns in self.foreign:
+            if ns in self.local_nspaces or server in self.foreign.get(ns, ()):
                 continue
             jl = job_layout(ns, lay, lay.get("session_id"))
-            self.foreign.add(ns)
+            self.foreign.setdefault(ns, []).append(server)
             try:
-                await self.server.register_nspace(ns, 0, job_info(jl, self.node.name))
+                await server.register_nspace(ns, 0, job_info(jl, self.node.name))
             except Exception as exc:
-                self.foreign.discard(ns)
+                servers = self.foreign.get(ns, [])
+                if server in servers:
+                    servers.remove(server)
+                if not servers:
+                    self.foreign.pop(ns, None)
                 log.warning("cannot register peer namespace %s: %s", ns, exc)
 
     # ------------------------------------------------------------------
@@ -510,10 +617,14 @@ class PmixHost:
         if self.server is None:
             return Status.ERR_NOT_SUPPORTED
         src = msg["source"]
-        return await self.server.notify_event(int(msg["code"]), Proc(str(src[0]), int(src[1])),
-                                              int(msg["range"]),
-                                              info_from_wire(msg.get("info") or []),
-                                              timeout=EVENT_TIMEOUT)
+        source = Proc(str(src[0]), int(src[1]))
+        info = info_from_wire(msg.get("info") or [])
+        # every server here passes it to its own clients (libpmix filters by range)
+        statuses = await asyncio.gather(*[
+            srv.notify_event(int(msg["code"]), source, int(msg["range"]), info,
+                             timeout=EVENT_TIMEOUT)
+            for srv in (self.server, *self.users.values())])
+        return next((s for s in statuses if s != Status.SUCCESS), Status.SUCCESS)
 
     # -- groups --------------------------------------------------------------
 
@@ -632,7 +743,7 @@ class PmixHost:
     def _up_connect(self, req) -> None:
         async def learn_then_reply(r: Message) -> None:
             try:
-                await self.learn_nspaces(r.get("layouts"))
+                await self.learn_nspaces(r.get("layouts"), getattr(req, "origin", None))
             finally:
                 req.reply(r.get("status", Status.ERR_UNREACH))
 
@@ -667,8 +778,9 @@ class PmixHost:
         ns, rank = msg.get("nspace"), msg.get("rank")
         if self.server is None or (ns, rank) not in self.sessions:
             return reply(msg.get("id"), Status.ERR_NOT_FOUND, f"{ns}:{rank} is not served here")
+        server = self.local_nspaces.get(ns) or self.server
         try:
-            status, blob = await asyncio.wait_for(self.server.dmodex_request(Proc(ns, rank)),
+            status, blob = await asyncio.wait_for(server.dmodex_request(Proc(ns, rank)),
                                                   DMODEX_TIMEOUT)
         except asyncio.TimeoutError:
             return reply(msg.get("id"), Status.ERR_TIMEOUT,

@@ -1,0 +1,564 @@
+"""A PMIx server per user: other users' jobs of a multi-user DVM get libpmix's
+shared-memory job store.
+
+Why
+---
+libpmix 4.2's shared-memory job store (the ``ds21``/``ds12`` "gds"
+components a client prefers) belongs to the user its server was initialised
+as: the store's directory, segments and lock files are created for that uid
+at ``PMIx_server_init`` (a ``PMIX_USERID`` registered with one namespace
+re-owns only the top directory).  A node server of a root-started
+multi-user DVM runs as root, so a process of another user could not attach
+that store: libpmix printed ``PMIX ERROR ... gds_ds12_lock_pthread.c`` and
+fell back to copying the job's data into each client at ``PMIx_Init``.
+And libpmix allows one server per process.
+
+So each user who runs PMIx jobs on a node gets a small process of its own,
+started at that user's first PMIx job there, **running as that user**: the
+*agent*.  It hosts a libpmix server (its own rendezvous directory, 0700,
+owned by the user: no other user's process can even reach it) and relays
+every upcall to the node server over a socket pair; the node serves it with
+the very handlers of its own server (:class:`~pydvm.runtime.pmixhost.PmixHost`),
+so routing, identity and the store's rules are the same.  The node in turn
+asks the agent to register the user's namespaces and processes, pass events
+on, and hand over modex data.  The DVM owner's own jobs stay with the node's
+in-process server.
+
+Trust
+-----
+The agent runs as the user, who can therefore make it say anything.  The
+node believes of it only what that user may claim: the requesting process of
+an upcall must belong to a namespace the node registered with *this* agent,
+and every process an upcall names that runs on this node must too (so a
+fence, connect or group between two users' jobs on one node is refused
+``PMIX_ERR_NO_PERMISSIONS``).  Identity stays the registered one: the
+session of ``(nspace, rank)``, with the uid/gid of the job's owner.
+
+Wire
+----
+Framed msgpack (:class:`~pydvm.wire.Channel`), requests and replies matched
+by id both ways.  Node -> agent: ``start``, ``register_nspace``,
+``deregister_nspace``, ``register_client`` (answered with the process's
+environment), ``notify``, ``dmodex``, ``stop``.  Agent -> node: ``up``, one
+upcall (:func:`encode_request`), answered by a reply whose ``args`` are the
+arguments of the upcall's reply call, or whose ``fail`` is a status.  PMIx
+values, processes and data arrays cross as tagged maps (:func:`encode`).
+
+If the agent cannot be started (the user cannot run this Python, no
+``setpriv`` and no privilege), the node serves that user's processes from
+its own server with the copying store, as before, and logs why once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import socket
+import subprocess
+import sys
+from typing import Any, Callable
+
+from ..errors import Status
+from ..pmix import constants as C
+from ..wire import Channel, Message, reply
+
+log = logging.getLogger("pydvm.pmix")
+
+#: How long the node waits for an agent to start its libpmix server, and
+#: for each of its answers (a registration, an event, modex data).
+AGENT_TIMEOUT = 30.0
+#: How long an agent has to finish after ``stop`` before it is killed.
+STOP_GRACE = 5.0
+
+
+# ----------------------------------------------------------------------
+# codec: PMIx objects as msgpack can carry them
+# ----------------------------------------------------------------------
+
+def encode(x: Any) -> Any:
+    """``x`` (Proc, Value, DataArray, a request dataclass, dicts, lists,
+    tuples, scalars) as plain msgpack data; :func:`decode` is its inverse.
+    Raises TypeError for anything else."""
+    from ..pmix import DataArray, Proc, Value
+    if x is None or isinstance(x, (bool, int, float, str, bytes)):
+        return x
+    if isinstance(x, Value):
+        return {"V": [x.type, encode(x.value)]}
+    if isinstance(x, Proc):
+        return {"P": [x.nspace, x.rank]}
+    if isinstance(x, DataArray):
+        return {"A": [x.type, [encode(i) for i in x.items]]}
+    if isinstance(x, tuple):
+        return {"T": [encode(i) for i in x]}
+    if isinstance(x, list):
+        return [encode(i) for i in x]
+    if isinstance(x, dict):
+        return {"M": [[k, encode(v)] for k, v in x.items()]}
+    if dataclasses.is_dataclass(x) and type(x).__name__ in _classes():
+        return {"C": [type(x).__name__, {f.name: encode(getattr(x, f.name))
+                                         for f in dataclasses.fields(x) if f.name != "reply"}]}
+    if isinstance(x, bytearray):
+        return bytes(x)
+    raise TypeError(f"cannot carry a {type(x).__name__} to or from a PMIx agent")
+
+
+def decode(x: Any) -> Any:
+    """The inverse of :func:`encode`.  Raises ValueError on what it never makes."""
+    from ..pmix import DataArray, Proc, Value
+    if isinstance(x, list):
+        return [decode(i) for i in x]
+    if not isinstance(x, dict):
+        return x
+    if len(x) != 1:
+        raise ValueError("a tagged value has exactly one tag")
+    (tag, body), = x.items()
+    if tag == "V":
+        return Value(decode(body[1]), int(body[0]))
+    if tag == "P":
+        return Proc(str(body[0]), int(body[1]))
+    if tag == "A":
+        return DataArray(int(body[0]), tuple(decode(i) for i in body[1]))
+    if tag == "T":
+        return tuple(decode(i) for i in body)
+    if tag == "M":
+        return {str(k): decode(v) for k, v in body}
+    if tag == "C":
+        cls = _classes().get(body[0])
+        if cls is None:
+            raise ValueError(f"not a PMIx request: {body[0]!r}")
+        return cls(**{str(k): decode(v) for k, v in body[1].items()})
+    raise ValueError(f"unknown tag {tag!r}")
+
+
+_CLASSES: dict[str, type] = {}
+
+
+def _classes() -> dict[str, type]:
+    if not _CLASSES:
+        from ..pmix import requests as R
+        for name in dir(R):
+            obj = getattr(R, name)
+            if isinstance(obj, type) and dataclasses.is_dataclass(obj):
+                _CLASSES[name] = obj
+    return _CLASSES
+
+
+def encode_request(req) -> Any:
+    """An upcall's request, without its reply object."""
+    return encode(req)
+
+
+def decode_request(data: Any):
+    """A request built from :func:`encode_request`'s output (``reply`` unset)."""
+    req = decode(data)
+    from ..pmix.requests import Request
+    if not isinstance(req, Request) or type(req) is Request:
+        raise ValueError("not a PMIx upcall")
+    return req
+
+
+# ----------------------------------------------------------------------
+# node side
+# ----------------------------------------------------------------------
+
+class RemoteReply:
+    """The reply object of an upcall relayed by an agent: answering it sends
+    the answer back to the agent, which gives it to libpmix.  Same contract
+    as the binding's replies: the first call answers, later ones are ignored;
+    one dropped unanswered answers PMIX_ERROR."""
+
+    def __init__(self, agent: "UserServer", rid: int | None, kind: str) -> None:
+        self._agent = agent
+        self._rid = rid
+        self.kind = kind
+        self.notification = rid is None
+        self._done = rid is None
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def __call__(self, *args) -> bool:
+        if self._done:
+            if not self.notification:
+                log.warning("pmix %s reply called again after it was sent: ignored", self.kind)
+            return False
+        self._done = True
+        try:
+            body = encode(list(args))
+        except TypeError as exc:
+            log.error("pmix %s: answer cannot be relayed (%s): PMIX_ERROR", self.kind, exc)
+            self._agent.answer(self._rid, fail=int(C.ERROR))
+            return True
+        self._agent.answer(self._rid, args=body)
+        return True
+
+    def fail(self, status: int) -> bool:
+        if self._done:
+            return False
+        self._done = True
+        self._agent.answer(self._rid, fail=int(status))
+        return True
+
+    def __del__(self):
+        try:
+            if not self._done:
+                log.error("pmix %s reply dropped without an answer: sending PMIX_ERROR",
+                          self.kind)
+                self.fail(int(C.ERROR))
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+
+class UserServer:
+    """The node's side of one user's agent: the same calls as
+    :class:`~pydvm.pmix.PmixServer` that :class:`PmixHost` makes, each a
+    request to the agent; upcalls the agent relays go to ``handler``.
+
+    ``nspaces``: the namespaces registered with this agent (its user's jobs
+    on this node, and peers' namespaces its processes connected to).
+    """
+
+    def __init__(self, uid: int, gid: int, handler: Callable[[Any], Any],
+                 trusted: Callable[["UserServer", Any], str | None],
+                 on_lost: Callable[["UserServer", str], None]) -> None:
+        self.uid = uid
+        self.gid = gid
+        self.name = f"PMIx agent of uid {uid}"
+        self._handler = handler
+        self._trusted = trusted
+        self._on_lost = on_lost
+        self.channel: Channel | None = None
+        self.proc: subprocess.Popen | None = None
+        self.tmpdir: str | None = None
+        self.nspaces: set[str] = set()
+        self._envs: dict[tuple[str, int], dict[str, str]] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self.stats = {"requests": 0, "refused": 0, "answered_now": 0, "handler_errors": 0}
+        self.stopping = False
+
+    # -- lifecycle -------------------------------------------------------
+
+    async def start(self, base: str, nspace: str, hostname: str, max_value_size: int,
+                    switch: tuple[int, int, list[int]] | None) -> None:
+        """Start the agent as ``switch``'s user and its libpmix server in a
+        directory of its own under ``base``.  Raises RuntimeError saying why
+        it could not."""
+        from . import jobproc
+        d = os.path.join(base, f"pmix-u{self.uid}")
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        os.chown(d, self.uid, self.gid)
+        os.chmod(d, 0o700)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        argv = [sys.executable, "-m", "pydvm.runtime.pmixusers", str(theirs.fileno())]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PMIX_", "PYDVM_"))}
+        env["HOME"] = d
+        kw: dict[str, Any] = {}
+        if switch is not None and jobproc.setpriv_path() is None:
+            kw = {"user": switch[0], "group": switch[1], "extra_groups": switch[2]}
+        try:
+            self.proc = subprocess.Popen(jobproc.command_line(argv, switch), env=env, cwd=d,
+                                         stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                                         start_new_session=True, close_fds=True, **kw)
+        except OSError as exc:
+            ours.close()
+            raise RuntimeError(f"cannot start it: {exc}") from None
+        finally:
+            theirs.close()
+        loop = asyncio.get_running_loop()
+        _, self.channel = await loop.create_unix_connection(
+            lambda: Channel(self._on_message, self._on_close, name=self.name), sock=ours)
+        r = await self.channel.call({"t": "start", "tmpdir": d, "nspace": nspace,
+                                     "host": hostname, "max_value_size": max_value_size},
+                                    AGENT_TIMEOUT)
+        if r.get("status") != Status.SUCCESS:
+            await self.finalize_async()
+            raise RuntimeError(r.get("msg") or f"status {r.get('status')}")
+        self.tmpdir = r.get("tmpdir")
+
+    async def finalize_async(self) -> None:
+        """Stop the agent (its libpmix server finalises) and reap it."""
+        self.stopping = True
+        ch, proc = self.channel, self.proc
+        if ch is not None and not ch.closed:
+            await ch.call({"t": "stop"}, STOP_GRACE)
+            ch.close("stopped")
+        if proc is not None:
+            loop = asyncio.get_running_loop()
+            try:
+                await asyncio.wait_for(loop.run_in_executor(None, proc.wait), STOP_GRACE)
+            except asyncio.TimeoutError:
+                log.warning("%s (pid %d) did not stop: killed", self.name, proc.pid)
+                proc.kill()
+                await loop.run_in_executor(None, proc.wait)
+
+    def finalize(self) -> None:
+        """Stop without waiting (the node is going): the agent finalises on
+        the end of its connection, and has the death signal anyway."""
+        self.stopping = True
+        if self.channel is not None:
+            self.channel.close("node server stopping")
+        if self.proc is not None:
+            try:
+                self.proc.wait(STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    @property
+    def running(self) -> bool:
+        return self.channel is not None and not self.channel.closed
+
+    # -- what PmixHost calls -----------------------------------------------
+
+    async def _ask(self, msg: Message) -> Message:
+        if self.channel is None:
+            raise RuntimeError(f"{self.name} is not running")
+        r = await self.channel.call(msg, AGENT_TIMEOUT)
+        if r.get("status") != Status.SUCCESS:
+            from ..pmix import PmixServerError
+            raise PmixServerError(int(r.get("status", C.ERROR)), r.get("msg") or msg["t"])
+        return r
+
+    async def register_nspace(self, nspace: str, nlocalprocs: int, info=()) -> None:
+        self.nspaces.add(nspace)
+        await self._ask({"t": "register_nspace", "nspace": nspace, "nlocal": nlocalprocs,
+                         "info": encode([list(i) for i in info])})
+
+    async def deregister_nspace(self, nspace: str) -> None:
+        self.nspaces.discard(nspace)
+        for key in [k for k in self._envs if k[0] == nspace]:
+            del self._envs[key]
+        if self.running:
+            await self._ask({"t": "deregister_nspace", "nspace": nspace})
+
+    async def register_client(self, proc, uid: int, gid: int) -> None:
+        r = await self._ask({"t": "register_client", "nspace": proc.nspace, "rank": proc.rank,
+                             "uid": uid, "gid": gid})
+        self._envs[(proc.nspace, proc.rank)] = {str(k): str(v) for k, v in
+                                                (r.get("env") or {}).items()}
+
+    def setup_fork(self, proc) -> dict[str, str]:
+        """The environment the agent gave ``proc`` at its registration."""
+        return dict(self._envs.get((proc.nspace, proc.rank), {}))
+
+    async def notify_event(self, code: int, source, rng: int, info=(), timeout: float = 5.0
+                           ) -> int:
+        if not self.running:
+            return int(Status.ERR_UNREACH)
+        r = await self.channel.call({"t": "notify", "code": code, "source": encode(source),
+                                     "range": rng, "info": encode([list(i) for i in info]),
+                                     "timeout": timeout}, timeout + AGENT_TIMEOUT)
+        return int(r.get("status", C.ERROR))
+
+    async def dmodex_request(self, proc) -> tuple[int, bytes]:
+        if not self.running:
+            return int(Status.ERR_UNREACH), b""
+        r = await self.channel.call({"t": "dmodex", "nspace": proc.nspace, "rank": proc.rank},
+                                    None)
+        return int(r.get("status", C.ERROR)), bytes(r.get("data") or b"")
+
+    # -- the agent's upcalls -------------------------------------------------
+
+    def answer(self, rid: int | None, **fields) -> None:
+        if rid is None or self.channel is None or self.channel.closed:
+            return
+        self.channel.send(reply(rid, Status.SUCCESS, **fields))
+
+    def _on_message(self, ch: Channel, msg: Message) -> None:
+        if msg.get("t") in ("reply", "error"):
+            return  # the late answer to a call that timed out
+        if msg.get("t") != "up":
+            log.warning("%s: unexpected %r message: closing", self.name, msg.get("t"))
+            ch.close("protocol error", error=True)
+            return
+        rid = msg.get("id")
+        rid = rid if isinstance(rid, int) else None
+        try:
+            req = decode_request(msg.get("req"))
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            log.warning("%s: malformed upcall (%s): refused", self.name, exc)
+            self.stats["refused"] += 1
+            self.answer(rid, fail=int(Status.ERR_BAD_PARAM))
+            return
+        req.reply = RemoteReply(self, rid, req.kind)
+        req.origin = self
+        why = self._trusted(self, req)
+        if why:
+            log.warning("%s: %s %s: refused", self.name, req.kind, why)
+            self.stats["refused"] += 1
+            req.reply.fail(int(Status.ERR_NO_PERMISSIONS))
+            return
+        self.stats["requests"] += 1
+        try:
+            res = self._handler(req)
+        except Exception as exc:
+            self._failed(req, exc)
+            return
+        if asyncio.iscoroutine(res):
+            task = asyncio.ensure_future(res)
+            self._tasks.add(task)
+            task.add_done_callback(lambda t: self._task_done(req, t))
+
+    def _task_done(self, req, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        exc = task.exception() if not task.cancelled() else asyncio.CancelledError()
+        if exc is not None:
+            self._failed(req, exc)
+
+    def _failed(self, req, exc: BaseException) -> None:
+        self.stats["handler_errors"] += 1
+        log.error("pmix %s handler raised %r", req.kind, exc)
+        if not req.reply.done:
+            req.reply.fail(int(C.ERROR))
+
+    def _on_close(self, ch: Channel, reason: str) -> None:
+        if not self.stopping:
+            log.warning("%s ended: %s", self.name, reason)
+        self._on_lost(self, reason)
+
+
+# ----------------------------------------------------------------------
+# agent side (a process of its own, running as the user)
+# ----------------------------------------------------------------------
+
+class Agent:
+    """One user's libpmix server, relaying upcalls to its node."""
+
+    def __init__(self) -> None:
+        self.server = None
+        self.channel: Channel | None = None
+        self.done: asyncio.Future | None = None
+
+    def on_message(self, ch: Channel, msg: Message) -> None:
+        if msg.get("t") in ("reply", "error", "cancel"):
+            return  # a late answer; a call the node gave up on runs to its end
+        fn = getattr(self, "_do_" + str(msg.get("t")), None)
+        if fn is None:
+            ch.send(reply(msg.get("id"), Status.ERR_NOT_SUPPORTED,
+                          f"unknown command {msg.get('t')!r}"))
+            return
+        task = asyncio.ensure_future(self._run(fn, msg))
+        task.add_done_callback(lambda t: None)
+
+    async def _run(self, fn, msg: Message) -> None:
+        try:
+            fields = await fn(msg) or {}
+            out = reply(msg.get("id"), Status.SUCCESS, **fields)
+        except Exception as exc:
+            status = getattr(exc, "status", None)
+            out = reply(msg.get("id"), status if isinstance(status, int) else C.ERROR,
+                        f"{msg.get('t')}: {exc}")
+        if self.channel is not None and not self.channel.closed:
+            self.channel.send(out)
+
+    async def _do_start(self, msg: Message) -> dict:
+        from ..pmix import PmixServer, cleanup_stale
+        from ..pmix import constants as C
+        cleanup_stale(msg["tmpdir"])
+        server = PmixServer(max_value_size=int(msg["max_value_size"]), nspace=str(msg["nspace"]))
+        server.start(msg["tmpdir"], asyncio.get_running_loop(), self.forward,
+                     extra_info=[(C.HOSTNAME, str(msg["host"]))])
+        self.server = server
+        return {"tmpdir": server.tmpdir}
+
+    async def _do_register_nspace(self, msg: Message) -> None:
+        await self.server.register_nspace(str(msg["nspace"]), int(msg["nlocal"]),
+                                          [tuple(i) for i in decode(msg["info"])])
+
+    async def _do_deregister_nspace(self, msg: Message) -> None:
+        await self.server.deregister_nspace(str(msg["nspace"]))
+
+    async def _do_register_client(self, msg: Message) -> dict:
+        from ..pmix import Proc
+        proc = Proc(str(msg["nspace"]), int(msg["rank"]))
+        await self.server.register_client(proc, int(msg["uid"]), int(msg["gid"]))
+        return {"env": self.server.setup_fork(proc)}
+
+    async def _do_notify(self, msg: Message) -> None:
+        from ..pmix import PmixServerError
+        status = await self.server.notify_event(
+            int(msg["code"]), decode(msg["source"]), int(msg["range"]),
+            [tuple(i) for i in decode(msg["info"])], timeout=float(msg["timeout"]))
+        if status != Status.SUCCESS:
+            raise PmixServerError(status, "notify_event")
+
+    async def _do_dmodex(self, msg: Message) -> dict:
+        from ..pmix import PmixServerError, Proc
+        status, blob = await self.server.dmodex_request(Proc(str(msg["nspace"]),
+                                                             int(msg["rank"])))
+        if status != Status.SUCCESS:
+            raise PmixServerError(status, "direct modex")
+        return {"data": blob}
+
+    async def _do_stop(self, msg: Message) -> None:
+        if self.done is not None and not self.done.done():
+            asyncio.get_running_loop().call_soon(self.done.set_result, "stopped")
+
+    def forward(self, req) -> None:
+        """An upcall (on the loop): to the node, whose answer goes to libpmix."""
+        ch = self.channel
+        try:
+            body = {"t": "up", "req": encode_request(req)}
+        except TypeError as exc:
+            log.error("pmix %s cannot be relayed (%s): refused", req.kind, exc)
+            req.reply.fail(int(Status.ERR_BAD_PARAM))
+            return
+        if req.reply.notification:
+            if ch is not None and not ch.closed:
+                ch.send(body)
+            return
+
+        def answered(r: Message) -> None:
+            if req.reply.done:
+                return
+            if "args" in r:
+                try:
+                    req.reply(*decode(r["args"]))
+                    return
+                except Exception as exc:
+                    log.error("pmix %s: the node's answer cannot be given (%s)", req.kind, exc)
+                    req.reply.fail(int(C.ERROR))
+                    return
+            status = r.get("fail", r.get("status"))
+            req.reply.fail(int(status) if isinstance(status, int) and status != Status.SUCCESS
+                           else int(Status.ERR_UNREACH))
+        if ch is None:
+            req.reply.fail(int(Status.ERR_UNREACH))
+        else:
+            ch.request(body, answered)
+
+    async def main(self, fd: int) -> None:
+        loop = asyncio.get_running_loop()
+        self.done = loop.create_future()
+
+        def closed(ch: Channel, reason: str) -> None:
+            if not self.done.done():
+                self.done.set_result(reason)
+        sock = socket.socket(fileno=fd)
+        _, self.channel = await loop.create_unix_connection(
+            lambda: Channel(self.on_message, closed, name="node"), sock=sock)
+        reason = await self.done
+        if self.server is not None:
+            self.server.finalize()
+            self.server = None
+        self.channel.close(str(reason))
+        log.debug("PMIx agent of uid %d done: %s", os.getuid(), reason)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or not argv[0].isdigit():
+        print("usage: python -m pydvm.runtime.pmixusers FD (started by a pydvm node)",
+              file=sys.stderr)
+        return 2
+    logging.basicConfig(level=os.environ.get("PYDVM_AGENT_LOG", "WARNING"),
+                        format=f"pydvm pmix agent uid {os.getuid()}: %(levelname)s %(message)s")
+    asyncio.run(Agent().main(int(argv[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Unit tests of the per-user PMIx server's relay (runtime/pmixusers.py):
+the codec that carries upcalls and answers between an agent and its node,
+and what the node does with what an agent sends (no libpmix, no processes;
+tests/multiuser/test_pmix_users.py runs the real thing with real uids)."""
+
+from __future__ import annotations
+
+import gc
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, strategies as st
+
+from pydvm.errors import Status
+from pydvm.pmix import DataArray, Proc, Value
+from pydvm.pmix import constants as C
+from pydvm.pmix import requests as R
+from pydvm.runtime.pmixhost import PmixHost
+from pydvm.runtime.pmixusers import (RemoteReply, UserServer, decode, decode_request, encode,
+                                     encode_request)
+
+P = Proc("ns-a", 3)
+INFO = DataArray(C.INFO, (("k1", Value("x", C.STRING)), ("k2", Value(7, C.UINT32))))
+
+REQUESTS = [
+    R.ClientConnected(P, {"pmix.x": Value(True, C.BOOL)}),
+    R.ClientFinalized(P),
+    R.Abort(P, 3, "bye", [Proc("ns-a", 0), Proc("ns-a", C.RANK_WILDCARD)]),
+    R.Fence([P], b"\x00\xffblob", True, 10, {}),
+    R.DirectModex(P, {}),
+    R.Publish(P, {"k": Value(b"\x01", C.BYTE_OBJECT), "u": Value(200, C.UINT8),
+                  "d": Value(INFO, C.DATA_ARRAY)}, C.RANGE_SESSION, C.PERSIST_APP,
+              (1001, 1002), None, {"pmix.timeout": Value(5, C.INT)}),
+    R.Lookup(P, ["a", "b"], None, 1, 30, {}),
+    R.Unpublish(P, None, C.RANGE_LOCAL, {}),
+    R.Spawn(P, {}, [R.App("./a.out", ["./a.out", "-v"], ["X=1"], None, 2,
+                          {"pmix.wdir": Value("/tmp", C.STRING)})]),
+    R.Connect([P, Proc("ns-b", 0)], {}),
+    R.Disconnect([P], {}),
+    R.RegisterEvents([1, -2], {}),
+    R.DeregisterEvents([]),
+    R.NotifyEvent(-57, P, C.RANGE_SESSION, [("ev", Value(Proc("ns-a", 1), C.PROC))]),
+    R.Group("construct", "g1", [P], {}),
+]
+
+
+@pytest.mark.parametrize("req", REQUESTS, ids=lambda r: r.kind)
+def test_every_upcall_crosses_to_the_node_and_back_unchanged(req):
+    import msgpack
+    back = decode_request(msgpack.unpackb(msgpack.packb(encode_request(req)), raw=False))
+    assert type(back) is type(req)
+    for f in req.__dataclass_fields__:
+        if f != "reply":
+            # App is compared by identity (eq=False): its repr shows every field
+            assert repr(getattr(back, f)) == repr(getattr(req, f)), f
+
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1),
+                     st.floats(allow_nan=False), st.text(), st.binary())
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.lists(inner, max_size=4).map(tuple),
+        st.dictionaries(st.text(max_size=5), inner, max_size=4),
+        st.builds(Value, inner, st.integers(0, 60)),
+        st.builds(Proc, st.text(max_size=8), st.integers(-3, 10**6)),
+        st.builds(DataArray, st.integers(0, 60), st.lists(inner, max_size=3).map(tuple))),
+    max_leaves=12)
+
+
+@given(_values)
+def test_decode_inverts_encode(x):
+    import msgpack
+    assert decode(msgpack.unpackb(msgpack.packb(encode(x)), raw=False)) == x
+
+
+@pytest.mark.parametrize("bad", [{"X": 1}, {"V": [1, 2], "P": [1, 2]},
+                                 {"C": ["Popen", {}]}, {"C": ["Publish", {"nope": 1}]}])
+def test_what_the_codec_never_makes_is_refused(bad):
+    with pytest.raises((ValueError, TypeError)):
+        decode(bad)
+
+
+def test_a_value_that_cannot_cross_is_a_type_error():
+    with pytest.raises(TypeError):
+        encode(object())
+    with pytest.raises(ValueError):
+        decode_request({"T": [1, 2]})  # data, not an upcall
+
+
+class FakeChannel:
+    def __init__(self):
+        self.sent = []
+        self.closed = False
+        self.why = None
+
+    def send(self, msg):
+        self.sent.append(msg)
+
+    def close(self, reason="closed", *, error=False):
+        self.closed, self.why = True, reason
+
+
+def _agent(handler, trusted=lambda a, r: None):
+    a = UserServer(1001, 1001, handler, trusted, lambda a, why: None)
+    a.channel = FakeChannel()
+    return a
+
+
+def _up(req, rid=7):
+    return {"t": "up", "id": rid, "req": encode_request(req)}
+
+
+def test_an_upcall_is_served_by_the_nodes_handler_and_its_answer_relayed():
+    seen = []
+
+    def handler(req):
+        seen.append(req)
+        req.reply(Status.SUCCESS, [("k", Value("v", C.STRING), P)])
+    a = _agent(handler)
+    a._on_message(a.channel, _up(R.Lookup(P, ["k"], None, None, None, {})))
+    assert seen and seen[0].origin is a and seen[0].proc == P
+    (out,) = a.channel.sent
+    assert out["t"] == "reply" and out["id"] == 7
+    assert decode(out["args"]) == [Status.SUCCESS, [("k", Value("v", C.STRING), P)]]
+    assert seen[0].reply(Status.SUCCESS) is False  # answered once only
+    assert len(a.channel.sent) == 1
+
+
+def test_an_upcall_the_agents_user_may_not_make_is_refused_no_permissions():
+    a = _agent(lambda req: pytest.fail("must not be served"),
+               trusted=lambda a, r: "from ns-b:0, not a process of this user's jobs")
+    a._on_message(a.channel, _up(R.Publish(Proc("ns-b", 0), {}, None, None, None, None, {})))
+    (out,) = a.channel.sent
+    assert out["fail"] == Status.ERR_NO_PERMISSIONS
+    assert a.stats["refused"] == 1 and not a.channel.closed
+
+
+def test_a_malformed_upcall_is_refused_bad_param_and_the_agent_kept():
+    a = _agent(lambda req: pytest.fail("must not be served"))
+    a._on_message(a.channel, {"t": "up", "id": 3, "req": {"C": ["Publish", {"x": 1}]}})
+    assert a.channel.sent[-1]["fail"] == Status.ERR_BAD_PARAM and not a.channel.closed
+    a._on_message(a.channel, {"t": "reply", "id": 99})  # a late answer: ignored
+    assert not a.channel.closed and len(a.channel.sent) == 1
+    a._on_message(a.channel, {"t": "launch"})  # not the protocol: the agent is cut off
+    assert a.channel.closed
+
+
+def test_a_handler_that_raises_answers_error_and_a_dropped_reply_answers_error():
+    def boom(req):
+        raise RuntimeError("boom")
+    a = _agent(boom)
+    a._on_message(a.channel, _up(R.Fence([P], b"", False, None, {})))
+    assert a.channel.sent[-1]["fail"] == C.ERROR and a.stats["handler_errors"] == 1
+
+    a = _agent(lambda req: None)  # never answers, keeps nothing
+    a._on_message(a.channel, _up(R.Connect([P], {})))
+    gc.collect()
+    assert a.channel.sent[-1]["fail"] == C.ERROR
+
+
+def test_a_notification_gets_no_answer():
+    got = []
+    a = _agent(lambda req: got.append(req))
+    a._on_message(a.channel, {"t": "up", "req": encode_request(
+        R.NotifyEvent(1, P, C.RANGE_SESSION, []))})
+    assert got and got[0].reply.notification
+    assert got[0].reply(Status.SUCCESS) is False and a.channel.sent == []
+
+
+def test_the_node_believes_an_agent_only_about_its_own_users_processes():
+    mine, theirs = object(), object()
+    host = SimpleNamespace(local_nspaces={"ns-a": mine, "ns-b": theirs})
+    may = PmixHost._agent_may
+    assert may(host, mine, R.Publish(Proc("ns-a", 0), {}, None, None, None, None, {})) is None
+    assert "not a process" in may(host, mine, R.Publish(Proc("ns-b", 0), {}, None, None, None,
+                                                         None, {}))
+    assert "not a process" in may(host, mine, R.Lookup(Proc("ns-x", 0), [], None, None, None,
+                                                        {}))
+    assert "not a process" in may(host, mine, R.NotifyEvent(1, Proc("ns-b", 0), 0, []))
+    # a collective may name processes elsewhere, not another user's here
+    assert may(host, mine, R.Fence([Proc("ns-a", 0), Proc("ns-remote", 1)], b"", False, None,
+                                   {})) is None
+    assert "another user's job" in may(host, mine, R.Connect([Proc("ns-a", 0),
+                                                              Proc("ns-b", 0)], {}))
+
+
+def test_a_remote_reply_after_the_agent_is_gone_is_dropped_quietly():
+    a = _agent(lambda req: None)
+    a.channel.closed = True
+    r = RemoteReply(a, 5, "fence")
+    assert r(Status.SUCCESS, b"x") is True and a.channel.sent == []
