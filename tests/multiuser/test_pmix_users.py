@@ -176,8 +176,12 @@ def test_when_a_users_pmix_server_dies_its_processes_end_and_the_next_job_gets_a
     bg = mudvm.popen_as("pdvmtesta", "run", "--pmix", "--host", "a", "-n", "1",
                         progs["pmix_ops"], "pub:k:string:v", "sleep:60000")
     try:
-        from dvmkit import wait_for
-        wait_for(lambda: len(_agents("pdvmtesta")) == 1, what="A's PMIx server")
+        out = ""
+        while "PUBLISH" not in out:  # the job is running on its server
+            line = bg.stdout.readline()
+            assert line, out
+            out += line
+        assert "INIT status=0" in out and "PUBLISH key=k status=0" in out, out
         (pid,) = _agents("pdvmtesta")
         os.kill(pid, 9)
         assert bg.wait(timeout=60) != 0
@@ -188,7 +192,7 @@ def test_when_a_users_pmix_server_dies_its_processes_end_and_the_next_job_gets_a
     p = mudvm.as_user("pdvmtesta", "run", "--pmix", "--host", "a", "-n", "1",
                       progs["pmix_keys"])
     assert p.returncode == 0 and p.stderr == "", p.stdout + p.stderr
-    assert "R0 JOB pmix.univ.size=1" in p.stdout
+    assert "R0 JOB pmix.job.size=1" in p.stdout, p.stdout
     assert len(_agents("pdvmtesta")) == 1 and _agents("pdvmtesta") != [pid]
     logs = "".join(f.read_text(errors="replace") for f in mudvm.log_dir.glob("*"))
     assert "PMIx server of uid" in logs and "ending its 1 process" in logs, logs[-3000:]

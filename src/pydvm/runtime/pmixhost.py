@@ -86,6 +86,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import Status
@@ -126,6 +127,9 @@ FOREIGN_LAUNCH_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_", "
 EVENT_TIMEOUT = 5.0
 #: How long a node waits for libpmix to hand over a local rank's modex data.
 DMODEX_TIMEOUT = 60.0
+#: After a user's PMIx agent failed to start, how long that user's
+#: processes are served by the node's own server before another try.
+AGENT_RETRY = 60.0
 
 
 def pmix_status():
@@ -313,9 +317,10 @@ class PmixHost:
         #: uid -> that user's agent on this node (multi-user DVMs only).
         self.users: dict[int, Any] = {}
         self._starting: dict[int, asyncio.Future] = {}
-        #: uid -> why that user's agent could not be started (logged once;
-        #: its processes are served by ``self.server`` with the copying store).
-        self.no_agent: dict[int, str] = {}
+        #: uid -> (why, when) that user's agent could not be started (logged
+        #: once): its processes are served by ``self.server`` with the
+        #: copying store, and a new agent is tried AGENT_RETRY seconds later.
+        self.no_agent: dict[int, tuple[str, float]] = {}
 
     @property
     def running(self) -> bool:
@@ -387,7 +392,8 @@ class PmixHost:
         agent = self.users.get(uid)
         if agent is not None:
             return agent
-        if uid in self.no_agent:
+        failed = self.no_agent.get(uid)
+        if failed is not None and time.monotonic() - failed[1] < AGENT_RETRY:
             return self.server
         starting = self._starting.get(uid)
         if starting is not None:
@@ -408,15 +414,18 @@ class PmixHost:
             await agent.start(os.path.dirname(self.server.tmpdir), self.server.nspace + f"-u{uid}",
                               self.node.name, MAX_FRAME // 2, jobproc.credentials(uid, gid))
         except Exception as exc:
-            self.no_agent[uid] = str(exc)
-            log.warning("node %s: no PMIx server of its own for uid %d (%s): its processes "
-                        "use the node's, with the job store that copies the job's data "
-                        "into each process", self.node.name, uid, exc)
+            if uid not in self.no_agent:
+                log.warning("node %s: no PMIx server of its own for uid %d (%s): its "
+                            "processes use the node's, with the job store that copies the "
+                            "job's data into each process (tried again after %.0f s)",
+                            self.node.name, uid, exc, AGENT_RETRY)
+            self.no_agent[uid] = (str(exc), time.monotonic())
             return self.server
         if self.server is None:  # the node stopped meanwhile
             agent.finalize()
             return None
         self.users[uid] = agent
+        self.no_agent.pop(uid, None)
         log.info("node %s: PMIx server of uid %d (pid %d) in %s", self.node.name, uid,
                  agent.proc.pid, agent.tmpdir)
         return agent
