@@ -27,7 +27,13 @@ def test_import_pydvm_loads_neither_the_store_nor_the_runtime():
     bad = [m for m in mods if m in NOT_FOR_CLIENTS or m.startswith(
         tuple(p + "." for p in NOT_FOR_CLIENTS))]
     assert bad == [], f"import pydvm loads {bad}"
-    assert "pydvm.protocol" in mods and "pydvm.client" in mods
+    assert "pydvm.protocol" in mods
+    # the client is loaded when first asked for (the command line never is)
+    assert "pydvm.client" not in mods
+    mods = loaded_by("from pydvm import Client, Found, LookupResult")
+    assert "pydvm.client" in mods and "pydvm._proto" in mods
+    assert not [m for m in mods if m in NOT_FOR_CLIENTS or m.startswith(
+        tuple(p + "." for p in NOT_FOR_CLIENTS))]
 
 
 def test_a_client_call_path_loads_nothing_of_the_runtime_either():

@@ -5,13 +5,30 @@
 are :class:`Range`, :class:`Persistence` and :class:`Status`.
 """
 
-from ._proto import Found, LookupResult
-from .client import Client
 from .enums import Persistence, Range
 from .errors import PMIxError, Status
 from .protocol import Typed
 
 __version__ = "0.1.0"
+
+#: Loaded on first use: the command line imports this package for its
+#: version and protocol, and ``pydvm run`` never needs the client.
+_LAZY = {"Client": "client", "Found": "_proto", "LookupResult": "_proto"}
+
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'pydvm' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
     "Client",

@@ -120,9 +120,11 @@ def cmd_run(argv: list[str]) -> int:
         if opts["mca"]:
             return fail("--mca applies to a one-shot DVM only; set parameters on 'pydvm start'",
                         2)
+        from . import cli
         from .tool_common import ToolError, resolve_uri
         from .tool_run import run_job
 
+        cli.QUICK_EXIT = True  # nothing of ours runs at interpreter exit
         try:
             uri = resolve_uri(uri_text)
             return run_job(uri, opts["apps"], opts["session"], opts["tag_output"],

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import struct
-import threading
+from _thread import _local as _thread_local  # threading.local, without importing threading
 from collections import namedtuple
 from collections.abc import Callable
 
@@ -173,7 +173,7 @@ def _ext_hook(code: int, data: bytes) -> Any:
     return msgpack.ExtType(code, data)
 
 
-_packers = threading.local()
+_packers = _thread_local()
 
 
 def packb(obj: Any) -> bytes:

@@ -152,6 +152,9 @@ def job_exit(r: dict, signum: int | None, output: JobOutput) -> int:
         sys.stderr.write(f"pydvm run: {status_name(r.get('status'))}: {r.get('msg')}\n")
         return 1
     code = 128 + signum if signum is not None else int(r.get("exit") or 0)
+    if not r.get("failures") and not r.get("failed") and (not r.get("msg") or
+                                                          signum is not None):
+        return code  # nothing to report (the usual end: not worth an import)
     from .cli_format import job_end_lines
 
     report = job_end_lines(r, interrupted=signum is not None, exit_status=code)

@@ -43,6 +43,7 @@ import signal
 import time
 import _socket
 
+from . import _trace
 from ._blocking import BlockingChannel
 from .errors import Status
 from .protocol import (HANDSHAKE_TIMEOUT, DvmUri, FrameError, UriError, mac, pack, read_secret,
@@ -290,6 +291,8 @@ class _Run:
         except _Interrupted as exc:  # nothing was submitted: nothing to kill
             return 128 + exc.signum
         self.ch = ch
+        if _trace.PATH:
+            _trace.mark("tool.send")
         try:
             ch.sock.sendall(auth + pack(run))  # the run right behind the auth answer
         except OSError as exc:
@@ -305,6 +308,8 @@ class _Run:
                 self.stdin.stop()
             ch.close()
         assert self.result is not None
+        if _trace.PATH:
+            _trace.mark("tool.result", self.result.get("nspace") or "")
         return job_exit(self.result, self.signum, self.output)
 
     def _loop(self) -> None:

@@ -78,6 +78,7 @@ from pathlib import Path
 
 from .. import params as P
 from ..enums import Persistence
+from .. import _trace
 from ..errors import Status
 from ..store import DataStore, MonotonicClock, StoreParams
 from ..wire import Channel, Message, peer_credentials, refuse, reply
@@ -417,6 +418,8 @@ class NodeServer:
             self.uplink.send(reply(rid, Status.ERR_BAD_PARAM, str(exc)))
             return
         if horizon is Persistence.NSPACE:
+            if _trace.PATH:
+                _trace.mark("node.purge", msg.get("nspace"))
             feed = self._stdin.pop(msg.get("nspace"), None)
             if feed is not None:
                 feed.close()
@@ -427,7 +430,11 @@ class NodeServer:
                 # acknowledged once libpmix has dropped the namespace, so that
                 # nothing of it is left when the job's end is reported
                 async def deregistered() -> None:
+                    if _trace.PATH:
+                        _trace.mark("node.deregister", msg.get("nspace"))
                     await self.pmix.job_ended(msg.get("nspace"))
+                    if _trace.PATH:
+                        _trace.mark("node.deregistered", msg.get("nspace"))
                     self.uplink.send(reply(rid, Status.SUCCESS, removed=n))
                 self._spawn(deregistered(), rid)
                 return
@@ -485,6 +492,8 @@ class NodeServer:
     async def _launch(self, msg: Message) -> None:
         rid = msg.get("id")
         ns = msg.get("nspace")
+        if _trace.PATH:
+            _trace.mark("node.launch", ns)
         procs = msg.get("procs") or []
         job = self.jobs.get(ns)
         if job is None:
@@ -518,6 +527,8 @@ class NodeServer:
             pmix_envs = list(await asyncio.gather(*[
                 self.pmix.register_proc(job, p["rank"], p["app_idx"], uid, gid)
                 for p in procs]))
+            if _trace.PATH:
+                _trace.mark("node.registered", ns)
         started = 0
         for p, pmix_env in zip(procs, pmix_envs):
             env = dict(p["env"])
@@ -594,6 +605,8 @@ class NodeServer:
             if len(ours) == 3:
                 self._stdin_feed(ns).attach(ours[2])
             self._spawn(self._watch(job, lp, ours[0], ours[1]))
+        if _trace.PATH:
+            _trace.mark("node.started", ns)
         self.uplink.send(reply(rid, Status.SUCCESS))
 
     async def _watch(self, job: LocalJob, lp: LocalProc, out_fd: int, err_fd: int) -> None:
@@ -607,6 +620,8 @@ class NodeServer:
             # Closed once its pump is over, however it ended (even cancelled unstarted).
             t.add_done_callback(lambda _t, fd=fd: os.close(fd))
         rc = await proc.wait()
+        if _trace.PATH:
+            _trace.mark("node.exit", lp.nspace)
         feed = self._stdin.get(lp.nspace)
         if feed is not None and lp.rank == 0:
             feed.close()  # nobody reads it any more: the tool stops sending
@@ -622,6 +637,8 @@ class NodeServer:
             if pmix:
                 msg["pmix"] = pmix
             self.uplink.send(msg)
+            if _trace.PATH:
+                _trace.mark("node.exited", lp.nspace)
 
     async def _drain(self, pumps: list[asyncio.Task], states: list[PumpState]) -> None:
         """Wait for an exited process's pipes to reach end of file, so its

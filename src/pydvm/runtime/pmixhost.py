@@ -89,6 +89,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from .. import _trace
 from ..errors import Status
 from ..store import Caller, Reply, Typed
 from ..store.model import DEFAULT_TYPES
@@ -571,6 +572,8 @@ class PmixHost:
     # ------------------------------------------------------------------
 
     def __call__(self, req) -> Any:
+        if _trace.PATH:
+            _trace.mark("pmix." + req.kind)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("upcall %s from %s", req.kind, getattr(req, "proc", None) or
                       [str(p) for p in getattr(req, "procs", ())])
@@ -732,6 +735,8 @@ class PmixHost:
 
     def _up_fence(self, req) -> None:
         def answered(r: Message) -> None:
+            if _trace.PATH:
+                _trace.mark("pmix.fence_done")
             req.reply(r.get("status", Status.ERR_UNREACH), r.get("data") or b"")
         self._ask_master({"t": "fence", "procs": _procs(req.procs), "data": req.data,
                           "collect": req.collect, "timeout": req.timeout}, answered)

@@ -55,6 +55,7 @@ import logging
 import time
 from typing import Any
 
+from .. import _trace
 from ..errors import Status
 from ..pmix import constants as PC
 from ..store import Caller
@@ -355,10 +356,14 @@ class ProcessTable(NodeListener):
         tool.send({"t": "started", "ref": rid, "nspace": ns, "size": job.size})
         await self.launch(job, per_node)
         await over
+        if _trace.PATH:
+            _trace.mark("master.over", ns)
         kids = self._children.pop(ns, [])
         if kids:
             await asyncio.wait(kids)
         self._tool.pop(ns, None)
+        if _trace.PATH:
+            _trace.mark("master.report", ns)
         tool.send(reply(rid, Status.SUCCESS, job.error or job.kill_reason, nspace=ns,
                         exit=job.exit_status, **failure_report(job)))
 
@@ -394,6 +399,8 @@ class ProcessTable(NodeListener):
         self._launch_env[job.nspace] = (dict(first.get("env") or {}), first.get("cwd") or "/")
         layout = self.layout(job, parent)
         names = list(per_node)
+        if _trace.PATH:
+            _trace.mark("master.launch", job.nspace)
         results = await asyncio.gather(*[
             self._nodes.call(n, {
                 "t": "launch", "nspace": job.nspace, "session_id": job.session_id,
@@ -401,6 +408,8 @@ class ProcessTable(NodeListener):
                 "pmix": layout})
             for n in names
         ])
+        if _trace.PATH:
+            _trace.mark("master.launched", job.nspace)
         failed = ""
         for name, r in zip(names, results):
             ok = r.get("status") == 0
@@ -547,8 +556,12 @@ class ProcessTable(NodeListener):
                 msg["app_idx"] = e.app_idx
             if e.job_end is not None:
                 msg["event"] = job_end_event(e.job_end)
+            if _trace.PATH:
+                _trace.mark("master.purge", e.nspace or "")
             await self._nodes.broadcast(msg, set(e.nodes) if e.nodes is not None else None,
                                         what=f"{e.horizon.name.lower()} purge")
+            if _trace.PATH:
+                _trace.mark("master.purged", e.nspace or "")
         finally:
             if e.then is not None:
                 self._feed(e.then)

@@ -21,6 +21,7 @@ import os
 import pwd
 from typing import Any, Awaitable, Callable
 
+from .. import _trace
 from ..errors import Status
 from ..wire import Message, reply
 from .core import DEFAULT_SESSION
@@ -53,6 +54,8 @@ class ToolService:
 
     def run(self, tool: ToolSession, msg: Message) -> None:
         """``pydvm run``: answered ``started`` at once, then with the job's report."""
+        if _trace.PATH:
+            _trace.mark("master.run")
         rid = msg.get("id")
         # Jobs run as the submitting user (only a multi-user DVM, run by root,
         # can start them as anyone but itself).
