@@ -8,6 +8,11 @@ times, medians (one-node DVM, already running, started here):
 * ``run -n 1 true`` and ``run -n 4 true``;
 * ``run --pmix -n 4 ./hello`` (C: MPI_Init, MPI_Allreduce, MPI_Finalize),
   against ``mpirun -n 4 ./hello``;
+* the same over 3 nodes, 2 ranks each: a DVM on 3 test hosts (network
+  namespaces on a bridge, daemons started by the ssh launcher through ``ip
+  netns exec``), against ``mpirun --host h1:2,h2:2,h3:2`` whose daemons are
+  started in those namespaces by an rsh agent doing the same (root and
+  iproute2 needed; without them the row says why);
 * 100 sequential ``-n 1 true`` jobs, and 8 concurrent submitters x 25 jobs:
   jobs per second;
 * ``python -c "import pydvm"`` minus ``python -c pass``;
@@ -73,6 +78,51 @@ def alternate(a: list[str], b: list[str] | None, env_a: dict, env_b: dict, reps:
     return statistics.median(ta), (statistics.median(tb) if b else None)
 
 
+#: mpirun's rsh agent for test hosts: the daemon's command line run in the
+#: host's network namespace under the host's name, as ssh would run it there.
+NETNS_AGENT = """#!/bin/sh
+h=$1; shift
+exec ip netns exec "$h" unshare --uts sh -c "hostname $h; $*"
+"""
+
+
+def over_test_hosts(hello: Path, tmp: Path, mpirun: list[str], mpi_env: dict, reps: int):
+    """(pydvm, mpirun) medians of the MPI hello over 3 test hosts, or (None, why)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "multinode"))
+    from hostnet import HostNet, unavailable_reason
+
+    why = unavailable_reason()
+    if why:
+        return None, why
+    tag = 233
+    net_only = f"10.250.{tag}.0/24"
+    agent = tmp / "netns-agent"
+    agent.write_text(NETNS_AGENT)
+    agent.chmod(0o755)
+    with HostNet(3, tag=tag) as net:
+        hosts = ",".join(f"{n}:2" for n in net.names)
+        env = dict(os.environ, PYDVM_STATE_DIR=str(tmp / "state-net"),
+                   OMPI_MCA_btl_tcp_if_include=net_only)
+        env.pop("PYDVM_URI", None)
+        p = subprocess.run(PYDVM + ["start", "--daemonize", "--hosts", hosts, "--launcher", "ssh",
+                                    "--mca", "plm_ssh_agent", "ip netns exec",
+                                    "--bind", net.master_addr],
+                           env=env, capture_output=True, text=True, timeout=120)
+        if p.returncode != 0:
+            raise SystemExit(f"pydvm start over test hosts failed: {p.stderr}")
+        env["PYDVM_URI"] = p.stdout.strip()
+        try:
+            return alternate(
+                PYDVM + ["run", "--pmix", "--host", hosts, "-n", "6", str(hello)],
+                mpirun + ["--host", hosts, "-n", "6", "--mca", "plm_rsh_agent", str(agent),
+                          "--mca", "plm_rsh_no_tree_spawn", "1",
+                          "--mca", "oob_tcp_if_include", net_only,
+                          "--mca", "btl_tcp_if_include", net_only, str(hello)],
+                env, mpi_env, reps)
+        finally:
+            subprocess.run(PYDVM + ["stop"], env=env, capture_output=True, timeout=120)
+
+
 def jobs_per_second(argv: list[str], env: dict, total: int, submitters: int) -> float:
     """``total`` jobs by ``submitters`` threads, each running its share in turn."""
     share = total // submitters
@@ -130,6 +180,11 @@ def main() -> None:
             a, b = alternate(run + ["--pmix", "-n", "4", str(hello)],
                              mpirun + ["-n", "4", str(hello)], env, mpi_env, args.reps)
             rows.append(("run --pmix -n 4 ./hello (MPI_Init, Allreduce, Finalize)", a, b, "s"))
+            a, b = over_test_hosts(hello, tmp, mpirun, mpi_env, args.reps)
+            if a is None:
+                print(f"(3 test hosts row skipped: {b})", file=sys.stderr)
+            else:
+                rows.append(("the same, -n 6 over 3 test hosts (netns)", a, b, "s"))
         a = jobs_per_second(run + ["-n", "1", "true"], env, args.seq, 1)
         b = jobs_per_second(mpirun + ["-n", "1", "true"], mpi_env, args.seq, 1) \
             if have_mpi else None
