@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator, Mapping
 
 from .enums import Persistence, Range
 from .errors import BadParamError, Status, UnreachableError, error_for
-from .protocol import BODY, DEFAULT_TYPES, TYPE_NAMES, Message, Typed, pack_payload
+from .protocol import DEFAULT_TYPES, TYPE_NAMES, Message, Typed
 
 TYPE_CHECKING = False  # (not typing's: importing typing costs every job process)
 if TYPE_CHECKING:  # for type checkers and the API reference only
@@ -139,26 +139,13 @@ def hello_msg(nspace: str, rank: int) -> Message:
     return {"t": "hello", "nspace": nspace, "rank": rank}
 
 
-def _envelope(t: str, rng: int | None, fields: dict, envelope: bool = True) -> Message:
-    """A data request as an envelope: what routes it (type, range) in the
-    header, the rest as a payload that a daemon passes on without decoding.
-
-    Without ``envelope`` (a node served by the master itself, where nothing
-    is passed on) the same fields go as one plain map: one decode fewer.
-    """
-    if not envelope:
-        fields["t"] = t  # the callers' own fresh map
-        if rng is not None:
-            fields["range"] = rng
-        return fields
-    try:
-        payload = pack_payload(fields)
-    except (TypeError, ValueError, OverflowError) as exc:  # a value msgpack cannot encode
-        raise BadParamError(f"cannot encode request: {exc}") from None
-    head: Message = {"t": t, BODY: payload}
+def _request(t: str, rng: int | None, fields: dict) -> Message:
+    """A data request: ``fields`` (the callers' own fresh map) with its type and
+    range.  Sent as one plain map, which every server decodes once."""
+    fields["t"] = t
     if rng is not None:
-        head["range"] = rng
-    return head
+        fields["range"] = rng
+    return fields
 
 
 def publish_msg(
@@ -168,21 +155,20 @@ def publish_msg(
     access_uids: Iterable[int],
     access_gids: Iterable[int],
     replace: bool,
-    envelope: bool = True,
 ) -> Message:
     if data.__class__ is not dict and not isinstance(data, Mapping):
         raise BadParamError("publish takes a mapping of key to value")
-    return _envelope("publish", int(range), {
+    return _request("publish", int(range), {
         "pairs": dict(data),
         "persist": None if persistence is None else int(persistence),
         "uids": list(access_uids),
         "gids": list(access_gids),
         "replace": bool(replace),
-    }, envelope)
+    })
 
 
 def lookup_msg(keys: Iterable[str] | str, range: Range | int, wait: bool | int,
-               timeout: float | None, envelope: bool = True) -> Message:
+               timeout: float | None) -> Message:
     if isinstance(keys, str):
         keys = [keys]
     if wait is True:
@@ -191,13 +177,12 @@ def lookup_msg(keys: Iterable[str] | str, range: Range | int, wait: bool | int,
         w = None
     else:
         w = int(wait)
-    return _envelope("lookup", int(range), {"keys": list(keys), "wait": w, "timeout": timeout},
-                     envelope)
+    return _request("lookup", int(range), {"keys": list(keys), "wait": w, "timeout": timeout})
 
 
 def update_msg(key: str, op: str, value: Any, expected: Any, range: Range | int,
                persistence: Persistence | int | None, access_uids: Iterable[int],
-               access_gids: Iterable[int], envelope: bool = True) -> Message:
+               access_gids: Iterable[int]) -> Message:
     """An atomic update (``op``: ``add``, ``cas`` or ``append``) of ``key``.
     Fields at their default (no persistence, no accessor lists) are left
     out: updates are small and frequent (a counter), and every field costs
@@ -211,13 +196,12 @@ def update_msg(key: str, op: str, value: Any, expected: Any, range: Range | int,
         fields["gids"] = list(access_gids)
     if op == "cas":
         fields["expected"] = expected
-    return _envelope("update", int(range), fields, envelope)
+    return _request("update", int(range), fields)
 
 
-def keys_msg(prefix: str, range: Range | int, limit: int | None,
-             envelope: bool = True) -> Message:
+def keys_msg(prefix: str, range: Range | int, limit: int | None) -> Message:
     """Count (and list up to ``limit``) the keys under ``prefix``."""
-    return _envelope("keys", int(range), {"prefix": prefix, "limit": limit}, envelope)
+    return _request("keys", int(range), {"prefix": prefix, "limit": limit})
 
 
 def update_result(r: Message) -> tuple[Any, bool]:
@@ -243,14 +227,12 @@ def keys_result(r: Message) -> list[str]:
     return [k for k in r.get("keys") or () if isinstance(k, str)]
 
 
-def unpublish_msg(keys: Iterable[str] | str | None, envelope: bool = True,
-                  node_only: bool = False) -> Message:
+def unpublish_msg(keys: Iterable[str] | str | None, node_only: bool = False) -> Message:
     """An unpublish; ``node_only`` asks the daemon for its node store's part
     only (a client with a direct connection sends the master's part itself)."""
     if isinstance(keys, str):
         keys = [keys]
-    msg = _envelope("unpublish", None, {"keys": None if keys is None else list(keys)},
-                    envelope)
+    msg = _request("unpublish", None, {"keys": None if keys is None else list(keys)})
     if node_only:
         msg["node_only"] = True
     return msg

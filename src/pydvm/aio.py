@@ -36,12 +36,11 @@ class Client:
     """
 
     def __init__(self, channel: Channel, nspace: str, rank: int, node: str | None,
-                 envelope: bool = True, direct: "_direct.DirectInfo | None" = None) -> None:
+                 direct: "_direct.DirectInfo | None" = None) -> None:
         self._ch = channel
         self.nspace = nspace
         self.rank = rank
         self.node = node
-        self._envelope = envelope
         self._direct_info = direct
         self._direct_state = (_direct.UNUSED if direct is not None and direct.usable
                               else _direct.OFF)
@@ -81,8 +80,7 @@ class Client:
         except BaseException:
             ch.close("hello refused")
             raise
-        return cls(ch, nspace, rank, r.get("node"), bool(r.get("envelope", True)),
-                   _direct.DirectInfo.from_hello(r, nspace, rank))
+        return cls(ch, nspace, rank, r.get("node"), _direct.DirectInfo.from_hello(r, nspace, rank))
 
     async def publish(self, data: Mapping[str, Any], *, range: Range = Range.SESSION,
                       persistence: Persistence | None = None, access_uids: Iterable[int] = (),
@@ -95,8 +93,8 @@ class Client:
         once the request is sent; a refusal is raised by the next call,
         :meth:`flush` or :meth:`close`.
         """
-        build = lambda env: _proto.publish_msg(  # noqa: E731
-            data, range, persistence, access_uids, access_gids, replace, env)
+        build = lambda: _proto.publish_msg(  # noqa: E731
+            data, range, persistence, access_uids, access_gids, replace)
         if ack:
             _proto.check(await self._route("publish", range, build))
             return
@@ -120,8 +118,8 @@ class Client:
                 fut.set_result(None)
 
         try:
-            ch.request(build(self._envelope if dch is None else False), answered)
-        except TypeError as exc:
+            ch.request(build(), answered)
+        except (TypeError, OverflowError) as exc:  # a value msgpack cannot encode
             self._unacked.discard(fut)
             raise BadParamError(f"cannot encode request: {exc}") from None
 
@@ -131,8 +129,8 @@ class Client:
         """Add ``delta`` atomically; returns the new value (as
         :meth:`pydvm.Client.add`)."""
         return _proto.update_result(await self._route(
-            "update", range, lambda env: _proto.update_msg(
-                key, "add", delta, None, range, persistence, access_uids, access_gids, env)))[0]
+            "update", range, lambda: _proto.update_msg(
+                key, "add", delta, None, range, persistence, access_uids, access_gids)))[0]
 
     async def compare_and_set(self, key: str, expected: Any, desired: Any, *,
                               range: Range = Range.SESSION,
@@ -142,9 +140,8 @@ class Client:
         """Store ``desired`` if ``key`` holds ``expected``; returns ``(value,
         stored)`` (as :meth:`pydvm.Client.compare_and_set`)."""
         return _proto.update_result(await self._route(
-            "update", range, lambda env: _proto.update_msg(
-                key, "cas", desired, expected, range, persistence, access_uids, access_gids,
-                env)))
+            "update", range, lambda: _proto.update_msg(
+                key, "cas", desired, expected, range, persistence, access_uids, access_gids)))
 
     async def append(self, key: str, suffix: str | bytes, *, range: Range = Range.SESSION,
                      persistence: Persistence | None = None, access_uids: Iterable[int] = (),
@@ -152,21 +149,20 @@ class Client:
         """Append ``suffix`` atomically; returns the new value (as
         :meth:`pydvm.Client.append`)."""
         return _proto.update_result(await self._route(
-            "update", range, lambda env: _proto.update_msg(
-                key, "append", suffix, None, range, persistence, access_uids, access_gids,
-                env)))[0]
+            "update", range, lambda: _proto.update_msg(
+                key, "append", suffix, None, range, persistence, access_uids, access_gids)))[0]
 
     async def keys(self, prefix: str = "", *, range: Range = Range.SESSION,
                    limit: int | None = None) -> list[str]:
         """The keys under ``prefix`` a lookup could return (as
         :meth:`pydvm.Client.keys`)."""
         return _proto.keys_result(await self._route(
-            "keys", range, lambda env: _proto.keys_msg(prefix, range, limit, env)))
+            "keys", range, lambda: _proto.keys_msg(prefix, range, limit)))
 
     async def count(self, prefix: str = "", *, range: Range = Range.SESSION) -> int:
         """How many keys :meth:`keys` would list without a limit."""
         return _proto.count_of(await self._route(
-            "keys", range, lambda env: _proto.keys_msg(prefix, range, 0, env)))
+            "keys", range, lambda: _proto.keys_msg(prefix, range, 0)))
 
     async def flush(self) -> None:
         """Wait for the answers of the publishes sent with ``ack=False``;
@@ -189,7 +185,7 @@ class Client:
         while a lookup waits.
         """
         return _proto.lookup_result(await self._route(
-            "lookup", range, lambda env: _proto.lookup_msg(keys, range, wait, timeout, env)))
+            "lookup", range, lambda: _proto.lookup_msg(keys, range, wait, timeout)))
 
     async def unpublish(self, keys: Iterable[str] | str | None = None) -> int:
         """Remove the named keys from every item this user owns; with no keys,
@@ -197,7 +193,7 @@ class Client:
         matched; returns how many keys it removed."""
         return _proto.count_of(await self._route(
             "unpublish", None,
-            lambda env, node_only=False: _proto.unpublish_msg(keys, env, node_only)))
+            lambda node_only=False: _proto.unpublish_msg(keys, node_only)))
 
     async def close(self) -> None:
         """Close the connection once the publishes sent with ``ack=False``
@@ -229,11 +225,11 @@ class Client:
         to_master, to_node = _direct.master_part(t, rng)
         dch = await self._direct_channel() if to_master else None
         if dch is None:
-            return await self._call(self._ch, build(self._envelope))
-        master = await self._call(dch, build(False))
+            return await self._call(self._ch, build())
+        master = await self._call(dch, build())
         if not to_node or not _proto.node_part_needed(master):
             return master
-        node = await self._call(self._ch, build(self._envelope, True))
+        node = await self._call(self._ch, build(True))
         return _proto.combined(master, node)
 
     async def _direct_channel(self) -> Channel | None:
@@ -259,7 +255,7 @@ class Client:
             raise self._closed_error(ch)
         try:
             return await ch.call(msg)
-        except TypeError as exc:
+        except (TypeError, OverflowError) as exc:  # a value msgpack cannot encode
             raise BadParamError(f"cannot encode request: {exc}") from None
 
 

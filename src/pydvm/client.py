@@ -87,8 +87,6 @@ class Client:
         r = self._exchange(self._mux, _proto.hello_msg(self.nspace, self.rank))
         _proto.check(r)
         self.node = r.get("node")
-        #: whether data requests go as envelopes (a daemon passes them on).
-        self._envelope = bool(r.get("envelope", True))
         self._direct_info = _direct.DirectInfo.from_hello(r, self.nspace, self.rank)
         self._direct_state = _direct.UNUSED if self._direct_info.usable else _direct.OFF
 
@@ -135,8 +133,8 @@ class Client:
         are unanswered at a time (beyond that the next one waits for
         answers).
         """
-        build = lambda env: _proto.publish_msg(  # noqa: E731
-            data, range, persistence, access_uids, access_gids, replace, env)
+        build = lambda: _proto.publish_msg(  # noqa: E731
+            data, range, persistence, access_uids, access_gids, replace)
         if ack:
             _proto.check(self._route("publish", range, build))
         else:
@@ -167,7 +165,7 @@ class Client:
         :class:`~pydvm.errors.BadParamError`.
         """
         return _proto.lookup_result(self._route(
-            "lookup", range, lambda env: _proto.lookup_msg(keys, range, wait, timeout, env),
+            "lookup", range, lambda: _proto.lookup_msg(keys, range, wait, timeout),
             withdrawable=wait is not False and wait is not None))
 
     def unpublish(self, keys: Iterable[str] | str | None = None) -> int:
@@ -177,7 +175,7 @@ class Client:
         by two of this user's items counts twice)."""
         return _proto.count_of(self._route(
             "unpublish", None,
-            lambda env, node_only=False: _proto.unpublish_msg(keys, env, node_only)))
+            lambda node_only=False: _proto.unpublish_msg(keys, node_only)))
 
     def add(self, key: str, delta: int | str | bytes = 1, *, range: Range = Range.SESSION,
             persistence: Persistence | None = None, access_uids: Iterable[int] = (),
@@ -200,8 +198,8 @@ class Client:
         does).  The item keeps its owner, range and persistence.  Lookups
         waiting for the key are answered.
         """
-        return _proto.update_result(self._route("update", range, lambda env: _proto.update_msg(
-            key, "add", delta, None, range, persistence, access_uids, access_gids, env)))[0]
+        return _proto.update_result(self._route("update", range, lambda: _proto.update_msg(
+            key, "add", delta, None, range, persistence, access_uids, access_gids)))[0]
 
     def compare_and_set(self, key: str, expected: Any, desired: Any, *,
                         range: Range = Range.SESSION, persistence: Persistence | None = None,
@@ -216,9 +214,8 @@ class Client:
         it is absent) and whether this call stored ``desired``.  Ownership,
         the cap and new items as :meth:`add`.
         """
-        return _proto.update_result(self._route("update", range, lambda env: _proto.update_msg(
-            key, "cas", desired, expected, range, persistence, access_uids, access_gids,
-            env)))
+        return _proto.update_result(self._route("update", range, lambda: _proto.update_msg(
+            key, "cas", desired, expected, range, persistence, access_uids, access_gids)))
 
     def append(self, key: str, suffix: str | bytes, *, range: Range = Range.SESSION,
                persistence: Persistence | None = None, access_uids: Iterable[int] = (),
@@ -226,9 +223,8 @@ class Client:
         """Append ``suffix`` to the value of ``key`` (str to str, bytes to
         bytes), atomically; return the new value.  An absent key is created
         holding ``suffix``.  Ownership, the cap and new items as :meth:`add`."""
-        return _proto.update_result(self._route("update", range, lambda env: _proto.update_msg(
-            key, "append", suffix, None, range, persistence, access_uids, access_gids,
-            env)))[0]
+        return _proto.update_result(self._route("update", range, lambda: _proto.update_msg(
+            key, "append", suffix, None, range, persistence, access_uids, access_gids)))[0]
 
     def keys(self, prefix: str = "", *, range: Range = Range.SESSION,
              limit: int | None = None) -> list[str]:
@@ -237,12 +233,12 @@ class Client:
         (at most 10,000 in one call; :meth:`count` says how many there
         are).  Touches nothing: listing keeps no item alive."""
         return _proto.keys_result(self._route(
-            "keys", range, lambda env: _proto.keys_msg(prefix, range, limit, env)))
+            "keys", range, lambda: _proto.keys_msg(prefix, range, limit)))
 
     def count(self, prefix: str = "", *, range: Range = Range.SESSION) -> int:
         """How many keys :meth:`keys` would list without a limit."""
         return _proto.count_of(self._route(
-            "keys", range, lambda env: _proto.keys_msg(prefix, range, 0, env)))
+            "keys", range, lambda: _proto.keys_msg(prefix, range, 0)))
 
     def flush(self) -> None:
         """Wait for the answers of every publish sent with ``ack=False``;
@@ -301,7 +297,7 @@ class Client:
     def _route(self, t: str, rng, build, withdrawable: bool = False) -> Message:
         """Send a request where the routing table says and return its answer.
 
-        ``build(envelope)`` makes the request (``build(envelope, True)``:
+        ``build()`` makes the request (``build(True)``:
         an unpublish's node-store part, sent to the daemon once the master
         has answered, unless the master says this node's store holds
         nothing of this uid).  Without a direct connection everything goes
@@ -316,11 +312,11 @@ class Client:
             else _direct.master_part(t, rng)
         dmux = self._direct_mux() if to_master else None
         if dmux is None:
-            return self._exchange(self._mux, build(self._envelope), withdrawable)
-        master = self._exchange(dmux, build(False), withdrawable)
+            return self._exchange(self._mux, build(), withdrawable)
+        master = self._exchange(dmux, build(), withdrawable)
         if not to_node or not _proto.node_part_needed(master):
             return master
-        node = self._exchange(self._mux, build(self._envelope, True))
+        node = self._exchange(self._mux, build(True))
         return _proto.combined(master, node)
 
     def _post(self, t: str, rng, build) -> None:
@@ -330,8 +326,8 @@ class Client:
         dmux = self._direct_mux() if to_master else None
         mux = self._mux if dmux is None else dmux
         try:
-            mux.post(build(self._envelope if dmux is None else False))
-        except TypeError as exc:
+            mux.post(build())
+        except (TypeError, OverflowError) as exc:  # a value msgpack cannot encode
             raise BadParamError(f"cannot encode request: {exc}") from None
 
     def _direct_mux(self) -> Mux | None:
@@ -365,5 +361,5 @@ class Client:
         """Send one request through ``mux`` and wait for its answer."""
         try:
             return mux.call(msg, withdrawable=withdrawable)
-        except TypeError as exc:  # a value msgpack cannot encode
+        except (TypeError, OverflowError) as exc:  # a value msgpack cannot encode
             raise BadParamError(f"cannot encode request: {exc}") from None

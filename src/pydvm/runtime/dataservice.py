@@ -242,9 +242,6 @@ class MasterRouter:
     to the client's connection.  (A daemon's clients go through an
     :class:`~pydvm.runtime.node.UplinkRouter` instead.)"""
 
-    #: nothing is passed on: clients send plain maps (one decode fewer).
-    wants_envelopes = False
-
     def __init__(self, data: DataService) -> None:
         self.data = data
 

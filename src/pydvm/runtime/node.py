@@ -152,8 +152,6 @@ class UplinkRouter:
     client's id (see :func:`dataops.reissue`).
     """
 
-    #: clients send data requests as envelopes: their payload is passed on.
-    wants_envelopes = True
     #: nothing is answered here: every request waits for the master.
     answers_now = False
 
@@ -770,8 +768,7 @@ class NodeServer:
             extra["direct"] = self.voucher.master_uri
             if self.voucher.master_unix:
                 extra["direct_unix"] = self.voucher.master_unix
-        ch.send(reply(rid, Status.SUCCESS, node=self.name,
-                      envelope=getattr(self.router, "wants_envelopes", True), **extra))
+        ch.send(reply(rid, Status.SUCCESS, node=self.name, **extra))
 
     def _on_client(self, ch: Channel, msg: Message) -> None:
         session: ClientSession = ch.session
