@@ -148,3 +148,15 @@ def test_the_tool_mac_is_the_one_the_master_checks():
     assert check_auth(secret, nonce, {"t": "auth", "role": "tool",
                                       "mac": mac(secret, nonce, "daemon")}) == "bad credentials"
 
+
+
+def test_a_closed_stdout_or_stderr_is_no_traceback():
+    """``pydvm --version >&-`` (a script closing what it does not want):
+    what would go there is dropped, as print() does, and the command works."""
+    import subprocess
+    import sys
+    for redirect in (">&-", "2>&-", ">&- 2>&-"):
+        p = subprocess.run(["sh", "-c", f'"$0" -m pydvm --version {redirect}', sys.executable],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, (redirect, p.stderr)
+        assert "Traceback" not in p.stderr and "Error" not in p.stderr, (redirect, p.stderr)

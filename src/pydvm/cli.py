@@ -61,6 +61,7 @@ def entry() -> None:
 def whole_writes() -> None:
     """Make every write to our stdout and stderr go out whole.
 
+    A stream closed before the program started (None) becomes a sink.
     Under ``PYTHONUNBUFFERED=1`` (or ``python -u``) the binary layer of
     ``sys.stdout``/``sys.stderr`` is the raw file, whose ``write`` may take
     only part of its bytes when a pipe to a slow reader is full -- and the
@@ -75,6 +76,13 @@ def whole_writes() -> None:
 
     for name in ("stdout", "stderr"):
         s = getattr(sys, name)
+        if s is None:
+            # closed before we started (``pydvm ... >&-``): what would go
+            # there is dropped, as print() drops it, rather than a traceback
+            import os
+
+            setattr(sys, name, open(os.devnull, "w"))
+            continue
         if s is not getattr(sys, f"__{name}__") or not isinstance(getattr(s, "buffer", None),
                                                                    io.RawIOBase):
             continue  # buffered already, or not the interpreter's own stream
