@@ -170,6 +170,9 @@ REGISTRY: dict[str, Param] = {
         Param("pydvm_pmix", _pmix_mode, "auto",
               "host a PMIx server on every node for PMIx/MPI programs: 'auto' (where "
               "libpmix is usable), 'on' (a node without it fails to start), 'off'", "auto|on|off"),
+        Param("pydvm_pmix_user_idle", _nonneg_float, 60.0,
+              "multi-user DVMs: seconds a user's own PMIx server stays on a node after that "
+              "user's last PMIx job there ended; 0 keeps it until the DVM stops", SECONDS),
         Param("pydvm_max_outstanding", _cap, 1024,
               "requests (waiting lookups included) one client or tool connection may have "
               "outstanding; beyond it PMIX_ERR_OUT_OF_RESOURCE (1..1000000)",

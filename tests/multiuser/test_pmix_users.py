@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,42 @@ def test_when_a_users_pmix_server_dies_its_processes_end_and_the_next_job_gets_a
     assert len(_agents("pdvmtesta")) == 1 and _agents("pdvmtesta") != [pid]
     logs = "".join(f.read_text(errors="replace") for f in mudvm.log_dir.glob("*"))
     assert "PMIx server of uid" in logs and "ending its 1 process" in logs, logs[-3000:]
+
+
+def test_a_users_pmix_server_goes_when_idle_and_comes_back_with_the_next_job(
+        make_mudvm, users, progs):
+    """With pydvm_pmix_user_idle 1, A's PMIx server on a node stops about a
+    second after A's last PMIx job there ended -- not while a job runs -- and
+    A's next PMIx job gets a new one."""
+    from dvmkit import wait_for
+    d = make_mudvm(pydvm_pmix_user_idle=1)
+    bg = d.popen_as("pdvmtesta", "run", "--pmix", "--host", "a", "-n", "1",
+                    progs["pmix_ops"], "pub:k:string:v", "sleep:8000")
+    try:
+        out = ""
+        while "PUBLISH" not in out:
+            line = bg.stdout.readline()
+            assert line, out
+            out += line
+        (first,) = _agents("pdvmtesta")
+        p = d.as_user("pdvmtesta", "run", "--pmix", "--host", "a", "-n", "1",
+                      progs["pmix_keys"])  # a second job ending: the first still runs
+        assert p.returncode == 0, p.stdout + p.stderr
+        time.sleep(1.5)
+        assert _agents("pdvmtesta") == [first]  # never while a job of A runs here
+    finally:
+        assert bg.wait(timeout=60) == 0
+    wait_for(lambda: not _agents("pdvmtesta"), timeout=10, what="the idle server to stop")
+    bg = d.popen_as("pdvmtesta", "run", "--pmix", "--host", "a", "-n", "1",
+                    progs["pmix_ops"], "pub:k2:string:v", "look:k2", "sleep:2000")
+    try:
+        out = ""
+        while "LOOKUP" not in out:
+            line = bg.stdout.readline()
+            assert line, out
+            out += line
+        assert "PUBLISH key=k2 status=0" in out and "LOOKUP status=0" in out, out
+        (second,) = _agents("pdvmtesta")
+        assert second != first
+    finally:
+        assert bg.wait(timeout=60) == 0

@@ -318,6 +318,9 @@ class PmixHost:
         #: uid -> that user's agent on this node (multi-user DVMs only).
         self.users: dict[int, Any] = {}
         self._starting: dict[int, asyncio.Future] = {}
+        #: uid -> the timer that stops that user's idle agent
+        #: (``pydvm_pmix_user_idle`` after the user's last job here ended).
+        self._idle: dict[int, asyncio.TimerHandle] = {}
         #: uid -> (why, when) that user's agent could not be started (logged
         #: once): its processes are served by ``self.server`` with the
         #: copying store, and a new agent is tried AGENT_RETRY seconds later.
@@ -375,6 +378,9 @@ class PmixHost:
                             st["requests"], st["answered_now"], guard.busy)
             self.server.finalize()
             self.server = None
+        for timer in self._idle.values():
+            timer.cancel()
+        self._idle.clear()
         for agent in list(self.users.values()):
             agent.finalize()
         self.users.clear()
@@ -392,6 +398,9 @@ class PmixHost:
             return self.server
         agent = self.users.get(uid)
         if agent is not None:
+            timer = self._idle.pop(uid, None)
+            if timer is not None:
+                timer.cancel()  # busy again (before any await: it cannot fire now)
             return agent
         failed = self.no_agent.get(uid)
         if failed is not None and time.monotonic() - failed[1] < AGENT_RETRY:
@@ -447,6 +456,9 @@ class PmixHost:
         so they are ended (their jobs fail as with any lost process)."""
         if self.users.get(agent.uid) is agent:
             del self.users[agent.uid]
+            timer = self._idle.pop(agent.uid, None)
+            if timer is not None:
+                timer.cancel()
         for ns in [n for n, srv in self.local_nspaces.items() if srv is agent]:
             del self.local_nspaces[ns]
         for ns, servers in list(self.foreign.items()):
@@ -546,6 +558,32 @@ class PmixHost:
         for srv in servers:
             if srv is self.server or srv.running:
                 await srv.deregister_nspace(nspace)
+        if local is not None and local is not self.server:
+            self._maybe_idle(local)
+
+    def _maybe_idle(self, agent) -> None:
+        """Arm the stop of ``agent`` if no job of its user runs here any more."""
+        idle = float(self.node.values.get("pydvm_pmix_user_idle", 0) or 0)
+        if (idle <= 0 or self.users.get(agent.uid) is not agent or agent.uid in self._idle
+                or any(srv is agent for srv in self.local_nspaces.values())):
+            return
+        self._idle[agent.uid] = asyncio.get_running_loop().call_later(idle, self._retire, agent)
+
+    def _retire(self, agent) -> None:
+        """An idle agent's time is up: it leaves ``users`` at once (a new job
+        of its user starts a new one) and is stopped."""
+        self._idle.pop(agent.uid, None)
+        if self.users.get(agent.uid) is not agent or any(
+                srv is agent for srv in self.local_nspaces.values()):
+            return
+        del self.users[agent.uid]
+        for ns, servers in list(self.foreign.items()):
+            if agent in servers:
+                servers.remove(agent)
+                if not servers:
+                    del self.foreign[ns]
+        log.info("node %s: PMIx server of uid %d idle: stopped", self.node.name, agent.uid)
+        self.node._spawn(agent.finalize_async())
 
     async def learn_nspaces(self, layouts: dict, server=None) -> None:
         """Register other nodes' namespaces (from a connect's answer) not known

@@ -15,7 +15,9 @@ And libpmix allows one server per process.
 
 So each user who runs PMIx jobs on a node gets a small process of its own,
 started at that user's first PMIx job there, **running as that user**: the
-*agent*.  It hosts a libpmix server (its own rendezvous directory, 0700,
+*agent*; it is stopped ``pydvm_pmix_user_idle`` seconds after the user's
+last PMIx job there ended (:meth:`PmixHost._maybe_idle
+<pydvm.runtime.pmixhost.PmixHost._maybe_idle>`), or with the node.  It hosts a libpmix server (its own rendezvous directory, 0700,
 owned by the user: no other user's process can even reach it) and relays
 every upcall to the node server over a socket pair; the node serves it with
 the very handlers of its own server (:class:`~pydvm.runtime.pmixhost.PmixHost`),
