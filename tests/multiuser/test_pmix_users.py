@@ -127,6 +127,16 @@ def test_a_users_process_cannot_connect_to_another_users_jobs_pmix_server(
         shutil.rmtree(share, ignore_errors=True)
 
 
+def _read_until(bg: subprocess.Popen, marker: str) -> str:
+    """What a running ``pydvm run`` printed, up to the line with ``marker``."""
+    out = ""
+    while marker not in out:
+        line = bg.stdout.readline()
+        assert line, out
+        out += line
+    return out
+
+
 def _agents(user: str) -> list[int]:
     p = subprocess.run(["pgrep", "-u", user, "-f", "pydvm.runtime.pmixusers"],
                        capture_output=True, text=True)
@@ -177,11 +187,7 @@ def test_when_a_users_pmix_server_dies_its_processes_end_and_the_next_job_gets_a
     bg = mudvm.popen_as("pdvmtesta", "run", "--pmix", "--host", "a", "-n", "1",
                         progs["pmix_ops"], "pub:k:string:v", "sleep:60000")
     try:
-        out = ""
-        while "PUBLISH" not in out:  # the job is running on its server
-            line = bg.stdout.readline()
-            assert line, out
-            out += line
+        out = _read_until(bg, "PUBLISH")  # the job is running on its server
         assert "INIT status=0" in out and "PUBLISH key=k status=0" in out, out
         (pid,) = _agents("pdvmtesta")
         os.kill(pid, 9)
@@ -209,11 +215,7 @@ def test_a_users_pmix_server_goes_when_idle_and_comes_back_with_the_next_job(
     bg = d.popen_as("pdvmtesta", "run", "--pmix", "--host", "a", "-n", "1",
                     progs["pmix_ops"], "pub:k:string:v", "sleep:8000")
     try:
-        out = ""
-        while "PUBLISH" not in out:
-            line = bg.stdout.readline()
-            assert line, out
-            out += line
+        out = _read_until(bg, "PUBLISH")
         (first,) = _agents("pdvmtesta")
         p = d.as_user("pdvmtesta", "run", "--pmix", "--host", "a", "-n", "1",
                       progs["pmix_keys"])  # a second job ending: the first still runs
@@ -226,11 +228,7 @@ def test_a_users_pmix_server_goes_when_idle_and_comes_back_with_the_next_job(
     bg = d.popen_as("pdvmtesta", "run", "--pmix", "--host", "a", "-n", "1",
                     progs["pmix_ops"], "pub:k2:string:v", "look:k2", "sleep:2000")
     try:
-        out = ""
-        while "LOOKUP" not in out:
-            line = bg.stdout.readline()
-            assert line, out
-            out += line
+        out = _read_until(bg, "LOOKUP")
         assert "PUBLISH key=k2 status=0" in out and "LOOKUP status=0" in out, out
         (second,) = _agents("pdvmtesta")
         assert second != first

@@ -15,9 +15,8 @@ from pydvm.errors import Status
 from pydvm.pmix import DataArray, Proc, Value
 from pydvm.pmix import constants as C
 from pydvm.pmix import requests as R
-from pydvm.runtime.pmixhost import PmixHost
-from pydvm.runtime.pmixusers import (RemoteReply, UserServer, decode, decode_request, encode,
-                                     encode_request)
+from pydvm.runtime.pmixusers import (RemoteReply, UserServer, UserServers, decode,
+                                     decode_request, encode, encode_request)
 
 P = Proc("ns-a", 3)
 INFO = DataArray(C.INFO, (("k1", Value("x", C.STRING)), ("k2", Value(7, C.UINT32))))
@@ -171,8 +170,8 @@ def test_a_notification_gets_no_answer():
 
 def test_the_node_believes_an_agent_only_about_its_own_users_processes():
     mine, theirs = object(), object()
-    host = SimpleNamespace(local_nspaces={"ns-a": mine, "ns-b": theirs})
-    may = PmixHost._agent_may
+    host = SimpleNamespace(host=SimpleNamespace(local_nspaces={"ns-a": mine, "ns-b": theirs}))
+    may = UserServers.may
     assert may(host, mine, R.Publish(Proc("ns-a", 0), {}, None, None, None, None, {})) is None
     assert "not a process" in may(host, mine, R.Publish(Proc("ns-b", 0), {}, None, None, None,
                                                          None, {}))

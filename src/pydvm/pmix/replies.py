@@ -10,6 +10,7 @@ finalize) is :mod:`pydvm.pmix.server`'s module docstring.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import threading
@@ -265,3 +266,28 @@ class SpawnReply(_Reply):
 
     def fail(self, status: int) -> bool:
         return self(status, None)
+
+
+def task_done(req, task: "asyncio.Task", stats: dict) -> None:
+    """A host handler's task for ``req`` has ended: a failure answers ``req``
+    (:func:`handler_failed`)."""
+    if task.cancelled():
+        handler_failed(req, asyncio.CancelledError(), stats)
+    elif task.exception() is not None:
+        handler_failed(req, task.exception(), stats)
+
+
+def handler_failed(req, exc: BaseException, stats: dict) -> None:
+    """A host handler raised ``exc`` for ``req``: it is answered with the
+    exception's PMIx ``status`` if it has one, else PMIX_ERROR (unless it
+    was answered already), counted and logged."""
+    stats["handler_errors"] += 1
+    status = getattr(exc, "status", None)
+    if not isinstance(status, int) or status == C.SUCCESS:
+        status = C.ERROR
+    if not req.reply.done:
+        log.error("pmix %s handler raised %r: answering %s", req.kind, exc,
+                  C.status_name(status))
+        req.reply.fail(status)
+    else:
+        log.error("pmix %s handler raised %r after replying", req.kind, exc)

@@ -57,7 +57,7 @@ from typing import Any, Callable, Iterable
 from . import _lib as L
 from . import constants as C
 from .replies import (InfoReply, LookupReply, ModexReply, OpReply, SpawnReply, _Adopted,
-                      _Reply, _StatusReply)
+                      _Reply, _StatusReply, handler_failed, task_done)
 from .requests import (Abort, App, ClientConnected, ClientFinalized, Connect,
                        DeregisterEvents, DirectModex, Disconnect, Fence, Group, Lookup,
                        NotifyEvent, Publish, RegisterEvents, Request, Spawn, Unpublish)
@@ -526,22 +526,10 @@ class PmixServer:
 
     def _task_done(self, req: Request, task: asyncio.Task) -> None:
         self._tasks.discard(task)
-        if task.cancelled():
-            self._handler_failed(req, asyncio.CancelledError())
-        elif task.exception() is not None:
-            self._handler_failed(req, task.exception())
+        task_done(req, task, self.stats)
 
     def _handler_failed(self, req: Request, exc: BaseException) -> None:
-        self.stats["handler_errors"] += 1
-        status = getattr(exc, "status", None)
-        if not isinstance(status, int) or status == C.SUCCESS:
-            status = C.ERROR
-        if not req.reply.done:
-            log.error("pmix %s handler raised %r: answering %s", req.kind, exc,
-                      C.status_name(status))
-            req.reply.fail(status)
-        else:
-            log.error("pmix %s handler raised %r after replying", req.kind, exc)
+        handler_failed(req, exc, self.stats)
 
     # individual upcalls (progress thread).  Returning non-SUCCESS makes
     # libpmix answer the client itself; the reply object is then disarmed.

@@ -23,13 +23,17 @@ request matched; absent: 0) and ``keys`` (what a ``keys`` request listed).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable
+from typing import TYPE_CHECKING, Any, Callable, Hashable
 
 from ..enums import Range
 from ..errors import Status
 from ..protocol import MASTER, NODE, stores_for  # noqa: F401 (re-exported)
 from ..store import Caller, DataStore, Pending, Reply
 from ..wire import BODY, Message, reply, unpack_payload
+
+if TYPE_CHECKING:
+    from ..wire import Channel
+    from .peers import ClientSession
 
 DATA_OPS = frozenset({"publish", "lookup", "unpublish", "update", "keys"})
 
@@ -279,3 +283,33 @@ KEY_INFO_LIMIT = 1000
 
 def _rounded(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 3)
+
+
+class UplinkRouter:
+    """Data requests of a daemon's clients go to the master over the uplink.
+
+    The reissued request is the client's own plus a routing head (type and
+    the caller's identity); its one reply returns to the client under the
+    client's id (see :func:`reissue`).
+    """
+
+    #: nothing is answered here: every request waits for the master.
+    answers_now = False
+
+    def __init__(self, uplink: "Channel") -> None:
+        self.uplink = uplink
+
+    def forward(self, session: "ClientSession", msg: Message, adjust=None) -> None:
+        c = session.caller
+        head = {"t": msg["t"], "caller": [c.nspace, c.rank, c.uid, c.gid]}
+        reissue(self.uplink.request, session, msg, head, session.forwarded, adjust)
+
+    def cancel(self, session: "ClientSession", ref: int) -> None:
+        mid = session.forwarded.pop(ref, None)
+        if mid is not None:
+            self.uplink.withdraw(mid)
+
+    def withdraw_all(self, session: "ClientSession") -> None:
+        for mid in session.forwarded.values():
+            self.uplink.withdraw(mid)
+        session.forwarded.clear()

@@ -240,7 +240,7 @@ class MasterRouter:
     """The head node's router: its clients' data requests are served by the
     master in place -- one hop, no re-encoding, the answer written straight
     to the client's connection.  (A daemon's clients go through an
-    :class:`~pydvm.runtime.node.UplinkRouter` instead.)"""
+    :class:`~pydvm.runtime.dataops.UplinkRouter` instead.)"""
 
     def __init__(self, data: DataService) -> None:
         self.data = data

@@ -12,8 +12,8 @@ clients comes with it.  The host gives it two things:
   kill, purge and stats requests coming down, and ``ready``, ``exited`` and
   ``output`` going up;
 * a **router** for the data requests that are not its own to answer
-  (every range but LOCAL): :class:`UplinkRouter` passes them on over the
-  uplink; the master's router serves them in place.
+  (every range but LOCAL): :class:`~.dataops.UplinkRouter` passes them on
+  over the uplink; the master's router serves them in place.
 
 Request path of a client call::
 
@@ -144,42 +144,12 @@ class LocalJob:
     work_dir: Path | None = None
 
 
-class UplinkRouter:
-    """Data requests of a daemon's clients go to the master over the uplink.
-
-    The reissued request is the client's own plus a routing head (type and
-    the caller's identity); its one reply returns to the client under the
-    client's id (see :func:`dataops.reissue`).
-    """
-
-    #: nothing is answered here: every request waits for the master.
-    answers_now = False
-
-    def __init__(self, uplink: Channel) -> None:
-        self.uplink = uplink
-
-    def forward(self, session: ClientSession, msg: Message, adjust=None) -> None:
-        c = session.caller
-        head = {"t": msg["t"], "caller": [c.nspace, c.rank, c.uid, c.gid]}
-        dataops.reissue(self.uplink.request, session, msg, head, session.forwarded, adjust)
-
-    def cancel(self, session: ClientSession, ref: int) -> None:
-        mid = session.forwarded.pop(ref, None)
-        if mid is not None:
-            self.uplink.withdraw(mid)
-
-    def withdraw_all(self, session: ClientSession) -> None:
-        for mid in session.forwarded.values():
-            self.uplink.withdraw(mid)
-        session.forwarded.clear()
-
-
 class NodeServer:
     """Serves one node (see the module docstring).
 
     ``uplink`` is the link to the master (its ``on_message`` is set to
     :meth:`on_master`); ``router`` takes the data requests that are not
-    LOCAL (default: an :class:`UplinkRouter` over ``uplink``).  ``welcome``
+    LOCAL (default: a :class:`~.dataops.UplinkRouter` over ``uplink``).  ``welcome``
     is what the master told the node when it joined (parameters, DVM id,
     namespace, multi-user).  ``vouch`` -- (DVM secret, master URI), given by
     a daemon -- lets it hand its processes direct-data credentials when
@@ -193,7 +163,7 @@ class NodeServer:
         #: the node's name, as the master knows it.
         self.name = node
         self.uplink = uplink
-        self.router = router or UplinkRouter(uplink)
+        self.router = router or dataops.UplinkRouter(uplink)
         self.guardian = guardian
         self.values = P.values(P.from_wire(welcome["params"]))
         self.dvmid = welcome["dvm"]

@@ -86,7 +86,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from .. import _trace
@@ -128,9 +127,6 @@ FOREIGN_LAUNCH_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_", "
 EVENT_TIMEOUT = 5.0
 #: How long a node waits for libpmix to hand over a local rank's modex data.
 DMODEX_TIMEOUT = 60.0
-#: After a user's PMIx agent failed to start, how long that user's
-#: processes are served by the node's own server before another try.
-AGENT_RETRY = 60.0
 
 
 def pmix_status():
@@ -315,16 +311,9 @@ class PmixHost:
         #: connected to them (MPI_Comm_connect, spawn) know their layout,
         #: each with the servers it is registered with.
         self.foreign: dict[str, list] = {}
-        #: uid -> that user's agent on this node (multi-user DVMs only).
-        self.users: dict[int, Any] = {}
-        self._starting: dict[int, asyncio.Future] = {}
-        #: uid -> the timer that stops that user's idle agent
-        #: (``pydvm_pmix_user_idle`` after the user's last job here ended).
-        self._idle: dict[int, asyncio.TimerHandle] = {}
-        #: uid -> (why, when) that user's agent could not be started (logged
-        #: once): its processes are served by ``self.server`` with the
-        #: copying store, and a new agent is tried AGENT_RETRY seconds later.
-        self.no_agent: dict[int, tuple[str, float]] = {}
+        #: other users' own PMIx servers on this node (multi-user DVMs).
+        from .pmixusers import UserServers
+        self.users = UserServers(self)
 
     @property
     def running(self) -> bool:
@@ -378,116 +367,18 @@ class PmixHost:
                             st["requests"], st["answered_now"], guard.busy)
             self.server.finalize()
             self.server = None
-        for timer in self._idle.values():
-            timer.cancel()
-        self._idle.clear()
-        for agent in list(self.users.values()):
-            agent.finalize()
-        self.users.clear()
+        self.users.stop()
 
     # ------------------------------------------------------------------
     # jobs and processes
     # ------------------------------------------------------------------
-
-    async def server_for(self, uid: int, gid: int):
-        """The server the processes of user ``uid`` connect to: the node's
-        own, or on a multi-user DVM for another user that user's agent
-        (:mod:`pydvm.runtime.pmixusers`), started at its first job here.  If
-        the agent cannot start, the node's own server (logged once)."""
-        if uid == os.geteuid() or not getattr(self.node, "multi_user", False):
-            return self.server
-        agent = self.users.get(uid)
-        if agent is not None:
-            timer = self._idle.pop(uid, None)
-            if timer is not None:
-                timer.cancel()  # busy again (before any await: it cannot fire now)
-            return agent
-        failed = self.no_agent.get(uid)
-        if failed is not None and time.monotonic() - failed[1] < AGENT_RETRY:
-            return self.server
-        starting = self._starting.get(uid)
-        if starting is not None:
-            return await asyncio.shield(starting)
-        fut = self._starting[uid] = asyncio.get_running_loop().create_future()
-        try:
-            agent = await self._start_agent(uid, gid)
-        finally:
-            del self._starting[uid]
-        fut.set_result(agent)
-        return agent
-
-    async def _start_agent(self, uid: int, gid: int):
-        from . import jobproc
-        from .pmixusers import UserServer
-        agent = UserServer(uid, gid, self, self._agent_may, self._agent_lost)
-        try:
-            await agent.start(os.path.dirname(self.server.tmpdir), self.server.nspace + f"-u{uid}",
-                              self.node.name, MAX_FRAME // 2, jobproc.credentials(uid, gid))
-        except Exception as exc:
-            if uid not in self.no_agent:
-                log.warning("node %s: no PMIx server of its own for uid %d (%s): its "
-                            "processes use the node's, with the job store that copies the "
-                            "job's data into each process (tried again after %.0f s)",
-                            self.node.name, uid, exc, AGENT_RETRY)
-            self.no_agent[uid] = (str(exc), time.monotonic())
-            return self.server
-        if self.server is None:  # the node stopped meanwhile
-            agent.finalize()
-            return None
-        self.users[uid] = agent
-        self.no_agent.pop(uid, None)
-        log.info("node %s: PMIx server of uid %d (pid %d) in %s", self.node.name, uid,
-                 agent.proc.pid, agent.tmpdir)
-        return agent
-
-    def _agent_may(self, agent, req) -> str | None:
-        """Why an upcall relayed by ``agent`` is not its user's to make (None: it is)."""
-        for who in (getattr(req, "proc", None), getattr(req, "source", None)):
-            if who is not None and self.local_nspaces.get(who.nspace) is not agent:
-                return f"from {who}, not a process of this user's jobs on this node"
-        for p in getattr(req, "procs", None) or ():
-            srv = self.local_nspaces.get(p.nspace)
-            if srv is not None and srv is not agent:
-                return f"names {p}, a process of another user's job on this node"
-        return None
-
-    def _agent_lost(self, agent, reason: str) -> None:
-        """A user's agent ended: its processes here lost their PMIx server,
-        so they are ended (their jobs fail as with any lost process)."""
-        if self.users.get(agent.uid) is agent:
-            del self.users[agent.uid]
-            timer = self._idle.pop(agent.uid, None)
-            if timer is not None:
-                timer.cancel()
-        for ns in [n for n, srv in self.local_nspaces.items() if srv is agent]:
-            del self.local_nspaces[ns]
-        for ns, servers in list(self.foreign.items()):
-            if agent in servers:
-                servers.remove(agent)
-                if not servers:
-                    del self.foreign[ns]
-        if agent.stopping:
-            return
-        procs = []
-        for key, s in list(self.sessions.items()):
-            if key[0] in agent.nspaces:
-                job = self.node.jobs.get(key[0])
-                lp = job.procs.get(key[1]) if job is not None else None
-                if lp is not None:
-                    procs.append(lp)
-                s.channel.close(f"its PMIx server ended: {reason}")
-        if procs:
-            log.error("node %s: the PMIx server of uid %d ended (%s): ending its %d "
-                      "process(es) here", self.node.name, agent.uid, reason, len(procs))
-            from .node import KILL_GRACE
-            self.node._spawn(self.node._kill_procs(procs, KILL_GRACE))
 
     async def register_job(self, job: "LocalJob", layout: dict, uid: int, gid: int) -> None:
         """Register a job's namespace with its job-level information (once per node)."""
         ns = job.nspace
         if ns in self.local_nspaces:
             return
-        server = await self.server_for(uid, gid)
+        server = await self.users.server_for(uid, gid)
         if server is None:
             raise RuntimeError("the node's PMIx server stopped")
         for srv in self.foreign.pop(ns, ()):  # known as a peer's namespace; now it runs here too
@@ -559,31 +450,7 @@ class PmixHost:
             if srv is self.server or srv.running:
                 await srv.deregister_nspace(nspace)
         if local is not None and local is not self.server:
-            self._maybe_idle(local)
-
-    def _maybe_idle(self, agent) -> None:
-        """Arm the stop of ``agent`` if no job of its user runs here any more."""
-        idle = float(self.node.values.get("pydvm_pmix_user_idle", 0) or 0)
-        if (idle <= 0 or self.users.get(agent.uid) is not agent or agent.uid in self._idle
-                or any(srv is agent for srv in self.local_nspaces.values())):
-            return
-        self._idle[agent.uid] = asyncio.get_running_loop().call_later(idle, self._retire, agent)
-
-    def _retire(self, agent) -> None:
-        """An idle agent's time is up: it leaves ``users`` at once (a new job
-        of its user starts a new one) and is stopped."""
-        self._idle.pop(agent.uid, None)
-        if self.users.get(agent.uid) is not agent or any(
-                srv is agent for srv in self.local_nspaces.values()):
-            return
-        del self.users[agent.uid]
-        for ns, servers in list(self.foreign.items()):
-            if agent in servers:
-                servers.remove(agent)
-                if not servers:
-                    del self.foreign[ns]
-        log.info("node %s: PMIx server of uid %d idle: stopped", self.node.name, agent.uid)
-        self.node._spawn(agent.finalize_async())
+            self.users.maybe_idle(local)
 
     async def learn_nspaces(self, layouts: dict, server=None) -> None:
         """Register other nodes' namespaces (from a connect's answer) not known
@@ -673,7 +540,7 @@ class PmixHost:
         statuses = await asyncio.gather(*[
             srv.notify_event(int(msg["code"]), source, int(msg["range"]), info,
                              timeout=EVENT_TIMEOUT)
-            for srv in (self.server, *self.users.values())])
+            for srv in (self.server, *self.users.running())])
         return next((s for s in statuses if s != Status.SUCCESS), Status.SUCCESS)
 
     # -- groups --------------------------------------------------------------

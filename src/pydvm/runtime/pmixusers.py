@@ -16,9 +16,9 @@ And libpmix allows one server per process.
 So each user who runs PMIx jobs on a node gets a small process of its own,
 started at that user's first PMIx job there, **running as that user**: the
 *agent*; it is stopped ``pydvm_pmix_user_idle`` seconds after the user's
-last PMIx job there ended (:meth:`PmixHost._maybe_idle
-<pydvm.runtime.pmixhost.PmixHost._maybe_idle>`), or with the node.  It hosts a libpmix server (its own rendezvous directory, 0700,
-owned by the user: no other user's process can even reach it) and relays
+last PMIx job there ended (:meth:`UserServers.maybe_idle`), or with the
+node.  It hosts a libpmix server (its own rendezvous directory, 0700, owned
+by the user: no other user's process can even reach it) and relays
 every upcall to the node server over a socket pair; the node serves it with
 the very handlers of its own server (:class:`~pydvm.runtime.pmixhost.PmixHost`),
 so routing, identity and the store's rules are the same.  The node in turn
@@ -29,7 +29,8 @@ in-process server.
 Trust
 -----
 The agent runs as the user, who can therefore make it say anything.  The
-node believes of it only what that user may claim: the requesting process of
+node believes of it only what that user may claim (:meth:`UserServers.may`):
+the requesting process of
 an upcall must belong to a namespace the node registered with *this* agent,
 and every process an upcall names that runs on this node must too (so a
 fence, connect or group between two users' jobs on one node is refused
@@ -60,6 +61,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from typing import Any, Callable
 
 from ..errors import Status
@@ -73,6 +75,9 @@ log = logging.getLogger("pydvm.pmix")
 AGENT_TIMEOUT = 30.0
 #: How long an agent has to finish after ``stop`` before it is killed.
 STOP_GRACE = 5.0
+#: After a user's agent failed to start, how long that user's processes are
+#: served by the node's own server before another try.
+AGENT_RETRY = 60.0
 
 
 # ----------------------------------------------------------------------
@@ -394,32 +399,183 @@ class UserServer:
             req.reply.fail(int(Status.ERR_NO_PERMISSIONS))
             return
         self.stats["requests"] += 1
+        # as the binding dispatches its own upcalls (pydvm.pmix.server)
+        from ..pmix.replies import handler_failed, task_done
         try:
             res = self._handler(req)
         except Exception as exc:
-            self._failed(req, exc)
+            handler_failed(req, exc, self.stats)
             return
         if asyncio.iscoroutine(res):
             task = asyncio.ensure_future(res)
             self._tasks.add(task)
-            task.add_done_callback(lambda t: self._task_done(req, t))
-
-    def _task_done(self, req, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        exc = task.exception() if not task.cancelled() else asyncio.CancelledError()
-        if exc is not None:
-            self._failed(req, exc)
-
-    def _failed(self, req, exc: BaseException) -> None:
-        self.stats["handler_errors"] += 1
-        log.error("pmix %s handler raised %r", req.kind, exc)
-        if not req.reply.done:
-            req.reply.fail(int(C.ERROR))
+            task.add_done_callback(lambda t: (self._tasks.discard(t),
+                                              task_done(req, t, self.stats)))
 
     def _on_close(self, ch: Channel, reason: str) -> None:
         if not self.stopping:
             log.warning("%s ended: %s", self.name, reason)
         self._on_lost(self, reason)
+
+
+class UserServers:
+    """A node's agents, one per user (multi-user DVMs): which server a user's
+    processes connect to, what an agent may claim, and when an agent goes.
+
+    Belongs to the node's :class:`~pydvm.runtime.pmixhost.PmixHost`
+    (``host``), whose namespace map (``host.local_nspaces``: namespace ->
+    the server its processes use) says which agent serves what.
+    """
+
+    def __init__(self, host) -> None:
+        self.host = host
+        #: uid -> that user's running agent on this node.
+        self.agents: dict[int, UserServer] = {}
+        self._starting: dict[int, asyncio.Future] = {}
+        #: uid -> the timer that stops that user's idle agent
+        #: (``pydvm_pmix_user_idle`` after the user's last job here ended).
+        self._idle: dict[int, asyncio.TimerHandle] = {}
+        #: uid -> (why, when) that user's agent could not be started (logged
+        #: once): its processes are served by the node's own server with the
+        #: copying store, and a new agent is tried AGENT_RETRY seconds later.
+        self.failed: dict[int, tuple[str, float]] = {}
+
+    def running(self) -> list[UserServer]:
+        return list(self.agents.values())
+
+    def stop(self) -> None:
+        """The node is stopping: every agent goes with it."""
+        for timer in self._idle.values():
+            timer.cancel()
+        self._idle.clear()
+        for agent in self.running():
+            agent.finalize()
+        self.agents.clear()
+
+    async def server_for(self, uid: int, gid: int):
+        """The server the processes of user ``uid`` connect to: the node's
+        own, or on a multi-user DVM for another user that user's agent,
+        started at its first job here.  If the agent cannot start, the node's
+        own server (logged once)."""
+        host = self.host
+        if uid == os.geteuid() or not getattr(host.node, "multi_user", False):
+            return host.server
+        agent = self.agents.get(uid)
+        if agent is not None:
+            timer = self._idle.pop(uid, None)
+            if timer is not None:
+                timer.cancel()  # busy again (before any await: it cannot fire now)
+            return agent
+        failed = self.failed.get(uid)
+        if failed is not None and time.monotonic() - failed[1] < AGENT_RETRY:
+            return host.server
+        starting = self._starting.get(uid)
+        if starting is not None:
+            return await asyncio.shield(starting)
+        fut = self._starting[uid] = asyncio.get_running_loop().create_future()
+        try:
+            agent = await self._start(uid, gid)
+        finally:
+            del self._starting[uid]
+        fut.set_result(agent)
+        return agent
+
+    async def _start(self, uid: int, gid: int):
+        from ..wire import MAX_FRAME
+        from . import jobproc
+        host, name = self.host, self.host.node.name
+        agent = UserServer(uid, gid, host, self.may, self.lost)
+        try:
+            await agent.start(os.path.dirname(host.server.tmpdir),
+                              host.server.nspace + f"-u{uid}", name, MAX_FRAME // 2,
+                              jobproc.credentials(uid, gid))
+        except Exception as exc:
+            if uid not in self.failed:
+                log.warning("node %s: no PMIx server of its own for uid %d (%s): its "
+                            "processes use the node's, with the job store that copies the "
+                            "job's data into each process (tried again after %.0f s)",
+                            name, uid, exc, AGENT_RETRY)
+            self.failed[uid] = (str(exc), time.monotonic())
+            return host.server
+        if host.server is None:  # the node stopped meanwhile
+            agent.finalize()
+            return None
+        self.agents[uid] = agent
+        self.failed.pop(uid, None)
+        log.info("node %s: PMIx server of uid %d (pid %d) in %s", name, uid, agent.proc.pid,
+                 agent.tmpdir)
+        return agent
+
+    def may(self, agent: UserServer, req) -> str | None:
+        """Why an upcall relayed by ``agent`` is not its user's to make (None: it is)."""
+        local = self.host.local_nspaces
+        for who in (getattr(req, "proc", None), getattr(req, "source", None)):
+            if who is not None and local.get(who.nspace) is not agent:
+                return f"from {who}, not a process of this user's jobs on this node"
+        for p in getattr(req, "procs", None) or ():
+            srv = local.get(p.nspace)
+            if srv is not None and srv is not agent:
+                return f"names {p}, a process of another user's job on this node"
+        return None
+
+    def _forget(self, agent: UserServer) -> None:
+        """``agent`` serves nothing any more: out of every table."""
+        if self.agents.get(agent.uid) is agent:
+            del self.agents[agent.uid]
+            timer = self._idle.pop(agent.uid, None)
+            if timer is not None:
+                timer.cancel()
+        host = self.host
+        for ns in [n for n, srv in host.local_nspaces.items() if srv is agent]:
+            del host.local_nspaces[ns]
+        for ns, servers in list(host.foreign.items()):
+            if agent in servers:
+                servers.remove(agent)
+                if not servers:
+                    del host.foreign[ns]
+
+    def lost(self, agent: UserServer, reason: str) -> None:
+        """An agent ended: unless it was stopped, its processes here lost
+        their PMIx server, so they are ended (their jobs fail as with any
+        lost process)."""
+        self._forget(agent)
+        if agent.stopping:
+            return
+        host, node = self.host, self.host.node
+        procs = []
+        for key, s in list(host.sessions.items()):
+            if key[0] in agent.nspaces:
+                job = node.jobs.get(key[0])
+                lp = job.procs.get(key[1]) if job is not None else None
+                if lp is not None:
+                    procs.append(lp)
+                s.channel.close(f"its PMIx server ended: {reason}")
+        if procs:
+            log.error("node %s: the PMIx server of uid %d ended (%s): ending its %d "
+                      "process(es) here", node.name, agent.uid, reason, len(procs))
+            from .node import KILL_GRACE
+            node._spawn(node._kill_procs(procs, KILL_GRACE))
+
+    def _busy(self, agent: UserServer) -> bool:
+        return any(srv is agent for srv in self.host.local_nspaces.values())
+
+    def maybe_idle(self, agent: UserServer) -> None:
+        """Arm the stop of ``agent`` if no job of its user runs here any more."""
+        idle = float(self.host.node.values.get("pydvm_pmix_user_idle", 0) or 0)
+        if (idle <= 0 or self.agents.get(agent.uid) is not agent or agent.uid in self._idle
+                or self._busy(agent)):
+            return
+        self._idle[agent.uid] = asyncio.get_running_loop().call_later(idle, self._retire, agent)
+
+    def _retire(self, agent: UserServer) -> None:
+        """An idle agent's time is up: it leaves the tables at once (a new job
+        of its user starts a new one) and is stopped."""
+        self._idle.pop(agent.uid, None)
+        if self.agents.get(agent.uid) is not agent or self._busy(agent):
+            return
+        self._forget(agent)
+        log.info("node %s: PMIx server of uid %d idle: stopped", self.host.node.name, agent.uid)
+        self.host.node._spawn(agent.finalize_async())
 
 
 # ----------------------------------------------------------------------
