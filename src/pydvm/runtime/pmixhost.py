@@ -465,12 +465,16 @@ class PmixHost:
             try:
                 await server.register_nspace(ns, 0, job_info(jl, self.node.name))
             except Exception as exc:
-                servers = self.foreign.get(ns, [])
-                if server in servers:
-                    servers.remove(server)
-                if not servers:
-                    self.foreign.pop(ns, None)
+                self.forget_foreign(ns, server)
                 log.warning("cannot register peer namespace %s: %s", ns, exc)
+
+    def forget_foreign(self, ns: str, server) -> None:
+        """Peer namespace ``ns`` is no longer registered with ``server``."""
+        servers = self.foreign.get(ns)
+        if servers is not None and server in servers:
+            servers.remove(server)
+            if not servers:
+                del self.foreign[ns]
 
     # ------------------------------------------------------------------
     # upcalls (on the loop thread)

@@ -528,11 +528,8 @@ class UserServers:
         host = self.host
         for ns in [n for n, srv in host.local_nspaces.items() if srv is agent]:
             del host.local_nspaces[ns]
-        for ns, servers in list(host.foreign.items()):
-            if agent in servers:
-                servers.remove(agent)
-                if not servers:
-                    del host.foreign[ns]
+        for ns in list(host.foreign):
+            host.forget_foreign(ns, agent)
 
     def lost(self, agent: UserServer, reason: str) -> None:
         """An agent ended: unless it was stopped, its processes here lost
