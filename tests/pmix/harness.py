@@ -231,6 +231,10 @@ async def run(spec: dict) -> dict:
         host.local_ranks = set(nodes.get(node, ()))
         await server.register_nspace(nspace, layout.local_count(node), info)
         report["tmpdir"] = server.tmpdir
+        image = os.path.join(server.tmpdir, "hwloc.sm")
+        report["topology_image"] = image
+        report["topology_image_mode"] = (os.stat(image).st_mode & 0o777
+                                         if os.path.exists(image) else None)
         procs = []
         for c in clients:
             proc = Proc(nspace, c["rank"])

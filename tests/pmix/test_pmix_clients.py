@@ -44,6 +44,20 @@ def test_init_finalize(harness, pmix_ops):
     assert not os.path.exists(res.report["tmpdir"])
 
 
+def test_clients_are_given_the_topology_the_server_discovered(harness, pmix_ops):
+    """PMIX_SERVER_SHARE_TOPOLOGY: libpmix hands every client the machine's
+    topology with its job data, as an hwloc shared-memory image (in the
+    server's private directory, readable by any client that can reach it)
+    and as XML -- so that MPI_Init need not discover it."""
+    wild = str(2**32 - 2)  # PMIX_RANK_WILDCARD
+    res = harness({"clients": [client(pmix_ops, 0, f"get:{wild}:pmix.hwlocfile",
+                                      f"get:{wild}:pmix.hwlocxml2")]}).ok()
+    image = res.report["topology_image"]
+    assert res.lines(0, "GET")[0] == f"GET status=0 type=3 value={image}"
+    assert res.lines(0, "GET")[1].startswith("GET status=0 type=3 value=<?xml")
+    assert res.report["topology_image_mode"] == 0o644
+
+
 def test_publish_lookup_unpublish_round_trip(harness, pmix_ops):
     res = harness({"clients": [
         client(pmix_ops, 0, "pub:alpha:string:one", "pub:beta:string:two",

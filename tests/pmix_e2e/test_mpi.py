@@ -150,3 +150,37 @@ def test_two_nodes_on_one_machine_share_no_segment_and_leave_none(make_pdvm, mpi
     pdvm.stop()
     left = {f for f in ours(_shm() - before) if f"/{dvmid}-" in f}
     assert not left, f"left in /dev/shm by the DVM: {sorted(left)}"
+
+
+def _ranks_that(out: str, err: str, what: str) -> set[int]:
+    """The pids of the ranks (``RANK r PID p`` on stdout) that printed ``what``
+    among Open MPI's hwloc diagnostics (``[host:pid] hwloc:base ...``)."""
+    import re
+    pids = {int(p) for p in re.findall(r"RANK \d+ PID (\d+)", out)}
+    said = {int(p) for p in re.findall(r"\[[^\]:]+:(\d+)\] hwloc:base:? " + re.escape(what),
+                                        out + err)}
+    return said & pids
+
+
+def test_mpi_init_finds_the_topology_it_is_given_as_under_mpirun(pdvm, mpicc, mpirun):
+    """Under mpirun no rank discovers the machine's hardware topology itself
+    (the launcher binds it and says so, or hands the topology over); under
+    pydvm neither: the node's PMIx server shares the topology it discovered
+    once, and MPI_Init adopts it -- discovering it is tens of milliseconds
+    of every rank's start."""
+    exe = mpicc("mpi_topology")
+    verbose = ("--mca", "hwloc_base_verbose", "5")
+    ref = mpirun(2, exe, extra=verbose)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    assert ref.stdout.count("RANK ") == 2, ref.stdout
+    for host in (HEAD, FAR):
+        p = pdvm.run("--host", f"{host}:2", "-n", "2", "env", "OMPI_MCA_hwloc_base_verbose=5",
+                     exe)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert p.stdout.count("RANK ") == 2, p.stdout
+        discovered = _ranks_that(p.stdout, p.stderr, "discovering topology")
+        assert len(discovered) <= len(_ranks_that(ref.stdout, ref.stderr,
+                                                  "discovering topology"))
+        assert not discovered, p.stdout + p.stderr
+        assert len(_ranks_that(p.stdout, p.stderr, "topology in shared memory")) == 2, \
+            p.stdout + p.stderr

@@ -158,7 +158,8 @@ class PmixServer:
     def start(self, tmpdir: str | os.PathLike | None, loop: asyncio.AbstractEventLoop,
               handler: Callable[[Request], Any], *,
               extra_info: Iterable[tuple[str, Any]] = (),
-              answer_now: Callable[[Request], bool] | None = None) -> None:
+              answer_now: Callable[[Request], bool] | None = None,
+              share_topology: bool = True) -> None:
         """Initialise libpmix as this process's server.
 
         A private directory is created inside ``tmpdir`` (default: the system
@@ -173,6 +174,15 @@ class PmixServer:
         loop as usual.  It must never block (no waiting for a lock, for I/O,
         for the loop) and must not touch what the loop owns except under
         the host's own lock (see "Threading model" above).
+
+        ``share_topology``: libpmix discovers this machine's hardware
+        topology once, now, and hands it to every client with its job data
+        -- as an hwloc shared-memory image (``PMIX_HWLOC_SHMEM_FILE`` /
+        ``_ADDR`` / ``_SIZE``, a file in the private directory) and as XML
+        (``PMIX_HWLOC_XML_V2``) -- what PRRTE does for its clients.  Open
+        MPI's ``MPI_Init`` adopts the image instead of discovering the
+        topology itself (tens of milliseconds of every rank's start, more
+        with several ranks on few cores).
         """
         global _active
         lib = L.load()
@@ -197,6 +207,7 @@ class PmixServer:
                 (C.SYSTEM_TMPDIR, self.tmpdir),
                 (C.SERVER_NSPACE, self.nspace),
                 (C.SERVER_RANK, Value(self.rank, C.PROC_RANK)),
+                *([(C.SERVER_SHARE_TOPOLOGY, True)] if share_topology else []),
                 *extra_info,
             ]
             info = build_info(items, keep)
@@ -206,6 +217,8 @@ class PmixServer:
             if rc != C.SUCCESS:
                 self._running = False
                 raise PmixServerError(rc, "PMIx_server_init")
+            if share_topology:
+                _open_topology(self.tmpdir)
         except BaseException:
             self._running = False
             self._remove_tmpdir()
@@ -739,6 +752,23 @@ def _finalize_at_exit() -> None:
             server.finalize()
         except Exception:  # pragma: no cover - exiting anyway
             pass
+
+
+def _open_topology(tmpdir: str) -> None:
+    """Let every client of the server read the topology image libpmix wrote.
+
+    libpmix creates it owner-only (0600), as the server's user; a client
+    of another user (a multi-user DVM's processes served by the node's own
+    server) that can reach the directory would then fail to open it -- and
+    Open MPI reports that as an error rather than falling back to the XML
+    copy.  The topology is no secret (any process reads it from /sys)."""
+    image = os.path.join(tmpdir, "hwloc.sm")
+    try:
+        os.chmod(image, 0o644)
+    except FileNotFoundError:
+        pass                  # libpmix without hwloc shmem: XML only, or nothing
+    except OSError as e:
+        log.warning("cannot make the topology image %s readable: %s", image, e)
 
 
 def _guarded(name: str, fn, server: PmixServer):
