@@ -62,6 +62,11 @@ class Reply(NamedTuple):
     keys: tuple[str, ...] = ()
 
 
+def bad_param(message: str) -> Reply:
+    """The refusal of a request with a bad parameter, ``message`` naming it."""
+    return Reply(Status.ERR_BAD_PARAM, message=message)
+
+
 class Pending(NamedTuple):
     """A lookup was parked; its answer will reach ``on_answer(ticket, Reply)``."""
 

@@ -67,13 +67,12 @@ from .clock import Clock, Timer, TimerHandle
 from .keyindex import KeyIndex
 from .model import Caller, Item, Value, item_nbytes, value_size
 from .parked import ParkedLookups
-from .results import (PURGE_REASON, FoundKey, KeyInfo, Pending, Reason, Reply, StoreParams,
-                      StoreStats)
+from .results import PURGE_REASON, FoundKey, Pending, Reason, Reply, StoreParams, bad_param
 from .rules import LIFETIME_HORIZONS, ReadVerdict, expires_by, may_read, owns, sweep_interval
 from .touchqueue import TouchQueue
-from .updates import UPDATE_OPS, as_int, describe, plain_of, updated
-from .validate import (as_persistence, as_range, check_key, check_keys, check_pairs,
-                       check_value, item_args)
+from .updates import update_args, updated
+from .validate import as_persistence, as_range, check_keys, check_pairs, item_args
+from .views import StoreViews
 
 log = logging.getLogger("pydvm.store")
 
@@ -84,11 +83,7 @@ SWEEP_BUDGET = 1000
 AnswerSink = Callable[[Hashable, Reply], None]
 
 
-def _bad(message: str) -> Reply:
-    return Reply(Status.ERR_BAD_PARAM, message=message)
-
-
-class DataStore:
+class DataStore(StoreViews):
     """One store (the master's or a daemon's).
 
     Parameters
@@ -196,13 +191,13 @@ class DataStore:
         # -- decide: validate -------------------------------------------
         problem, norm = check_pairs(pairs)
         if problem:
-            return _bad(problem)
+            return bad_param(problem)
         problem, rng, persist, uids, gids = item_args(range, persistence, access_uids,
                                                        access_gids)
         if problem:
-            return _bad(problem)
+            return bad_param(problem)
         if not isinstance(replace, bool):
-            return _bad("replace must be a bool")
+            return bad_param("replace must be a bool")
         nbytes = item_nbytes(norm, uids, gids)
         now = self._clock.now()
 
@@ -318,7 +313,7 @@ class DataStore:
     ) -> Reply:
         """Change the value of ``key`` atomically, as ``caller``.
 
-        ``op`` is one of :data:`UPDATE_OPS`:
+        ``op`` is one of :data:`~pydvm.store.updates.UPDATE_OPS`:
 
         * ``"add"``: add the integer ``value`` to the key's value, an
           integer held as an int (or a typed PMIx integer) or as decimal
@@ -355,28 +350,11 @@ class DataStore:
         than the whole cap).  Wakes parked lookups waiting on the key.
         """
         # -- decide: validate -------------------------------------------
-        if not isinstance(op, str) or op not in UPDATE_OPS:
-            return _bad(f"unknown update operation {op!r} (one of {', '.join(UPDATE_OPS)})")
-        problem = check_key(key) or check_value(key, value)
+        problem, delta, rng, persist, uids, gids = update_args(
+            op, key, value, expected, range, persistence, access_uids, access_gids)
         if problem:
-            return _bad(problem)
-        if op == "cas" and expected is not None:
-            problem = check_value(key, expected)
-            if problem:
-                return _bad(f"expected: {problem}")
-        problem, rng, persist, uids, gids = item_args(range, persistence, access_uids,
-                                                       access_gids)
-        if problem:
-            return _bad(problem)
+            return bad_param(problem)
         operand = value
-        delta = None
-        if op == "add":
-            delta = as_int(operand)
-            if delta is None:
-                return _bad(f"add needs an integer (int or decimal text), not "
-                            f"{describe(operand)}")
-        if op == "append" and plain_of(operand).__class__ not in (str, bytes):
-            return _bad(f"append needs str or bytes, not {describe(operand)}")
         now = self._clock.now()
 
         # -- decide: whose key, and its new value ---------------------------
@@ -389,7 +367,7 @@ class DataStore:
         current = target.pairs[key] if target is not None else None
         problem, new = updated(op, current, operand, expected, delta)
         if problem:
-            return _bad(f"{op} on {key!r}: {problem}")
+            return bad_param(f"{op} on {key!r}: {problem}")
         grown = 0
         if new is not None:
             grown = (target.nbytes + value_size(new) - value_size(current)
@@ -425,61 +403,6 @@ class DataStore:
         answer = Reply(Status.SUCCESS, (FoundKey(key, new, owner.proc),), count=1)
         self._wake((key,), now)
         return answer
-
-    # ------------------------------------------------------------------
-    # keys: count and list by prefix
-    # ------------------------------------------------------------------
-
-    def keys(
-        self,
-        caller: Caller,
-        prefix: str = "",
-        range: Range | int = Range.SESSION,
-        limit: int | None = None,
-        max_bytes: int | None = None,
-    ) -> Reply:
-        """Count and list the keys starting with ``prefix`` that a lookup by
-        ``caller`` in ``range`` could return.
-
-        Returns SUCCESS with ``count`` (every such key, counted once however
-        many items hold it) and ``keys``: the first ``limit`` of them in
-        sorted order (None: all; 0: count only), stopping early once their
-        UTF-8 lengths add up to more than ``max_bytes`` (``count`` still
-        says how many there are).  Read-only, like :meth:`stats`: touches,
-        consumes and expires nothing; an item past its idle timeout is not
-        counted.  BAD_PARAM for a prefix that is not a str, an unknown
-        range or a bad limit.  Costs ``O(log n + keys under the prefix)``.
-        """
-        if not isinstance(prefix, str):
-            return _bad(f"prefix must be a str, not {type(prefix).__name__}")
-        rng = as_range(range)
-        if rng is None:
-            return _bad(f"unknown range {range!r}")
-        for name, v in (("limit", limit), ("max_bytes", max_bytes)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                return _bad(f"{name} must be a non-negative integer, not {v!r}")
-        now = self._clock.now()
-        count = 0
-        listed: list[str] = []
-        room = max_bytes
-        full = limit == 0
-        for key in self._keyindex.prefixed(prefix):
-            for item in self._holders(key):
-                if self._stale(item, now):
-                    continue
-                if may_read(caller, item, rng, self.dvm_nspace) is ReadVerdict.OK:
-                    count += 1
-                    if not full:
-                        size = len(key.encode("utf-8"))
-                        if room is not None and size > room:
-                            full = True
-                        else:
-                            listed.append(key)
-                            if room is not None:
-                                room -= size
-                            full = limit is not None and len(listed) >= limit
-                    break
-        return Reply(Status.SUCCESS, count=count, keys=tuple(listed))
 
     def _make_room(self, uid: int, nbytes: int, cap: int, now: float) -> None:
         """Evict ``uid``'s least recently used items until ``nbytes`` fits."""
@@ -521,19 +444,19 @@ class DataStore:
         """
         problem, klist = check_keys(keys)
         if problem:
-            return _bad(problem)
+            return bad_param(problem)
         rng = as_range(range)
         if rng is None:
-            return _bad(f"unknown range {range!r}")
+            return bad_param(f"unknown range {range!r}")
         if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int) or wait < 0):
-            return _bad(f"wait must be a non-negative integer, not {wait!r}")
+            return bad_param(f"wait must be a non-negative integer, not {wait!r}")
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-                return _bad(f"timeout must be a number of seconds, not {timeout!r}")
+                return bad_param(f"timeout must be a number of seconds, not {timeout!r}")
             if math.isnan(timeout) or timeout < 0:
-                return _bad(f"timeout must be non-negative, not {timeout!r}")
+                return bad_param(f"timeout must be non-negative, not {timeout!r}")
         if wait is not None and ticket is not None and ticket in self._parked:
-            return _bad(f"ticket {ticket!r} is already waiting")
+            return bad_param(f"ticket {ticket!r} is already waiting")
         now = self._clock.now()
         if wait is None:
             need = 0
@@ -627,7 +550,7 @@ class DataStore:
         """
         problem, klist = check_keys(keys)
         if problem:
-            return _bad(problem)
+            return bad_param(problem)
         now = self._clock.now()
         removed = 0
         for key in klist:
@@ -900,100 +823,6 @@ class DataStore:
         if self.params.verbose >= 1:
             log.info("[%s] %s item %s of %s:%d uid=%d (%d bytes)", self.name, reason, keys,
                      owner.nspace, owner.rank, uid, item.nbytes)
-
-    # ------------------------------------------------------------------
-    # inspection
-    # ------------------------------------------------------------------
-
-    @property
-    def evictions(self) -> int:
-        """Items evicted under the cap so far."""
-        return self._removed_items[Reason.EVICTED]
-
-    @property
-    def expiries(self) -> int:
-        """Items removed by the idle timeout (sweep or lazy) so far."""
-        return self._removed_items[Reason.EXPIRED]
-
-    @property
-    def consumed(self) -> int:
-        """FIRST_READ keys removed by the lookup that returned them so far."""
-        return self._removed_keys[Reason.CONSUMED]
-
-    def stats(self) -> StoreStats:
-        """A :class:`StoreStats` snapshot (copies; later operations do not
-        change it).  O(uids holding items); reads no clock."""
-        return StoreStats(
-            items=self._count,
-            bytes_by_uid=dict(self._usage),
-            parked=len(self._parked),
-            evictions=self.evictions,
-            expiries=self.expiries,
-            consumed=self.consumed,
-            removed_keys=dict(self._removed_keys),
-            removed_items=dict(self._removed_items),
-            sweep_passes=self._sweep_passes,
-            sweep_budget_exhausted=self._sweep_budget_exhausted,
-        )
-
-    def holds(self, uid: int) -> bool:
-        """Whether ``uid`` owns at least one live item here."""
-        return uid in self._lru
-
-    def keys_of_uid(self, uid: int, prefix: str | None = None) -> list[str]:
-        """Key names held by ``uid``'s items, least recently used first; with
-        ``prefix``, only those starting with it, in sorted order."""
-        if prefix is not None:
-            return [key for key, _item in self._uid_keys(uid, prefix)]
-        return [k for item in self._lru.get(uid, ()) for k in item.pairs]
-
-    def _uid_keys(self, uid: int, prefix: str):
-        """(key, item) of ``uid``'s items, for the keys under ``prefix`` in
-        sorted order (the key index: O(log n + keys under the prefix))."""
-        for key in self._keyindex.prefixed(prefix):
-            for item in self._holders(key):
-                if item.uid == uid:
-                    yield key, item
-
-    def describe_uid(self, uid: int, now: float | None = None,
-                     limit: int | None = None, prefix: str | None = None) -> list[KeyInfo]:
-        """The keys of ``uid``'s items, least recently used first, as
-        :class:`KeyInfo` rows (``pydvm store``); at most ``limit`` of them;
-        with ``prefix``, only keys starting with it, in sorted order.
-
-        Read-only: touches nothing, so asking does not keep an item alive;
-        an item already past its idle timeout (not yet swept) is left out,
-        as a lookup would not see it.  ``now`` defaults to the store clock's
-        reading.  Costs O(rows returned + stale items skipped), plus the
-        keys under ``prefix`` of other uids when a prefix is given.
-        """
-        if now is None:
-            now = self._clock.now()
-        timeout = self.params.timeout
-        rows: list[KeyInfo] = []
-        if prefix is None:
-            pairs = ((key, item) for item in self._lru.get(uid, ()) for key in item.pairs)
-        else:
-            pairs = self._uid_keys(uid, prefix)
-        for key, item in pairs:
-            if self._stale(item, now):
-                continue
-            if limit is not None and len(rows) >= limit:
-                return rows
-            idle = max(0.0, now - item.last_access)
-            expires = max(0.0, timeout - idle) if timeout and item.idle_expires else None
-            rows.append(KeyInfo(key, item.persistence, item.range, idle, expires,
-                                len(key.encode("utf-8")) + value_size(item.pairs[key]),
-                                item.nbytes, item.owner.proc))
-        return rows
-
-    def __len__(self) -> int:
-        return self._count
-
-    def items(self) -> list[Item]:
-        """A snapshot list of the items (for tests and inspection)."""
-        return [item for ranks in self._by_owner.values() for bucket in ranks.values()
-                for item in bucket.values()]
 
     def check_invariants(self) -> None:
         """Assert every rule that spans the store's structures."""

@@ -10,9 +10,40 @@ from __future__ import annotations
 import re
 
 from .model import INT_MAX, INT_MIN, Typed, Value, check_typed
+from .validate import check_key, check_value, item_args
 
 #: The operations of :meth:`DataStore.update <pydvm.store.DataStore.update>`.
 UPDATE_OPS = ("add", "cas", "append")
+
+
+def update_args(op, key, value, expected, range, persistence, access_uids, access_gids):
+    """Validate the arguments of an update: ``(problem, delta, range,
+    persistence, uids, gids)`` -- ``problem`` "" when all is well (else the
+    rest is None), ``delta`` the integer an ``add`` adds (None for the other
+    operations), the rest as :func:`~pydvm.store.validate.item_args` gives
+    them for an item the update may create."""
+    if not isinstance(op, str) or op not in UPDATE_OPS:
+        return (f"unknown update operation {op!r} (one of {', '.join(UPDATE_OPS)})",
+                None, None, None, None, None)
+    problem = check_key(key) or check_value(key, value)
+    if not problem and op == "cas" and expected is not None:
+        problem = check_value(key, expected)
+        if problem:
+            problem = f"expected: {problem}"
+    if problem:
+        return problem, None, None, None, None, None
+    problem, rng, persist, uids, gids = item_args(range, persistence, access_uids, access_gids)
+    if problem:
+        return problem, None, None, None, None, None
+    delta = None
+    if op == "add":
+        delta = as_int(value)
+        if delta is None:
+            return (f"add needs an integer (int or decimal text), not {describe(value)}",
+                    None, None, None, None, None)
+    if op == "append" and plain_of(value).__class__ not in (str, bytes):
+        return f"append needs str or bytes, not {describe(value)}", None, None, None, None, None
+    return "", delta, rng, persist, uids, gids
 
 
 def plain_of(value):
