@@ -61,6 +61,8 @@ from .replies import (InfoReply, LookupReply, ModexReply, OpReply, SpawnReply, _
 from .requests import (Abort, App, ClientConnected, ClientFinalized, Connect,
                        DeregisterEvents, DirectModex, Disconnect, Fence, Group, Lookup,
                        NotifyEvent, Publish, RegisterEvents, Request, Spawn, Unpublish)
+from .directives import (CLAIMS, directives, ids_of, int_of, lenient, persistence_of,
+                         range_of, wait_of)
 from .values import (PmixValueError, Proc, Value, argv_at, build_info, check_key,
                      check_nspace, cstr, info_at, proc_at, proc_to_c, procs_at, validate,
                      PUBLISHABLE_TYPES)
@@ -70,13 +72,6 @@ log = logging.getLogger("pydvm.pmix")
 #: Default largest string / byte-object value accepted in a publish (bytes).
 DEFAULT_MAX_VALUE_SIZE = 16 * 1024 * 1024
 
-_INT_TYPES = frozenset({C.BYTE, C.INT, C.INT8, C.INT16, C.INT32, C.INT64, C.UINT, C.UINT8,
-                        C.UINT16, C.UINT32, C.UINT64, C.SIZE, C.PID, C.STATUS, C.PROC_RANK,
-                        C.PERSIST, C.DATA_RANGE})
-_RANGES = frozenset(range(0, 8)) | {C.RANGE_INVALID}
-_PERSISTENCES = frozenset(range(0, 6)) | {C.PERSIST_INVALID}
-#: Attributes a client adds to every request as a *claim*: never passed on.
-_CLAIMS = frozenset({C.USERID, C.GRPID})
 _DONE = (C.SUCCESS, C.OPERATION_SUCCEEDED)
 
 
@@ -548,7 +543,7 @@ class PmixServer:
     # libpmix answer the client itself; the reply object is then disarmed.
 
     def _up_connected(self, proc, server_object, info, ninfo, cbfunc, cbdata):
-        req = ClientConnected(proc_at(proc), _directives(info, ninfo))
+        req = ClientConnected(proc_at(proc), directives(info, ninfo))
         req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
         return self._post(req)
 
@@ -564,25 +559,25 @@ class PmixServer:
         return self._post(req)
 
     def _up_fence(self, procs, nprocs, info, ninfo, data, ndata, cbfunc, cbdata):
-        d = _directives(info, ninfo)
+        d = directives(info, ninfo)
         collect = d.get(C.COLLECT_DATA)
         timeout = d.get(C.TIMEOUT)
         req = Fence(procs_at(procs, nprocs),
                     ctypes.string_at(data, ndata) if data and ndata else b"",
                     bool(collect.value) if collect is not None else False,
-                    _int_of(timeout, C.TIMEOUT) if timeout is not None else None, d)
+                    int_of(timeout, C.TIMEOUT) if timeout is not None else None, d)
         req.reply = ModexReply(self, cbfunc, cbdata, L.modex_cbfunc_t, req.kind)
         return self._post(req)
 
     def _up_dmodex(self, proc, info, ninfo, cbfunc, cbdata):
-        req = DirectModex(proc_at(proc), _directives(info, ninfo))
+        req = DirectModex(proc_at(proc), directives(info, ninfo))
         req.reply = ModexReply(self, cbfunc, cbdata, L.modex_cbfunc_t, req.kind)
         return self._post(req)
 
     def _up_publish(self, proc, info, ninfo, cbfunc, cbdata):
         pairs: dict[str, Value] = {}
         directives: dict[str, Value] = {}
-        for key, val in info_at(info, ninfo, _CLAIMS):
+        for key, val in info_at(info, ninfo, CLAIMS):
             if isinstance(val, PmixValueError):
                 raise val
             if key.startswith(C.ATTR_PREFIX):
@@ -604,10 +599,10 @@ class PmixServer:
             pairs[key] = val
         rng = pers = uids = gids = None
         if directives:
-            rng = _range_of(directives.pop(C.RANGE, None))
-            pers = _persistence_of(directives.pop(C.PERSISTENCE, None))
-            uids = _ids_of(directives.pop(C.ACCESS_USERIDS, None), C.ACCESS_USERIDS)
-            gids = _ids_of(directives.pop(C.ACCESS_GRPIDS, None), C.ACCESS_GRPIDS)
+            rng = range_of(directives.pop(C.RANGE, None))
+            pers = persistence_of(directives.pop(C.PERSISTENCE, None))
+            uids = ids_of(directives.pop(C.ACCESS_USERIDS, None), C.ACCESS_USERIDS)
+            gids = ids_of(directives.pop(C.ACCESS_GRPIDS, None), C.ACCESS_GRPIDS)
         req = Publish(proc_at(proc), pairs, rng, pers, uids, gids, directives)
         return self._offer(req, cbfunc, cbdata)
 
@@ -615,13 +610,13 @@ class PmixServer:
         klist = argv_at(keys) or []
         for k in klist:
             check_key(k)
-        d = _directives(info, ninfo)
+        d = directives(info, ninfo)
         rng = wait = timeout = None
         if d:
-            rng = _range_of(d.pop(C.RANGE, None))
-            wait = _wait_of(d.pop(C.WAIT, None))
+            rng = range_of(d.pop(C.RANGE, None))
+            wait = wait_of(d.pop(C.WAIT, None))
             t = d.pop(C.TIMEOUT, None)
-            timeout = _int_of(t, C.TIMEOUT) if t is not None else None
+            timeout = int_of(t, C.TIMEOUT) if t is not None else None
         req = Lookup(proc_at(proc), klist, rng, wait, timeout, d)
         if self._answer_now is None:
             req.reply = LookupReply(self, cbfunc, cbdata, L.lookup_cbfunc_t, req.kind)
@@ -632,8 +627,8 @@ class PmixServer:
         klist = argv_at(keys)
         for k in klist or ():
             check_key(k)
-        d = _directives(info, ninfo)
-        rng = _range_of(d.pop(C.RANGE, None))
+        d = directives(info, ninfo)
+        rng = range_of(d.pop(C.RANGE, None))
         req = Unpublish(proc_at(proc), klist, rng, d)
         return self._offer(req, cbfunc, cbdata)
 
@@ -642,23 +637,23 @@ class PmixServer:
         if apps and napps:
             for a in (L.pmix_app_t * napps).from_address(apps):
                 alist.append(App(cstr(a.cmd), argv_at(a.argv) or [], argv_at(a.env) or [],
-                                 cstr(a.cwd), int(a.maxprocs), _directives(a.info, a.ninfo)))
-        req = Spawn(proc_at(proc), _directives(job_info, ninfo), alist)
+                                 cstr(a.cwd), int(a.maxprocs), directives(a.info, a.ninfo)))
+        req = Spawn(proc_at(proc), directives(job_info, ninfo), alist)
         req.reply = SpawnReply(self, cbfunc, cbdata, L.spawn_cbfunc_t, req.kind)
         return self._post(req)
 
     def _up_connect(self, procs, nprocs, info, ninfo, cbfunc, cbdata):
-        req = Connect(procs_at(procs, nprocs), _directives(info, ninfo))
+        req = Connect(procs_at(procs, nprocs), directives(info, ninfo))
         req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
         return self._post(req)
 
     def _up_disconnect(self, procs, nprocs, info, ninfo, cbfunc, cbdata):
-        req = Disconnect(procs_at(procs, nprocs), _directives(info, ninfo))
+        req = Disconnect(procs_at(procs, nprocs), directives(info, ninfo))
         req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
         return self._post(req)
 
     def _up_register_events(self, codes, ncodes, info, ninfo, cbfunc, cbdata):
-        req = RegisterEvents(_codes_at(codes, ncodes), _lenient(info, ninfo))
+        req = RegisterEvents(_codes_at(codes, ncodes), lenient(info, ninfo))
         req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
         return self._post(req)
 
@@ -668,7 +663,7 @@ class PmixServer:
         return self._post(req)
 
     def _up_notify_event(self, code, source, rng, info, ninfo, cbfunc, cbdata):
-        items = [(k, v) for k, v in info_at(info, ninfo, _CLAIMS)
+        items = [(k, v) for k, v in info_at(info, ninfo, CLAIMS)
                  if not isinstance(v, PmixValueError)]
         req = NotifyEvent(int(code), proc_at(source), int(rng), items)
         # Answered here, not by the host: libpmix 4.2.2 counts this upcall as
@@ -684,7 +679,7 @@ class PmixServer:
     def _up_group(self, op, grp, procs, nprocs, directives, ndirs, cbfunc, cbdata):
         req = Group("destruct" if op == GROUP_DESTRUCT else "construct",
                     grp.decode("utf-8", "replace") if grp else "", procs_at(procs, nprocs),
-                    _lenient(directives, ndirs))
+                    lenient(directives, ndirs))
         req.reply = InfoReply(self, cbfunc, cbdata, L.info_cbfunc_t, req.kind)
         return self._post(req)
 
@@ -793,16 +788,6 @@ def _guarded(name: str, fn, server: PmixServer):
     return upcall
 
 
-def _directives(info, ninfo) -> dict[str, Value]:
-    """Info array -> dict, minus the client's identity claims; bad values refuse."""
-    out: dict[str, Value] = {}
-    for key, val in info_at(info, ninfo, _CLAIMS):
-        if isinstance(val, PmixValueError):
-            raise val
-        out[key] = val
-    return out
-
-
 #: pmix_group_operation_t
 GROUP_CONSTRUCT = 0
 GROUP_DESTRUCT = 1
@@ -812,65 +797,6 @@ def _codes_at(addr, n) -> list[int]:
     if not addr or not n:
         return []
     return [int(x) for x in (ctypes.c_int * n).from_address(addr)]
-
-
-def _lenient(info, ninfo) -> dict[str, Value]:
-    """Info array -> dict, minus identity claims and entries the binding cannot copy."""
-    return {k: v for k, v in info_at(info, ninfo, _CLAIMS)
-            if not isinstance(v, PmixValueError)}
-
-
-def _int_of(v: Value, what: str) -> int:
-    if v.type in _INT_TYPES and isinstance(v.value, int):
-        return int(v.value)
-    raise PmixValueError(C.ERR_BAD_PARAM,
-                         f"{what} given as {C.type_name(v.type)}: an integer type is needed")
-
-
-def _range_of(v: Value | None) -> int | None:
-    """PMIX_RANGE in any integer encoding (DATA_RANGE, INT, UINT...) -> int or None."""
-    if v is None:
-        return None
-    r = _int_of(v, C.RANGE)
-    if r not in _RANGES:
-        raise PmixValueError(C.ERR_BAD_PARAM, f"unknown range {r}")
-    return r
-
-
-def _persistence_of(v: Value | None) -> int | None:
-    """PMIX_PERSISTENCE in any integer encoding (PERSIST, INT...) -> int or None.
-
-    Accepts 5 (pydvm's NSPACE, which PMIx 4.2.2 lacks) and 255 (INVALID)."""
-    if v is None:
-        return None
-    p = _int_of(v, C.PERSISTENCE)
-    if p not in _PERSISTENCES:
-        raise PmixValueError(C.ERR_BAD_PARAM, f"unknown persistence {p}")
-    return p
-
-
-def _wait_of(v: Value | None) -> int | None:
-    """PMIX_WAIT: bool (true: all keys) or a count (0: all).  None: no wait."""
-    if v is None:
-        return None
-    if v.type == C.BOOL:
-        return 0 if v.value else None
-    n = _int_of(v, C.WAIT)
-    if n < 0:
-        raise PmixValueError(C.ERR_BAD_PARAM, f"negative wait count {n}")
-    return n
-
-
-def _ids_of(v: Value | None, what: str) -> tuple[int, ...] | None:
-    if v is None:
-        return None
-    if v.type == C.DATA_ARRAY and v.value is not None:
-        items = v.value.items
-        if all(isinstance(x, int) and not isinstance(x, bool) for x in items):
-            return tuple(int(x) for x in items)
-    elif v.type in _INT_TYPES:
-        return (int(v.value),)
-    raise PmixValueError(C.ERR_BAD_PARAM, f"{what} must be an array of integer ids")
 
 
 def cleanup_stale(tmpdir: str | os.PathLike | None = None) -> list[str]:

@@ -270,14 +270,17 @@ def _guarded_property(prop: property) -> property:
     return property(get, doc=prop.__doc__)
 
 
-for _name, _attr in vars(DataStore).items():
-    if _name.startswith("_"):
-        continue
-    if isinstance(_attr, property):
-        setattr(GuardedStore, _name, _guarded_property(_attr))
-    elif callable(_attr):
-        setattr(GuardedStore, _name, _guarded_method(_attr))
-del _name, _attr
+# Every public method and property, the inherited ones too (the read-only
+# views of store/views.py): bases first, so a subclass's own definition wins.
+for _cls in reversed(DataStore.__mro__[:-1]):
+    for _name, _attr in vars(_cls).items():
+        if _name.startswith("_"):
+            continue
+        if isinstance(_attr, property):
+            setattr(GuardedStore, _name, _guarded_property(_attr))
+        elif callable(_attr):
+            setattr(GuardedStore, _name, _guarded_method(_attr))
+del _cls, _name, _attr
 
 
 class _Handle:
