@@ -39,8 +39,8 @@ from __future__ import annotations
 import errno
 import os
 import select
-import signal
 import time
+import _signal  # the C module: ``signal`` wraps it in enums, which costs an import
 import _socket
 
 from . import _trace
@@ -149,7 +149,7 @@ class _Signals:
     watches (``signal.set_wakeup_fd``): a signal wakes the loop, and is
     handled there, between messages -- never in the middle of one."""
 
-    CAUGHT = (signal.SIGINT, signal.SIGTERM)
+    CAUGHT = (_signal.SIGINT, _signal.SIGTERM)
 
     def __init__(self) -> None:
         self.rfd, self._wfd = os.pipe()
@@ -157,11 +157,11 @@ class _Signals:
         os.set_blocking(self._wfd, False)
         self._old: dict = {}
         try:
-            self._old_fd: int | None = signal.set_wakeup_fd(self._wfd, warn_on_full_buffer=False)
+            self._old_fd: int | None = _signal.set_wakeup_fd(self._wfd, warn_on_full_buffer=False)
         except ValueError:  # not the main thread, which alone receives signals
             self._old_fd = None
             return
-        self._old = {s: signal.signal(s, _ignore) for s in self.CAUGHT}
+        self._old = {s: _signal.signal(s, _ignore) for s in self.CAUGHT}
 
     def pending(self) -> list[int]:
         """The signals caught since the last call, in order."""
@@ -178,9 +178,9 @@ class _Signals:
 
     def close(self) -> None:
         for s, old in self._old.items():
-            signal.signal(s, old)
+            _signal.signal(s, old)
         if self._old_fd is not None:
-            signal.set_wakeup_fd(self._old_fd)
+            _signal.set_wakeup_fd(self._old_fd)
         os.close(self.rfd)
         os.close(self._wfd)
 
