@@ -56,13 +56,13 @@ from typing import Any, Callable, Iterable
 
 from . import _lib as L
 from . import constants as C
+from .directives import (CLAIMS, directives, ids_of, int_of, lenient, persistence_of,
+                         range_of, wait_of)
 from .replies import (InfoReply, LookupReply, ModexReply, OpReply, SpawnReply, _Adopted,
                       _Reply, _StatusReply, handler_failed, task_done)
 from .requests import (Abort, App, ClientConnected, ClientFinalized, Connect,
                        DeregisterEvents, DirectModex, Disconnect, Fence, Group, Lookup,
                        NotifyEvent, Publish, RegisterEvents, Request, Spawn, Unpublish)
-from .directives import (CLAIMS, directives, ids_of, int_of, lenient, persistence_of,
-                         range_of, wait_of)
 from .values import (PmixValueError, Proc, Value, argv_at, build_info, check_key,
                      check_nspace, cstr, info_at, proc_at, proc_to_c, procs_at, validate,
                      PUBLISHABLE_TYPES)
@@ -170,9 +170,9 @@ class PmixServer:
         for the loop) and must not touch what the loop owns except under
         the host's own lock (see "Threading model" above).
 
-        ``share_topology``: libpmix discovers this machine's hardware
-        topology once, now, and hands it to every client with its job data
-        -- as an hwloc shared-memory image (``PMIX_HWLOC_SHMEM_FILE`` /
+        ``share_topology``: the hardware topology libpmix reads when its
+        server starts is handed to every client with its job data -- as
+        an hwloc shared-memory image (``PMIX_HWLOC_SHMEM_FILE`` /
         ``_ADDR`` / ``_SIZE``, a file in the private directory) and as XML
         (``PMIX_HWLOC_XML_V2``) -- what PRRTE does for its clients.  Open
         MPI's ``MPI_Init`` adopts the image instead of discovering the
