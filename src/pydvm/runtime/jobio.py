@@ -12,8 +12,8 @@ writer has closed it, Linux answers a read of the terminal's master side
 with EIO once the data written before is read: :func:`read_some` takes that
 as end of file.
 
-The node reads each stream as the window allows (the node server's pump,
-``node.py``) and cuts what it read into messages with :func:`take_chunk`:
+The node reads each stream as the window allows (:func:`pump_output`, one
+per stream) and cuts what it read into messages with :func:`take_chunk`:
 whole lines, up to :data:`LINE_LIMIT` bytes per message; a line longer than
 that goes in pieces, and an unfinished line goes as it is once nothing more
 has come for :data:`PARTIAL_WAIT` seconds (a prompt) or at end of file.
@@ -37,6 +37,7 @@ import logging
 import os
 import tty
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable
 
 # STDIN_WINDOW: bytes of stdin a ``pydvm run`` may have sent and not yet seen
@@ -53,9 +54,12 @@ LINE_LIMIT = 64 * 1024
 #: half of it), so that the window bounds the messages as well as the bytes.
 OUTPUT_OVERHEAD = 256
 #: An unfinished line is forwarded as it is once its stream has been quiet
-#: this long (a prompt); shorter than the node's ``PIPE_IDLE``, so it goes
+#: this long (a prompt); shorter than :data:`PIPE_IDLE`, so it goes
 #: before the process's exit is reported.
 PARTIAL_WAIT = 0.2
+#: After a process exits, how long its pipes may sit idle (held open by a
+#: lingering child) before the exit is reported anyway.
+PIPE_IDLE = 0.5
 
 
 def output_cost(n: int) -> int:
@@ -122,6 +126,74 @@ async def read_some(fd: int, n: int, timeout: float | None = None) -> bytes | No
 
 
 _pty_warned = False
+
+
+@dataclass
+class PumpState:
+    """What one output pump is doing: ``reading_since`` is the loop time it
+    started waiting for data, None while it waits for credit."""
+
+    reading_since: float | None = None
+
+
+async def pump_output(job, nspace: str, rank: int, fd: int, which: int, state: PumpState,
+                      window: int, uplink) -> None:
+    """Forward what process ``nspace:rank`` writes on stream ``which`` (1,
+    2), read from ``fd`` (closed by the caller once the pump is done), to
+    the master over ``uplink`` as ``output`` messages, as the job's window
+    allows: whole lines, up to LINE_LIMIT bytes per message.  ``job``
+    holds the window's ``credit`` left and the ``credit_ok`` event an
+    ``output_ack`` sets; ``window`` is its size.  Nothing is read while the
+    window is used up (and never more than one message ahead of it), so
+    the process blocks on write."""
+    loop = asyncio.get_running_loop()
+    buf = bytearray()
+    eof = idle = False
+    while True:
+        chunk = take_chunk(buf, eof or idle)
+        while chunk:
+            cost = output_cost(len(chunk))
+            need = min(cost, window)  # a message never needs more than the whole window
+            while job.credit < need:
+                state.reading_since = None
+                job.credit_ok.clear()
+                await job.credit_ok.wait()
+            job.credit -= cost
+            if not uplink.closed:
+                uplink.send({"t": "output", "nspace": nspace, "rank": rank, "fd": which,
+                             "data": chunk})
+            chunk = take_chunk(buf, eof or idle)
+        if eof:
+            return
+        while job.credit <= 0:
+            state.reading_since = None
+            job.credit_ok.clear()
+            await job.credit_ok.wait()
+        state.reading_since = loop.time()
+        # An unfinished line waits PARTIAL_WAIT for its end, then goes as it is.
+        data = await read_some(fd, LINE_LIMIT - len(buf), PARTIAL_WAIT if buf else None)
+        idle = data is None
+        if data == b"":
+            eof = True
+        elif data:
+            buf += data
+
+
+async def drain_output(pumps: list[asyncio.Task], states: list[PumpState]) -> None:
+    """Wait for an exited process's pumps to reach end of file, so its last
+    output goes before its exit -- unless its streams sit idle for
+    :data:`PIPE_IDLE` (a lingering child holds them): then stop waiting.
+    A pump held back by flow control is not idle: that output is real."""
+    loop = asyncio.get_running_loop()
+    while True:
+        left = [t for t in pumps if not t.done()]
+        if not left:
+            return
+        await asyncio.wait(left, timeout=PIPE_IDLE / 2)
+        now = loop.time()
+        if all(st.reading_since is not None and now - st.reading_since > PIPE_IDLE
+               for t, st in zip(pumps, states) if not t.done()):
+            return
 
 
 def output_pty() -> tuple[int, int]:

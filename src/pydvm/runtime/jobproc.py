@@ -24,7 +24,8 @@ the node logs it once).
 
 The end of a process is seen through a pidfd on the event loop (Linux 5.3+):
 no SIGCHLD handler, no waiting thread, and nothing else in the process reaps
-it.
+it.  A process is ended with its whole group (:func:`end_groups`): SIGTERM,
+SIGKILL after a grace period, and SIGKILL to whatever it left in its group.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import subprocess
 
 DEVNULL = subprocess.DEVNULL
@@ -179,3 +181,23 @@ def signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+async def end_groups(procs: list[ChildProcess], grace: float) -> None:
+    """End processes and their groups: SIGTERM to each live one's group,
+    SIGKILL to the group of any still running ``grace`` seconds later,
+    then SIGKILL to every group (what the processes left behind) once the
+    processes have ended."""
+    live = [p for p in procs if p.returncode is None]
+    for p in live:
+        signal_group(p.pid, signal.SIGTERM)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    for p in live:
+        try:
+            await asyncio.wait_for(asyncio.shield(p.wait()), max(0.0, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            signal_group(p.pid, signal.SIGKILL)
+    for p in live:
+        signal_group(p.pid, signal.SIGKILL)  # stragglers in the group
+        await p.wait()

@@ -86,8 +86,7 @@ from . import dataops, jobproc
 from .credential import ENV as credential_env
 from .credential import Voucher
 from .guard import Guardian, group_alive
-from .jobio import LINE_LIMIT, PARTIAL_WAIT, StdinFeed, output_cost, output_pty, read_some, \
-    take_chunk
+from .jobio import PumpState, StdinFeed, drain_output, output_pty, pump_output
 from .metrics import RequestStats, store_sample
 from .peers import ClientSession, process_caller, route_answer
 from .pmixhost import FOREIGN_LAUNCH_PREFIXES, OMPI_JOB_DIRS, PmixHost
@@ -98,17 +97,6 @@ log = logging.getLogger("pydvm.node")
 
 #: Seconds between SIGTERM and SIGKILL when killing a job's processes.
 KILL_GRACE = 3.0
-#: After a process exits, how long its pipes may sit idle (held open by a
-#: lingering child) before the exit is reported anyway.
-PIPE_IDLE = 0.5
-
-
-@dataclass
-class PumpState:
-    """What one output pump is doing: ``reading_since`` is the loop time it
-    started waiting for data, None while it waits for credit."""
-
-    reading_since: float | None = None
 
 
 @dataclass
@@ -116,7 +104,7 @@ class LocalProc:
     nspace: str
     rank: int
     app_idx: int
-    process: asyncio.subprocess.Process | None = None
+    process: jobproc.ChildProcess | None = None
     ended: bool = False
     #: connections acting for this process (closed when it is reaped).
     sessions: set[ClientSession] = field(default_factory=set)
@@ -580,8 +568,10 @@ class NodeServer:
     async def _watch(self, job: LocalJob, lp: LocalProc, out_fd: int, err_fd: int) -> None:
         proc = lp.process
         states = [PumpState(), PumpState()]
-        pumps = [self._spawn(self._pump(job, lp, out_fd, 1, states[0])),
-                 self._spawn(self._pump(job, lp, err_fd, 2, states[1]))]
+        window = self.values["pydvm_output_window"]
+        pumps = [self._spawn(pump_output(job, lp.nspace, lp.rank, fd, which, state, window,
+                                         self.uplink))
+                 for fd, which, state in ((out_fd, 1, states[0]), (err_fd, 2, states[1]))]
         job.pumps.update(pumps)
         for t, fd in zip(pumps, (out_fd, err_fd)):
             t.add_done_callback(job.pumps.discard)
@@ -593,7 +583,7 @@ class NodeServer:
         feed = self._stdin.get(lp.nspace)
         if feed is not None and lp.rank == 0:
             feed.close()  # nobody reads it any more: the tool stops sending
-        await self._drain(pumps, states)
+        await drain_output(pumps, states)
         status = 128 - rc if rc < 0 else rc  # -N means killed by signal N
         # what it did with PMIx (None, "connected", "finalized"): one that
         # connected and never finalized ended abnormally whatever its status
@@ -608,22 +598,6 @@ class NodeServer:
             if _trace.PATH:
                 _trace.mark("node.exited", lp.nspace)
 
-    async def _drain(self, pumps: list[asyncio.Task], states: list[PumpState]) -> None:
-        """Wait for an exited process's pipes to reach end of file, so its
-        last output goes before its exit -- unless they sit idle for
-        :data:`PIPE_IDLE` (a lingering child holds them): then stop waiting.
-        A pump held back by flow control is not idle: that output is real."""
-        loop = asyncio.get_running_loop()
-        while True:
-            left = [t for t in pumps if not t.done()]
-            if not left:
-                return
-            await asyncio.wait(left, timeout=PIPE_IDLE / 2)
-            now = loop.time()
-            if all(st.reading_since is not None and now - st.reading_since > PIPE_IDLE
-                   for t, st in zip(pumps, states) if not t.done()):
-                return
-
     def _reaped(self, job: LocalJob, lp: LocalProc) -> None:
         """``lp`` has ended: nothing may act for it any more."""
         lp.ended = True
@@ -634,60 +608,8 @@ class NodeServer:
             self.guardian.release(pgid)
         self.store.purge(Persistence.PROC, nspace=lp.nspace, rank=lp.rank)
 
-    async def _pump(self, job: LocalJob, lp: LocalProc, fd: int, which: int,
-                    state: PumpState) -> None:
-        """Forward what ``lp`` writes on stream ``which`` (1, 2), read from
-        ``fd`` (closed when the pump's task is done), as the job's window allows:
-        whole lines, up to LINE_LIMIT bytes per message (see jobio).  Nothing
-        is read while the window is used up (and never more than one message
-        ahead of it), so the process blocks on write."""
-        loop = asyncio.get_running_loop()
-        window = self.values["pydvm_output_window"]
-        buf = bytearray()
-        eof = idle = False
-        while True:
-            chunk = take_chunk(buf, eof or idle)
-            while chunk:
-                cost = output_cost(len(chunk))
-                need = min(cost, window)  # a message never needs more than the whole window
-                while job.credit < need:
-                    state.reading_since = None
-                    job.credit_ok.clear()
-                    await job.credit_ok.wait()
-                job.credit -= cost
-                if not self.uplink.closed:
-                    self.uplink.send({"t": "output", "nspace": lp.nspace, "rank": lp.rank,
-                                      "fd": which, "data": chunk})
-                chunk = take_chunk(buf, eof or idle)
-            if eof:
-                return
-            while job.credit <= 0:
-                state.reading_since = None
-                job.credit_ok.clear()
-                await job.credit_ok.wait()
-            state.reading_since = loop.time()
-            # An unfinished line waits PARTIAL_WAIT for its end, then goes as it is.
-            data = await read_some(fd, LINE_LIMIT - len(buf), PARTIAL_WAIT if buf else None)
-            idle = data is None
-            if data == b"":
-                eof = True
-            elif data:
-                buf += data
-
     async def _kill_procs(self, procs: list[LocalProc], grace: float) -> None:
-        live = [lp for lp in procs if lp.process is not None and lp.process.returncode is None]
-        for lp in live:
-            jobproc.signal_group(lp.process.pid, signal.SIGTERM)
-        deadline = asyncio.get_running_loop().time() + grace
-        for lp in live:
-            left = max(0.0, deadline - asyncio.get_running_loop().time())
-            try:
-                await asyncio.wait_for(asyncio.shield(lp.process.wait()), left)
-            except asyncio.TimeoutError:
-                jobproc.signal_group(lp.process.pid, signal.SIGKILL)
-        for lp in live:
-            jobproc.signal_group(lp.process.pid, signal.SIGKILL)  # stragglers in the group
-            await lp.process.wait()
+        await jobproc.end_groups([lp.process for lp in procs if lp.process is not None], grace)
 
     async def _kill_all(self, grace: float) -> None:
         procs = [lp for job in self.jobs.values() for lp in job.procs.values()]
