@@ -20,6 +20,7 @@ from .results import KeyInfo, Reason, Reply, StoreStats, bad_param
 from .rules import ReadVerdict, may_read
 from .validate import as_range
 
+
 class StoreViews:
     """Read-only queries over a :class:`~pydvm.store.DataStore`'s indexes."""
 
