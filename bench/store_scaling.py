@@ -78,7 +78,7 @@ from pydvm.store import (
     StoreParams,
     item_nbytes,
 )
-from pydvm.store.store import SWEEP_BUDGET
+from pydvm.store.lifetimes import SWEEP_BUDGET
 
 # -- the item population ---------------------------------------------------
 

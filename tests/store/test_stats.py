@@ -14,7 +14,7 @@ import pytest
 
 from pydvm.store import Reason
 from pydvm.store.results import PURGE_REASON
-from pydvm.store.store import SWEEP_BUDGET
+from pydvm.store.lifetimes import SWEEP_BUDGET
 from storekit import Persistence as P, Status, alice, alice2, bob
 
 

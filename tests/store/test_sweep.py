@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pydvm.store.rules import sweep_interval
-from pydvm.store.store import SWEEP_BUDGET
+from pydvm.store.lifetimes import SWEEP_BUDGET
 from storekit import (
     Persistence as P, Status, alice, alice2, item_with_key, keys_in_store,
 )
