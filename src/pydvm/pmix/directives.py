@@ -50,26 +50,26 @@ def int_of(v: Value, what: str) -> int:
                          f"{what} given as {C.type_name(v.type)}: an integer type is needed")
 
 
-def range_of(v: Value | None) -> int | None:
-    """PMIX_RANGE in any integer encoding (DATA_RANGE, INT, UINT...) -> int or None."""
+def _code_of(v: Value | None, attr: str, codes: frozenset, what: str) -> int | None:
+    """Attribute ``attr`` as one of ``codes`` in any integer encoding, or None."""
     if v is None:
         return None
-    r = int_of(v, C.RANGE)
-    if r not in RANGES:
-        raise PmixValueError(C.ERR_BAD_PARAM, f"unknown range {r}")
-    return r
+    code = int_of(v, attr)
+    if code not in codes:
+        raise PmixValueError(C.ERR_BAD_PARAM, f"unknown {what} {code}")
+    return code
+
+
+def range_of(v: Value | None) -> int | None:
+    """PMIX_RANGE in any integer encoding (DATA_RANGE, INT, UINT...) -> int or None."""
+    return _code_of(v, C.RANGE, RANGES, "range")
 
 
 def persistence_of(v: Value | None) -> int | None:
     """PMIX_PERSISTENCE in any integer encoding (PERSIST, INT...) -> int or None.
 
     Accepts 5 (pydvm's NSPACE, which PMIx 4.2.2 lacks) and 255 (INVALID)."""
-    if v is None:
-        return None
-    p = int_of(v, C.PERSISTENCE)
-    if p not in PERSISTENCES:
-        raise PmixValueError(C.ERR_BAD_PARAM, f"unknown persistence {p}")
-    return p
+    return _code_of(v, C.PERSISTENCE, PERSISTENCES, "persistence")
 
 
 def wait_of(v: Value | None) -> int | None:
