@@ -139,6 +139,16 @@ def hello_msg(nspace: str, rank: int) -> Message:
     return {"t": "hello", "nspace": nspace, "rank": rank}
 
 
+#: What msgpack raises for a value it cannot encode (OverflowError: an int
+#: past 64 bits); a client answers it with :func:`cannot_encode`.
+UNENCODABLE = (TypeError, OverflowError)
+
+
+def cannot_encode(exc: BaseException) -> BadParamError:
+    """The error a client raises for a request msgpack could not encode."""
+    return BadParamError(f"cannot encode request: {exc}")
+
+
 def _request(t: str, rng: int | None, fields: dict) -> Message:
     """A data request: ``fields`` (the callers' own fresh map) with its type and
     range.  Sent as one plain map, which every server decodes once."""

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 from . import _direct, _proto
 from ._proto import Found, LookupResult
 from .enums import Persistence, Range
-from .errors import BadParamError, UnreachableError, error_for
+from .errors import UnreachableError, error_for
 from .wire import Channel, Message
 
 __all__ = ["Client", "Found", "LookupResult"]
@@ -119,9 +119,9 @@ class Client:
 
         try:
             ch.request(build(), answered)
-        except (TypeError, OverflowError) as exc:  # a value msgpack cannot encode
+        except _proto.UNENCODABLE as exc:
             self._unacked.discard(fut)
-            raise BadParamError(f"cannot encode request: {exc}") from None
+            raise _proto.cannot_encode(exc) from None
 
     async def add(self, key: str, delta: int | str | bytes = 1, *, range: Range = Range.SESSION,
                   persistence: Persistence | None = None, access_uids: Iterable[int] = (),
@@ -255,8 +255,8 @@ class Client:
             raise self._closed_error(ch)
         try:
             return await ch.call(msg)
-        except (TypeError, OverflowError) as exc:  # a value msgpack cannot encode
-            raise BadParamError(f"cannot encode request: {exc}") from None
+        except _proto.UNENCODABLE as exc:
+            raise _proto.cannot_encode(exc) from None
 
 
 def _ignore(ch: Channel, msg: Message) -> None:

@@ -39,7 +39,7 @@ from . import _direct, _proto
 from ._mux import Mux
 from ._proto import Found, LookupResult
 from .enums import Persistence, Range
-from .errors import BadParamError, UnreachableError
+from .errors import UnreachableError
 from ._blocking import BlockingChannel
 from .protocol import Message
 
@@ -327,8 +327,8 @@ class Client:
         mux = self._mux if dmux is None else dmux
         try:
             mux.post(build())
-        except (TypeError, OverflowError) as exc:  # a value msgpack cannot encode
-            raise BadParamError(f"cannot encode request: {exc}") from None
+        except _proto.UNENCODABLE as exc:
+            raise _proto.cannot_encode(exc) from None
 
     def _direct_mux(self) -> Mux | None:
         """The direct connection, opened on first use; None: use the daemon."""
@@ -361,5 +361,5 @@ class Client:
         """Send one request through ``mux`` and wait for its answer."""
         try:
             return mux.call(msg, withdrawable=withdrawable)
-        except (TypeError, OverflowError) as exc:  # a value msgpack cannot encode
-            raise BadParamError(f"cannot encode request: {exc}") from None
+        except _proto.UNENCODABLE as exc:
+            raise _proto.cannot_encode(exc) from None

@@ -525,7 +525,7 @@ class PmixServer:
         try:
             res = self._handler(req)
         except BaseException as e:
-            self._handler_failed(req, e)
+            handler_failed(req, e, self.stats)
             return
         if inspect.isawaitable(res):
             task = asyncio.ensure_future(res)
@@ -535,9 +535,6 @@ class PmixServer:
     def _task_done(self, req: Request, task: asyncio.Task) -> None:
         self._tasks.discard(task)
         task_done(req, task, self.stats)
-
-    def _handler_failed(self, req: Request, exc: BaseException) -> None:
-        handler_failed(req, exc, self.stats)
 
     # individual upcalls (progress thread).  Returning non-SUCCESS makes
     # libpmix answer the client itself; the reply object is then disarmed.

@@ -66,6 +66,7 @@ from typing import Any, Callable
 
 from ..errors import Status
 from ..pmix import constants as C
+from ..pmix.replies import handler_failed, task_done
 from ..wire import Channel, Message, reply
 
 log = logging.getLogger("pydvm.pmix")
@@ -400,7 +401,6 @@ class UserServer:
             return
         self.stats["requests"] += 1
         # as the binding dispatches its own upcalls (pydvm.pmix.server)
-        from ..pmix.replies import handler_failed, task_done
         try:
             res = self._handler(req)
         except Exception as exc:
@@ -462,9 +462,7 @@ class UserServers:
             return host.server
         agent = self.agents.get(uid)
         if agent is not None:
-            timer = self._idle.pop(uid, None)
-            if timer is not None:
-                timer.cancel()  # busy again (before any await: it cannot fire now)
+            self._keep(uid)  # busy again (before any await: the stop cannot fire now)
             return agent
         failed = self.failed.get(uid)
         if failed is not None and time.monotonic() - failed[1] < AGENT_RETRY:
@@ -522,9 +520,7 @@ class UserServers:
         """``agent`` serves nothing any more: out of every table."""
         if self.agents.get(agent.uid) is agent:
             del self.agents[agent.uid]
-            timer = self._idle.pop(agent.uid, None)
-            if timer is not None:
-                timer.cancel()
+            self._keep(agent.uid)
         host = self.host
         for ns in [n for n, srv in host.local_nspaces.items() if srv is agent]:
             del host.local_nspaces[ns]
@@ -552,6 +548,12 @@ class UserServers:
                       "process(es) here", node.name, agent.uid, reason, len(procs))
             from .node import KILL_GRACE
             node._spawn(node._kill_procs(procs, KILL_GRACE))
+
+    def _keep(self, uid: int) -> None:
+        """Cancel the idle stop of ``uid``'s agent, if one is armed."""
+        timer = self._idle.pop(uid, None)
+        if timer is not None:
+            timer.cancel()
 
     def _busy(self, agent: UserServer) -> bool:
         return any(srv is agent for srv in self.host.local_nspaces.values())
