@@ -48,7 +48,7 @@ def rss_mib(pid: int) -> float:
 
 
 async def _drive(uri: str, jobs: int, every: int, rows: list, env: dict) -> dict:
-    from pydvm.tool import open_tool, resolve_uri
+    from pydvm.cli.tool import open_tool, resolve_uri
 
     ch = await open_tool(resolve_uri(uri))
     info = await ch.call({"t": "info"})

@@ -1,4 +1,4 @@
-"""Output formats of the command line (pydvm.cli_format), as pure functions."""
+"""Output formats of the command line (pydvm.cli.formatting), as pure functions."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, strategies as st
 
-from pydvm.cli_format import (duration, found_line, job_end_lines, lookup_json, one_shot_warning,
+from pydvm.cli.formatting import (duration, found_line, job_end_lines, lookup_json, one_shot_warning,
                               ps_lines, quote, store_lines, table, value_text)
 
 

@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pydvm.cli import main
-from pydvm.cli_injob import parse_light
-from pydvm.cli_parser import build_parser
+from pydvm.cli.injob import parse_light
+from pydvm.cli.parser import build_parser
 from pydvm.protocol import _URI_PATTERN, DvmUri, UriError, _split_uri, hmac_sha256, mac
 
 

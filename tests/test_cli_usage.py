@@ -17,7 +17,7 @@ import pytest
 
 from pydvm import __version__
 from pydvm.cli import build_parser
-from pydvm.cli_help import PERSISTENCE_MEANINGS, RANGE_MEANINGS, RUN_HELP
+from pydvm.cli.helptext import PERSISTENCE_MEANINGS, RANGE_MEANINGS, RUN_HELP
 from pydvm.enums import Persistence, Range
 
 PYDVM = [sys.executable, "-m", "pydvm"]

@@ -11,7 +11,7 @@ import pytest
 
 from pydvm.runtime.jobio import (LINE_LIMIT, StdinFeed, output_cost, output_pty, read_some,
                                  take_chunk)
-from pydvm.tool import stdin_kind, tag_lines
+from pydvm.cli.tool import stdin_kind, tag_lines
 
 
 def test_take_chunk_gives_whole_lines_and_keeps_an_unfinished_one():

@@ -20,7 +20,7 @@ the runtime.  The runtime imports the same names from here (re-exported by
 :mod:`pydvm.wire`, :mod:`pydvm.runtime.auth`, :mod:`pydvm.runtime.credential`,
 :mod:`pydvm.runtime.dataops`, :mod:`pydvm.runtime.jobio` and
 :mod:`pydvm.store.model`).  The blocking ``pydvm run``
-(:mod:`pydvm.tool_run`) needs nothing else either.
+(:mod:`pydvm.cli.submit`) needs nothing else either.
 """
 
 from __future__ import annotations

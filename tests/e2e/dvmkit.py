@@ -178,7 +178,7 @@ def dvm_factory(tmp: Path, start: Callable[..., Dvm]) -> Iterator[Callable[..., 
 
 def _pids_from_info(dvm: Dvm) -> tuple[int, dict[str, int]]:
     code = ("import asyncio, json, sys;"
-            "from pydvm.tool import call, resolve_uri;"
+            "from pydvm.cli.tool import call, resolve_uri;"
             "r = asyncio.run(call(resolve_uri(None), {'t': 'info'}));"
             "print(json.dumps([r['pid'], r['daemon_pids']]))")
     e = dict(dvm.env)

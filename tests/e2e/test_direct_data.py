@@ -27,7 +27,7 @@ pytestmark = pytest.mark.e2e
 
 
 def master_info(dvm) -> dict:
-    from pydvm.tool import call
+    from pydvm.cli.tool import call
 
     saved = os.environ.get("PYDVM_STATE_DIR")
     os.environ["PYDVM_STATE_DIR"] = dvm.env["PYDVM_STATE_DIR"]

@@ -275,7 +275,7 @@ def test_pydvm_info_into_head_prints_no_traceback(dvm):
 
 
 def _jobs(dvm) -> list:
-    code = ("import asyncio, json; from pydvm.tool import call, resolve_uri;"
+    code = ("import asyncio, json; from pydvm.cli.tool import call, resolve_uri;"
             "print(json.dumps(asyncio.run(call(resolve_uri(None), {'t': 'info'}))['jobs']))")
     q = subprocess.run([sys.executable, "-c", code], env={**dvm.env, "PYDVM_URI": dvm.uri},
                        capture_output=True, text=True, timeout=60, check=True)

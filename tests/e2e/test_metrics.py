@@ -37,7 +37,7 @@ UID = str(os.getuid())
 def metrics_url(dvm) -> str:
     """Where the DVM serves its metrics (``info`` reports it)."""
     code = ("import asyncio, sys;"
-            "from pydvm.tool import call, resolve_uri;"
+            "from pydvm.cli.tool import call, resolve_uri;"
             "print(asyncio.run(call(resolve_uri(None), {'t': 'info'}))['metrics'])")
     env = dict(dvm.env, PYDVM_URI=dvm.uri)
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

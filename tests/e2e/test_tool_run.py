@@ -1,4 +1,4 @@
-"""The blocking ``pydvm run`` (pydvm/tool_run.py) against real DVMs.
+"""The blocking ``pydvm run`` (pydvm/cli/submit.py) against real DVMs.
 
 What it loads, the master's side of its pipelined handshake (a ``run``
 sent behind the ``auth`` answer runs only if the auth is accepted),
@@ -35,7 +35,7 @@ def _env(dvm) -> dict[str, str]:
 def _slow_imports(stderr: str) -> list[str]:
     mods = [ln.split("|")[-1].strip() for ln in stderr.splitlines()
             if ln.startswith("import time:") and "|" in ln]
-    assert "pydvm.tool_run" in mods or "pydvm.cli_injob" in mods, stderr[-2000:]
+    assert "pydvm.cli.submit" in mods or "pydvm.cli.injob" in mods, stderr[-2000:]
     return [m for m in mods if m in NOT_ON_THE_FAST_PATH or m.startswith(
         tuple(p + "." for p in NOT_ON_THE_FAST_PATH))]
 

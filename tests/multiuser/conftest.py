@@ -187,7 +187,7 @@ def _stop(d: MultiUserDvm) -> None:
     p = d.as_user(None, "info")
     pids = []
     if p.returncode == 0:
-        code = ("import asyncio, json; from pydvm.tool import call, resolve_uri;"
+        code = ("import asyncio, json; from pydvm.cli.tool import call, resolve_uri;"
                 "r = asyncio.run(call(resolve_uri(None), {'t': 'info'}));"
                 "print(json.dumps([r['pid'], *r['daemon_pids'].values()]))")
         q = subprocess.run([d.python, "-c", code], capture_output=True, text=True, timeout=30,

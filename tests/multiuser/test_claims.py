@@ -26,7 +26,7 @@ A, B = "pdvmtesta", "pdvmtestb"
 
 PROBE = '''
 import asyncio, json, sys
-from pydvm.tool import open_tool, resolve_uri
+from pydvm.cli.tool import open_tool, resolve_uri
 
 async def main():
     ch = await open_tool(resolve_uri(None))
@@ -146,7 +146,7 @@ def test_a_users_own_relay_dvm_speaks_for_that_users_processes(mudvm, users):
 
 
 def _jobs(mudvm) -> list:
-    code = ("import asyncio, json; from pydvm.tool import call, resolve_uri;"
+    code = ("import asyncio, json; from pydvm.cli.tool import call, resolve_uri;"
             "print(json.dumps(asyncio.run(call(resolve_uri(None), {'t': 'info'}))['jobs']))")
     q = subprocess.run([mudvm.python, "-c", code], capture_output=True, text=True, timeout=30,
                        env={**mudvm.root_env, "PYDVM_URI": mudvm.uri}, cwd="/tmp")

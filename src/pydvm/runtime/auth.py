@@ -16,7 +16,7 @@ reason; nothing of such a peer reaches a store.  The master reads a
 connection's messages in order and a refusal closes it before anything
 after the auth is read, so a tool may send its first request right behind
 its auth without waiting for the welcome (``pydvm run`` does:
-:mod:`pydvm.tool_run`).
+:mod:`pydvm.cli.submit`).
 
 What a tool needs to reach a DVM -- the secret's file, the multi-user tool
 socket, the MAC -- is :mod:`pydvm.protocol`'s (re-exported here), so that

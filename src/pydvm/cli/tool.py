@@ -5,8 +5,8 @@ through a daemon: ``pydvm run``, ``stop``, ``session``, ``store``, ``info``,
 ``ps``, ``kill``, ``dvms``.  Their requests go through :func:`call`; a
 one-shot DVM's ``pydvm run`` (its master runs on this process's loop) is
 :func:`run_job`.  A persistent DVM's ``pydvm run`` is blocking instead, with
-no asyncio (:mod:`pydvm.tool_run`); what both share is
-:mod:`pydvm.tool_common`'s (re-exported here).
+no asyncio (:mod:`pydvm.cli.submit`); what both share is
+:mod:`pydvm.cli.toolcommon`'s (re-exported here).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import asyncio
 import signal
 from typing import Any
 
-from .runtime.auth import DvmUri, UriError, connect, read_secret, tool_socket_path
-from .tool_common import (DvmUnreachable, JobOutput, StdinSource, ToolError,  # noqa: F401
+from ..runtime.auth import DvmUri, UriError, connect, read_secret, tool_socket_path
+from .toolcommon import (DvmUnreachable, JobOutput, StdinSource, ToolError,  # noqa: F401
                           job_exit, resolve_uri, run_request, stdin_kind, tag_lines)
-from .tool_common import silence as _silence  # noqa: F401 (re-exported)
-from .tool_common import status_name as _status_name
-from .wire import Channel, Message
+from .toolcommon import silence as _silence  # noqa: F401 (re-exported)
+from .toolcommon import status_name as _status_name
+from ..wire import Channel, Message
 
 
 async def open_tool(uri: DvmUri, on_message=None) -> Channel:

@@ -1,8 +1,8 @@
 """What both ``pydvm run`` tools share: errors, the URI, output, stdin, the job's end.
 
-A persistent DVM's ``pydvm run`` is blocking (:mod:`pydvm.tool_run`); a
+A persistent DVM's ``pydvm run`` is blocking (:mod:`pydvm.cli.submit`); a
 one-shot DVM's runs on the asyncio loop its master runs on
-(:mod:`pydvm.tool`).  Both forward the job's output the same way
+(:mod:`pydvm.cli.tool`).  Both forward the job's output the same way
 (:class:`JobOutput`), read their stdin for rank 0 the same way
 (:class:`StdinSource`: only the waiting differs) and end the same way
 (:func:`job_exit`).  Nothing here loads asyncio or the runtime.
@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import sys
 
-from .errors import Status
-from .protocol import STDIN_CHUNK, STDIN_WINDOW, DvmUri
+from ..errors import Status
+from ..protocol import STDIN_CHUNK, STDIN_WINDOW, DvmUri
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 #: SIGPIPE's number (Linux): what a ``pydvm run`` whose stdout reader went
 #: away exits with, 128 + this (the signal module is not needed for it).
 SIGPIPE = 13
+
+#: How to start a DVM, as every "no DVM here" message says it.
+START_HINT = "export PYDVM_URI=$(pydvm start --daemonize)"
 
 
 class ToolError(RuntimeError):
@@ -44,8 +47,6 @@ def resolve_uri(text: str | None) -> DvmUri:
     names one, UriError if it is not a URI."""
     text = text or os.environ.get("PYDVM_URI")
     if not text:
-        from .cli_dvms import START_HINT
-
         raise ToolError("no DVM given: use --dvm URI or set PYDVM_URI ('pydvm dvms' lists your "
                         f"running DVMs; '{START_HINT}' starts one)")
     return DvmUri.parse(text)
@@ -155,7 +156,7 @@ def job_exit(r: dict, signum: int | None, output: JobOutput) -> int:
     if not r.get("failures") and not r.get("failed") and (not r.get("msg") or
                                                           signum is not None):
         return code  # nothing to report (the usual end: not worth an import)
-    from .cli_format import job_end_lines
+    from .formatting import job_end_lines
 
     report = job_end_lines(r, interrupted=signum is not None, exit_status=code)
     if report and 2 not in output.closed:

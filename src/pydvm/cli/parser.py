@@ -4,7 +4,7 @@ Only what :func:`pydvm.cli.main` cannot parse itself comes here: ``start``,
 ``stop``, ``session``, ``store``, ``info``, ``daemon``, ``dvms``, ``ps``,
 ``kill``, every ``--help``, and an in-job command (``publish``,
 ``lookup``, ``unpublish``) whose arguments the light parser of
-:mod:`pydvm.cli_injob` leaves to argparse (a usage error among them) --
+:mod:`pydvm.cli.injob` leaves to argparse (a usage error among them) --
 so argparse words every usage error and help text.  ``tests/test_cli_usage.py``
 checks that every option has a help text.
 """
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 
-from .cli_help import (ACCESS_HELP, LOOKUP_OUTPUT_HELP, MAIN_DESCRIPTION, MAIN_EPILOG,
+from .helptext import (ACCESS_HELP, LOOKUP_OUTPUT_HELP, MAIN_DESCRIPTION, MAIN_EPILOG,
                        PERSISTENCES_HELP, PUBLISH_VALUES_HELP, RANGES_HELP, count, id_number,
                        port, seconds)
-from .enums import Persistence, Range
+from ..enums import Persistence, Range
 
 
 def _dvm_id(text: str) -> str:
@@ -46,7 +46,7 @@ def _parser(sub, name: str, help_: str, description: str = "", epilog: str = "")
 
 
 def _metrics_address(text: str) -> tuple[str, int]:
-    from .runtime.metrics import parse_address
+    from ..runtime.metrics import parse_address
 
     try:
         return parse_address(text)
@@ -55,11 +55,11 @@ def _metrics_address(text: str) -> tuple[str, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-    from .cli_admin import cmd_info, cmd_kill, cmd_ps, cmd_session, cmd_stop, cmd_store
-    from .cli_dvms import cmd_dvms
-    from .cli_injob import cmd_lookup, cmd_publish, cmd_unpublish
-    from .cli_start import cmd_daemon, cmd_start
+    from .. import __version__
+    from .admin import cmd_info, cmd_kill, cmd_ps, cmd_session, cmd_stop, cmd_store
+    from .dvms import cmd_dvms
+    from .injob import cmd_lookup, cmd_publish, cmd_unpublish
+    from .start import cmd_daemon, cmd_start
 
     p = argparse.ArgumentParser(prog="pydvm", description=MAIN_DESCRIPTION, epilog=MAIN_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -233,7 +233,7 @@ def run_parsed(argv: list[str]) -> int:
     """Parse ``argv`` with the tree and run the command it names."""
     parser = build_parser()
     if argv and argv[0] == "start":
-        from .cli_start import _mca_values_verbatim
+        from .start import _mca_values_verbatim
 
         argv = _mca_values_verbatim(argv)
     a = parser.parse_args(argv)
@@ -241,7 +241,7 @@ def run_parsed(argv: list[str]) -> int:
         parser.print_help()
         return 2
     if a.cmd == "start":
-        from .cli_dvms import warn_before_second_start
+        from .dvms import warn_before_second_start
 
         warn_before_second_start(a)
     return a.func(a)

@@ -13,8 +13,8 @@ import socket
 import sys
 from typing import Any
 
-from . import params as P
-from .cli import fail as _fail
+from .. import params as P
+from .common import fail as _fail
 
 # ----------------------------------------------------------------------
 # event loop
@@ -55,7 +55,7 @@ def run_async(coro, profile_name: str = "") -> Any:
 
 
 def _hosts(text: str | None):
-    from .runtime.jobs import HostSpec, parse_hosts
+    from ..runtime.jobs import HostSpec, parse_hosts
 
     if text:
         return parse_hosts(text)
@@ -99,9 +99,9 @@ def _start_hosts(text: str | None, launcher: str | None, env):
     ``--hosts`` then picks some of them (one refused if not allocated).
     Elsewhere: ``local``, this machine.  Raises ValueError with the reason.
     """
-    from .runtime.jobs import parse_hosts
-    from .runtime.launch import LAUNCHERS, make_launcher
-    from .runtime.slurm import allocation_from_env, in_allocation, select_hosts
+    from ..runtime.jobs import parse_hosts
+    from ..runtime.launch import LAUNCHERS, make_launcher
+    from ..runtime.slurm import allocation_from_env, in_allocation, select_hosts
 
     if launcher is None:
         launcher = "slurm" if in_allocation(env) else "local"
@@ -145,11 +145,11 @@ def cmd_start(a) -> int:
 async def _serve(a, hosts, launcher, resolved, ready_fd: int | None) -> int:
     import signal
 
-    from .runtime.launch import setup_logging
-    from .runtime.master import Master, StartError
+    from ..runtime.launch import setup_logging
+    from ..runtime.master import Master, StartError
 
     setup_logging("master", a.log_dir, resolved["prte_data_server_verbose"].value)
-    from .runtime.auth import DvmUri, UriError
+    from ..runtime.auth import DvmUri, UriError
 
     try:
         ds = DvmUri.parse(a.data_server_uri) if a.data_server_uri else None
@@ -192,7 +192,7 @@ def _write_private(path: str, text: str) -> None:
 def _daemonize(a, hosts, launcher, resolved) -> int:
     import secrets
 
-    from .runtime.launch import default_log_dir
+    from ..runtime.launch import default_log_dir
 
     if not a.log_dir:  # a detached DVM has no terminal: it logs to its own directory
         a.dvm_id = a.dvm_id or secrets.token_hex(4)
@@ -229,10 +229,10 @@ def _daemonize(a, hosts, launcher, resolved) -> int:
 
 
 def cmd_daemon(a) -> int:
-    from .runtime.daemon import run_daemon
-    from .runtime.launch import setup_logging
+    from ..runtime.daemon import run_daemon
+    from ..runtime.launch import setup_logging
 
-    from .runtime.guard import Guardian
+    from ..runtime.guard import Guardian
 
     # Under the slurm launcher every task runs the same command: the node
     # name is the one slurmstepd gives the task.

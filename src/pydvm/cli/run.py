@@ -1,7 +1,7 @@
 """``pydvm run``: its arguments, and which tool runs the job.
 
 With a persistent DVM (``--dvm URI`` or ``PYDVM_URI``) the job is submitted
-by the blocking tool (:mod:`pydvm.tool_run`): this module, and everything
+by the blocking tool (:mod:`pydvm.cli.submit`): this module, and everything
 that path loads, imports neither argparse nor asyncio nor anything of the
 store or the runtime (``tests/test_layers.py`` keeps it so).  Without one,
 a one-shot DVM starts in this process, runs the job and stops: that path
@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import sys
 
-from .cli import fail, tool_failed
-from .protocol import parse_host_list
+from .common import fail
+from ..protocol import parse_host_list
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def parse_run(argv: list[str]) -> dict[str, Any]:
 
 def cmd_run(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        from .cli_help import RUN_HELP, RUN_USAGE
+        from .helptext import RUN_HELP, RUN_USAGE
 
         if argv:
             print(RUN_HELP)
@@ -111,7 +111,7 @@ def cmd_run(argv: list[str]) -> int:
     try:
         opts = parse_run(argv)
     except ValueError as exc:
-        from .cli_help import RUN_USAGE
+        from .helptext import RUN_USAGE
 
         sys.stderr.write(f"pydvm run: {exc}\n{RUN_USAGE}\n")
         return 2
@@ -120,20 +120,22 @@ def cmd_run(argv: list[str]) -> int:
         if opts["mca"]:
             return fail("--mca applies to a one-shot DVM only; set parameters on 'pydvm start'",
                         2)
-        from . import cli
-        from .tool_common import ToolError, resolve_uri
-        from .tool_run import run_job
+        from . import common
+        from .toolcommon import ToolError, resolve_uri
+        from .submit import run_job
 
-        cli.QUICK_EXIT = True  # nothing of ours runs at interpreter exit
+        common.QUICK_EXIT = True  # nothing of ours runs at interpreter exit
         try:
             uri = resolve_uri(uri_text)
             return run_job(uri, opts["apps"], opts["session"], opts["tag_output"],
                            abort_on_failure=opts["abort_on_failure"], pmix=opts["pmix"])
         except (ToolError, ValueError) as exc:
+            from .dvms import tool_failed
+
             return tool_failed(exc, opts["dvm"])
     if opts["session"] is not None:
         return fail("--session needs a persistent DVM (--dvm URI or PYDVM_URI)", 2)
-    from .cli_start import _resolve_params, run_async
+    from .start import _resolve_params, run_async
 
     try:
         resolved = _resolve_params(opts["mca"])
@@ -150,10 +152,10 @@ def _one_shot_hosts(named: list[str], env):
     the DVM runs on the allocation through the slurm launcher: on the named
     nodes (each must be allocated), else on every allocated node.
     """
-    from .cli_start import _hosts
-    from .runtime.jobs import HostSpec
-    from .runtime.launch import make_launcher
-    from .runtime.slurm import allocation_from_env, in_allocation, select_hosts
+    from .start import _hosts
+    from ..runtime.jobs import HostSpec
+    from ..runtime.launch import make_launcher
+    from ..runtime.slurm import allocation_from_env, in_allocation, select_hosts
 
     if not in_allocation(env):
         hosts = [HostSpec(n, 1) for n in named] if named else _hosts(None)
@@ -168,10 +170,10 @@ def _one_shot_hosts(named: list[str], env):
 
 async def _one_shot(opts: dict, resolved) -> int:
     """Run one job on a private DVM on this machine, then take it down."""
-    from .cli_dvms import one_shot_warning
-    from .cli_start import _bind
-    from .runtime.launch import setup_logging
-    from .runtime.master import Master, StartError
+    from .dvms import one_shot_warning
+    from .start import _bind
+    from ..runtime.launch import setup_logging
+    from ..runtime.master import Master, StartError
     from .tool import ToolError, run_job
 
     setup_logging("pydvm-run", None, resolved["prte_data_server_verbose"].value)

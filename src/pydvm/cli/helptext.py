@@ -1,7 +1,7 @@
 """Help texts and argument checks of the command line.
 
 Every option of every subcommand is described here or next to its
-``add_argument`` in :mod:`pydvm.cli_parser`; ``tests/test_cli_usage.py`` checks
+``add_argument`` in :mod:`pydvm.cli.parser`; ``tests/test_cli_usage.py`` checks
 that none is left without a help text.  The argument types below turn a
 bad value into a usage error (exit status 2, a message naming the option)
 before the command does anything: nothing is published, started or
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from .enums import Persistence, Range
+from ..enums import Persistence, Range
 
 # argparse and textwrap are imported where used: the commands parsed without
 # argparse (run, publish, lookup, unpublish) check their values here too.

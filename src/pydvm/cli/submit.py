@@ -43,12 +43,12 @@ import time
 import _signal  # the C module: ``signal`` wraps it in enums, which costs an import
 import _socket
 
-from . import _trace
-from ._blocking import BlockingChannel
-from .errors import Status
-from .protocol import (HANDSHAKE_TIMEOUT, DvmUri, FrameError, UriError, mac, pack, read_secret,
+from .. import _trace
+from .._blocking import BlockingChannel
+from ..errors import Status
+from ..protocol import (HANDSHAKE_TIMEOUT, DvmUri, FrameError, UriError, mac, pack, read_secret,
                        tool_socket_name)
-from .tool_common import (SIGPIPE, DvmUnreachable, JobOutput, StdinSource, ToolError,
+from .toolcommon import (SIGPIPE, DvmUnreachable, JobOutput, StdinSource, ToolError,
                           job_exit, run_request, stdin_kind)
 
 TYPE_CHECKING = False

@@ -6,12 +6,12 @@ key and a final ``STATUS <PMIx name>``, and exits 0 on ``PMIX_SUCCESS``, 1
 otherwise.  A pair or value that cannot be read (``--files K=@FILE`` of a
 missing file, say) is answered the same way, ``STATUS PMIX_ERR_BAD_PARAM``, before
 anything is sent; a bad option is a usage error (exit 2) from argparse.
-How keys and values are printed is :mod:`pydvm.cli_format`'s.
+How keys and values are printed is :mod:`pydvm.cli.formatting`'s.
 
 A job may run these commands many times, so their arguments are read
 without argparse when they are plainly well formed (:func:`parse_light`);
 anything else -- ``--help``, a bad value, an abbreviated option, ``--`` --
-goes to the argparse tree (:mod:`pydvm.cli_parser`), which words the usage
+goes to the argparse tree (:mod:`pydvm.cli.parser`), which words the usage
 error or help text.  ``tests/test_cli_light.py`` checks that the two
 parsers agree wherever the light one answers.
 """
@@ -22,9 +22,9 @@ import os
 import sys
 import time
 
-from . import cli_format as F
-from .enums import Persistence, Range
-from .errors import PMIxError, Status
+from . import formatting as F
+from ..enums import Persistence, Range
+from ..errors import PMIxError, Status
 
 # ----------------------------------------------------------------------
 # arguments
@@ -36,7 +36,7 @@ def _spec(command: str) -> tuple[dict, dict, str, bool]:
     (store true), ``"store"`` or ``"append"`` a value that ``check`` (the
     argparse type, or the set of choices) accepts --, the defaults, the
     positionals' dest and whether at least one positional is needed."""
-    from .cli_help import count, id_number, seconds
+    from .helptext import count, id_number, seconds
 
     ranges = frozenset(r.word for r in Range)
     persistences = frozenset(p.word for p in Persistence if p is not Persistence.INVALID)
@@ -209,7 +209,7 @@ def _read_limited(f, what: str) -> bytes:
 
 
 def cmd_publish(a) -> int:
-    from .client import Client
+    from ..client import Client
 
     try:
         pairs = _publish_pairs(a.pairs, a.files)
@@ -250,7 +250,7 @@ def cmd_publish(a) -> int:
 
 
 def cmd_lookup(a) -> int:
-    from .client import Client
+    from ..client import Client
 
     try:
         rng = Range.from_word(a.range)
@@ -289,7 +289,7 @@ def cmd_lookup(a) -> int:
 
 
 def cmd_unpublish(a) -> int:
-    from .client import Client
+    from ..client import Client
 
     try:
         with Client() as c:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 
-from .enums import Persistence
+from ..enums import Persistence
 
 TYPE_CHECKING = False  # (not typing's: every pydvm run loads this module)
 if TYPE_CHECKING:

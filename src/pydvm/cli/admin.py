@@ -1,7 +1,7 @@
 """The commands that ask a running DVM: ``stop``, ``session``, ``ps``, ``kill``, ``store``, ``info``.
 
 Each is one request through the asyncio tool (:func:`pydvm.tool.call`);
-what they print is formatted in :mod:`pydvm.cli_format`.
+what they print is formatted in :mod:`pydvm.cli.formatting`.
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ import os
 import socket
 import time
 
-from . import cli_format as F
-from . import params as P
-from .cli import fail, tool_failed
+from . import formatting as F
+from .. import params as P
+from .common import fail
+from .dvms import tool_failed
 
 
 def _tool(a, msg: dict, timeout: float | None = None) -> dict:
-    from .cli_start import run_async
+    from .start import run_async
     from .tool import call, resolve_uri
 
     return run_async(call(resolve_uri(a.dvm), msg, timeout))
@@ -47,7 +48,7 @@ def cmd_stop(a) -> int:
 
 
 def cmd_session(a) -> int:
-    from .runtime.jobs import parse_hosts
+    from ..runtime.jobs import parse_hosts
     from .tool import ToolError
 
     try:
@@ -88,7 +89,7 @@ def cmd_ps(a) -> int:
 def cmd_kill(a) -> int:
     """End each named job; return once every one has ended (its processes
     reaped, its data purged).  Exit 1 if any could not be killed."""
-    from .protocol import UriError
+    from ..protocol import UriError
     from .tool import DvmUnreachable, ToolError
 
     code = 0
@@ -148,7 +149,7 @@ def cmd_info(a) -> int:
         _print_pmix(r.get("pmix"))
         rows = [(k, v[0], v[1], v[2]) for k, v in r["params"].items()]
     else:
-        from .cli_start import _warn_ignored_env
+        from .start import _warn_ignored_env
 
         _warn_ignored_env()
         try:
@@ -156,7 +157,7 @@ def cmd_info(a) -> int:
         except ValueError as exc:
             return fail(str(exc))
         print("no DVM given; values this environment would start one with:")
-        from .runtime.pmixhost import pmix_status
+        from ..runtime.pmixhost import pmix_status
         _print_pmix({"here": list(pmix_status())})
         rows = [(k, v.value, v.source, P.REGISTRY[k].help) for k, v in res.items()]
     width = max(len(r[0]) for r in rows)

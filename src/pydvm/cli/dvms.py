@@ -25,16 +25,16 @@ from __future__ import annotations
 import os
 import sys
 
-from . import cli_format as F
-from .protocol import DvmUri, UriError
+from . import formatting as F
+from .common import fail
+from .toolcommon import START_HINT
+from ..protocol import DvmUri, UriError
 
 # asyncio and the registry (pydvm.runtime) are imported where used: a
 # pydvm run that explains a stale URI, or says none is given, loads this.
 
 #: How long ``pydvm dvms`` waits for each master's answer.
 INFO_TIMEOUT = 3.0
-
-START_HINT = "export PYDVM_URI=$(pydvm start --daemonize)"
 
 
 # ----------------------------------------------------------------------
@@ -63,7 +63,7 @@ async def running_dvms() -> list[dict]:
     answer within :data:`INFO_TIMEOUT`."""
     import asyncio
 
-    from .runtime import registry
+    from ..runtime import registry
 
     records = registry.running()
     counts = await asyncio.gather(*[_jobs_of(str(r.get("uri"))) for r in records])
@@ -75,7 +75,7 @@ async def running_dvms() -> list[dict]:
 def cmd_dvms(a) -> int:
     import json
 
-    from .cli_start import run_async
+    from .start import run_async
 
     dvms = run_async(running_dvms())
     current = os.environ.get("PYDVM_URI", "").strip() or None
@@ -104,7 +104,7 @@ def unreachable_lines(uri: DvmUri, why: str, from_env: bool) -> list[str]:
     ``from_env``: the URI came from ``PYDVM_URI`` (not ``--dvm``), so the
     message names the variable and how to clear or reset it.
     """
-    from .runtime import registry
+    from ..runtime import registry
 
     running = registry.is_running(uri.dvmid)
     if running is False:  # it ran here and ended: the reason adds nothing
@@ -143,7 +143,7 @@ def warn_before_second_start(a) -> None:
         return
     if getattr(a, "data_server_uri", None) or getattr(a, "dvm_id", None) == uri.dvmid:
         return
-    from .runtime import registry
+    from ..runtime import registry
 
     rec = next((r for r in registry.running() if r.get("dvm") == uri.dvmid), None)
     if rec is None:
@@ -179,3 +179,20 @@ async def one_shot_warning(uri: DvmUri) -> str | None:
     stores = r.get("stores") or ()
     rows = [k for s in stores for k in s.get("key_info") or ()]
     return F.one_shot_warning(rows, truncated=any(s.get("key_info_truncated") for s in stores))
+
+
+def tool_failed(exc: Exception, dvm_option: str | None) -> int:
+    """Report a failed tool command: a URI nobody answers at gets an
+    explanation naming where the URI came from (``--dvm`` or
+    ``PYDVM_URI``) and what to do; a malformed URI is a usage error."""
+    from ..protocol import UriError
+    from .toolcommon import DvmUnreachable
+
+    if isinstance(exc, DvmUnreachable):
+        sys.stderr.write("".join(f"{ln}\n" for ln in
+                         unreachable_lines(exc.uri, str(exc), from_env=not dvm_option)))
+        return 1
+    if isinstance(exc, UriError):
+        where = "--dvm" if dvm_option else "PYDVM_URI"
+        return fail(f"{where}: {exc}", 2)
+    return fail(str(exc))
