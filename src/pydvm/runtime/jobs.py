@@ -32,6 +32,11 @@ from dataclasses import dataclass, field
 from ..protocol import parse_host_list
 
 
+#: What a job its time limit ended exits with: ``mpirun --timeout``'s status
+#: (ETIMEDOUT), which scripts written for it test.
+TIMEOUT_STATUS = 110
+
+
 @dataclass(frozen=True)
 class HostSpec:
     name: str
@@ -132,6 +137,14 @@ class JobRecord:
     #: its pydvm run forwards its stdin to rank 0 (what is in flight is the
     #: master's job streams' to count: runtime/jobstreams.py).
     stdin: bool = False
+    #: how the job was placed and is to be bound, as its ``pydvm run`` asked
+    #: (``placement`` of the run request, :mod:`pydvm.placement`); every
+    #: node gets it with its share of the launch.
+    placement: dict = field(default_factory=dict)
+    #: end the job after this many seconds (``--timeout``); None: no limit.
+    timeout: float | None = None
+    #: its time limit ended it (it exits with :data:`TIMEOUT_STATUS`).
+    timed_out: bool = False
     #: node -> its ranks, in rank order (made by :func:`build_job`; a record
     #: built by hand gets it on first use).
     _by_node: dict[str, list[int]] | None = field(default=None, repr=False)
@@ -158,6 +171,10 @@ class JobRecord:
 
     @property
     def exit_status(self) -> int:
+        """The first failure's status; :data:`TIMEOUT_STATUS` for a job its
+        time limit ended (as ``mpirun --timeout``)."""
+        if self.timed_out:
+            return TIMEOUT_STATUS
         return self.first_failure or 0
 
     @property

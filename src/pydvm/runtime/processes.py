@@ -280,6 +280,15 @@ class ProcessTable(NodeListener):
             raise ValueError("env must map str to str")
         session_nodes = {h.name: h for h in session.hosts}
         specs = []
+        app_envs: list[dict] = []  # each app's environment: the job's, plus its own (-x)
+        app_cwds: list[str] = []
+        placement = msg.get("placement") or {}
+        if not isinstance(placement, dict):
+            raise ValueError("placement must be a map")
+        timeout = msg.get("timeout")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(
+                timeout, (int, float)) or not timeout > 0):
+            raise ValueError("timeout must be a positive number of seconds")
         for i, app in enumerate(apps):
             if not isinstance(app, dict):
                 raise ValueError(f"app {i}: not a map")
@@ -305,6 +314,14 @@ class ProcessTable(NodeListener):
             if not live:
                 down = ", ".join(h.name for h in hs)
                 raise ValueError(f"app {i}: node(s) not available: {down}")
+            app_env, app_cwd = app.get("env"), app.get("cwd")
+            if app_env is not None and not (isinstance(app_env, dict) and all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in app_env.items())):
+                raise ValueError(f"app {i}: env must map str to str")
+            if app_cwd is not None and not isinstance(app_cwd, str):
+                raise ValueError(f"app {i}: cwd must be a str")
+            app_envs.append({**env, **app_env} if app_env else env)
+            app_cwds.append(app_cwd or cwd)
             specs.append((argv, n, live))
         nspace = f"{self.dvm_nspace}@{self._next_job}"
         self._next_job += 1
@@ -315,12 +332,14 @@ class ProcessTable(NodeListener):
         job.pmix_required = msg.get("pmix") is True
         job.started = time.time()
         for a in job.apps:
-            a.cwd = cwd
+            a.cwd = app_cwds[a.idx]
+        job.placement = placement
+        job.timeout = timeout
         job.stdin = msg.get("stdin") is True
         per_node: dict[str, list[dict]] = {}
         for p in job.procs.values():
-            entry = {"rank": p.rank, "app_idx": p.app_idx,
-                     "argv": job.apps[p.app_idx].argv, "env": env, "cwd": cwd}
+            entry = {"rank": p.rank, "app_idx": p.app_idx, "argv": job.apps[p.app_idx].argv,
+                     "env": app_envs[p.app_idx], "cwd": app_cwds[p.app_idx]}
             if p.rank == 0 and job.stdin:
                 entry["stdin"] = True
             per_node.setdefault(p.node, []).append(entry)
@@ -336,13 +355,17 @@ class ProcessTable(NodeListener):
             nodes.setdefault(job.procs[rank].node, []).append(rank)
         ids = self._nodes.node_ids()
         session = self.sessions.get(job.session_id)
-        slots = sum(h.slots for h in session.hosts) if session is not None else 0
+        hosts = {h.name: h.slots for h in session.hosts} if session is not None else {}
+        slots = sum(hosts.values())
         if parent is None:
             parent = job.parent
         return {"nodes": nodes, "apps": [len(a.ranks) for a in job.apps],
                 "parent": list(parent) if parent else None, "session_id": job.session_id,
                 "node_ids": {n: ids[n] for n in nodes if n in ids},
                 "univ_size": max(slots, job.size),
+                # each node's slots: where a job runs more ranks than that, it
+                # oversubscribes the node (no binding; Open MPI is told to yield)
+                "slots": {n: hosts.get(n, 0) for n in nodes},
                 "argv": [list(a.argv) for a in job.apps],
                 "wdir": [a.cwd for a in job.apps]}
 
@@ -354,8 +377,15 @@ class ProcessTable(NodeListener):
         self._tool[ns] = tool
         over = self._over[ns] = asyncio.get_running_loop().create_future()
         tool.send({"t": "started", "ref": rid, "nspace": ns, "size": job.size})
-        await self.launch(job, per_node)
-        await over
+        timer = None
+        if job.timeout is not None:
+            timer = asyncio.get_running_loop().call_later(job.timeout, self._time_up, job)
+        try:
+            await self.launch(job, per_node)
+            await over
+        finally:
+            if timer is not None:
+                timer.cancel()
         if _trace.PATH:
             _trace.mark("master.over", ns)
         kids = self._children.pop(ns, [])
@@ -366,6 +396,20 @@ class ProcessTable(NodeListener):
             _trace.mark("master.report", ns)
         tool.send(reply(rid, Status.SUCCESS, job.error or job.kill_reason, nspace=ns,
                         exit=job.exit_status, **failure_report(job)))
+
+    def _time_up(self, job: JobRecord) -> None:
+        """A job's ``--timeout`` has passed: kill it, naming what still ran."""
+        if job.done or job.killed or self.jobs.get(job.nspace) is not job:
+            return
+        running = [r for r in sorted(job.procs) if job.procs[r].state is not ProcState.ENDED]
+        named = ", ".join(f"[{job.nspace},{r}] on node {job.procs[r].node}"
+                          for r in running[:FAILURE_REPORT_LIMIT])
+        more = (f" and {len(running) - FAILURE_REPORT_LIMIT} more"
+                if len(running) > FAILURE_REPORT_LIMIT else "")
+        job.timed_out = True
+        self.kill(job.nspace, f"the job's time limit of {job.timeout:g} s (--timeout) was "
+                              f"reached with {len(running)} of its {job.size} processes still "
+                              f"running: {named}{more}")
 
     async def launch_child(self, parent: tuple[str, int], job: JobRecord,
                            per_node: dict[str, list[dict]]) -> str:
@@ -405,7 +449,7 @@ class ProcessTable(NodeListener):
             self._nodes.call(n, {
                 "t": "launch", "nspace": job.nspace, "session_id": job.session_id,
                 "job_size": job.size, "procs": per_node[n], "uid": job.uid, "gid": job.gid,
-                "pmix": layout})
+                "pmix": layout, "placement": job.placement})
             for n in names
         ])
         if _trace.PATH:
