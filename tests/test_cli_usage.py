@@ -17,7 +17,10 @@ import pytest
 
 from pydvm import __version__
 from pydvm.cli import build_parser
-from pydvm.cli.helptext import PERSISTENCE_MEANINGS, RANGE_MEANINGS, RUN_HELP
+from pydvm.cli.helptext import PERSISTENCE_MEANINGS, RANGE_MEANINGS
+from pydvm.cli.runopts import run_help
+
+RUN_HELP = run_help()
 from pydvm.enums import Persistence, Range
 
 PYDVM = [sys.executable, "-m", "pydvm"]
@@ -152,10 +155,24 @@ def test_a_malformed_size_says_what_a_size_looks_like(cmd, tmp_path):
     assert "invalid literal" not in line and "base 0" not in line, line
 
 
-@pytest.mark.parametrize("cmd", [("start",), ("run", "-n", "1", "true")])
+def test_an_open_mpi_parameter_on_run_reaches_the_processes_as_mpirun_passes_it(tmp_path):
+    """`pydvm run --mca btl self,tcp` is Open MPI's parameter, not pydvm's: every
+    process gets OMPI_MCA_btl=self,tcp, as under mpirun; a pydvm parameter beside
+    it still sets the one-shot DVM (and a misspelt one is still refused)."""
+    p = _pydvm("run", "--mca", "btl", "self,tcp", "--mca", "prte_data_server_timeout", "9",
+               "-n", "2", "sh", "-c", 'echo "btl=$OMPI_MCA_btl"', tmp_path=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["btl=self,tcp"] * 2, p.stdout
+    p = _pydvm("run", "--mca", "prte_data_server_timeuot", "9", "-n", "1", "true",
+               tmp_path=tmp_path)
+    assert p.returncode == 2 and "did you mean prte_data_server_timeout?" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("cmd", [("start",)])
 def test_an_open_mpi_parameter_on_mca_is_pointed_at_its_environment_variable(cmd, tmp_path):
-    """`--mca btl self,tcp` is not pydvm's: the error says where Open MPI's own
-    parameters go (the job inherits pydvm run's environment)."""
+    """`pydvm start --mca btl self,tcp` is not pydvm's: the error says where Open
+    MPI's own parameters go (the job inherits pydvm run's environment, and
+    `pydvm run --mca` passes them on)."""
     args = (*cmd[:1], "--mca", "btl", "self,tcp", *cmd[1:])
     p = _pydvm(*args, tmp_path=tmp_path)
     assert p.returncode == 2, p.stderr
@@ -269,4 +286,4 @@ def test_run_synopsis_shows_every_option_and_n_as_optional():
     assert re.search(r"\[-n N\] CMD", run) and " -n N CMD" not in run, run
     usage = RUN_HELP.split("\n\n", 1)[0]
     assert "[-n N] CMD" in usage and " -n N CMD" not in usage, usage
-    assert "number of processes (default 1)" in RUN_HELP
+    assert "number of processes (default 1;" in RUN_HELP

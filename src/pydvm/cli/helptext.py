@@ -99,55 +99,6 @@ True).  --json prints one JSON object instead:
 "bool", "publisher": {"nspace": NS, "rank": R}}}, "missing": [K, ...]}, a bytes
 value as base64 text."""
 
-RUN_HELP = """\
-usage: pydvm run [--dvm URI] [--session ID] [--mca N V]... [--tag-output]
-                 [--abort-on-failure | --no-abort-on-failure] [--pmix]
-                 [--host H[:SLOTS],...] [-n N] CMD ARGS...
-                 [: [--host H[:SLOTS],...] [-n M] CMD2 ARGS...]...
-
-Run one job and exit with its status: the first non-zero exit of its
-processes (128+N for a process killed by signal N), else 0.  Output is
-forwarded live, line by line: each process's stdout is a terminal, as under
-mpirun, its stderr a pipe.  pydvm run's own stdin goes to rank 0 (unless it
-is /dev/null); the other ranks read /dev/null.  Processes that fail are
-reported on stderr, one line each (rank, node, exit status or signal), and
-so is whoever ended the job ('pydvm kill', 'pydvm session end', 'pydvm
-stop').
-
-options of the whole job (before the first command):
-  --dvm URI           submit to this DVM (default $PYDVM_URI); with neither,
-                      run a one-shot DVM on this machine for this job alone
-                      (it warns on stderr if it ends holding data a
-                      persistent DVM would have kept)
-  --session ID        run in session ID ('pydvm session new'; default: the
-                      DVM's default session); needs a persistent DVM
-  --mca NAME VALUE    set a parameter of the one-shot DVM (see 'pydvm info');
-                      a persistent DVM takes them on 'pydvm start'
-  --tag-output        prefix each output line with [NSPACE,RANK]
-  --abort-on-failure  kill the rest of the job when one process fails
-  --no-abort-on-failure
-                      never: a failing process does not end its siblings
-                      (default: as mpirun for an MPI/PMIx job -- one run with
-                      --pmix, or a failing process that called PMIx_Init --
-                      and never for other jobs; their PMIx processes that
-                      asked are told of the failure first)
-  --pmix              the job needs PMIx: refuse it unless every node it runs
-                      on hosts a PMIx server (see 'pydvm info'); without it,
-                      PMIx clients are served wherever libpmix is available.
-                      A process of it that exits non-zero, is killed, or
-                      ends without finalizing PMIx ends the job
-
-options of each app context (before its command; ':' starts the next):
-  -n N, --np N        number of processes (default 1)
-  --host H[:SLOTS],.. hosts this app's ranks fill, in order, SLOTS at a time
-                      (default: every host of the session, and its slots)
-  --                  end of options: what follows is the command
-
-Job processes find PYDVM_NSPACE, PYDVM_RANK, PYDVM_APP_IDX, PYDVM_JOB_SIZE,
-PYDVM_NODE and PYDVM_SERVER in their environment.  Ctrl-C kills the job and
-exits 130; a missing executable exits 127 naming it."""
-
-RUN_USAGE = RUN_HELP.split("\n\n", 1)[0]
 
 MAIN_DESCRIPTION = """\
 pydvm: a distributed virtual machine.  Start one ('pydvm start'), run jobs on

@@ -14,112 +14,103 @@ import os
 import sys
 
 from .common import fail
-from ..protocol import parse_host_list
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 
-def parse_run(argv: list[str]) -> dict[str, Any]:
-    """Parse ``pydvm run`` arguments (MPMD contexts separated by ':');
-    ValueError naming what is wrong."""
-    opts: dict[str, Any] = {"dvm": None, "session": None, "mca": [], "tag_output": False,
-                            "abort_on_failure": None, "apps": [], "pmix": False}
-    segments: list[list[str]] = [[]]
-    for tok in argv:
-        if tok == ":":
-            segments.append([])
-        else:
-            segments[-1].append(tok)
-    for idx, seg in enumerate(segments):
-        n = None
-        hosts = None
-        i = 0
-        while i < len(seg) and seg[i].startswith("-"):
-            opt = seg[i]
-            name, eq, inline = opt.partition("=")
+def _is_pydvm_param(name: str) -> bool:
+    """Whether ``--mca NAME`` sets pydvm (its parameters are all named
+    ``prte_*``, ``pydvm_*`` or ``plm_*`` -- the launcher, which no job process
+    reads) or is Open MPI's, for the job's processes."""
+    return name.startswith(("prte_", "pydvm_", "plm_"))
 
-            def value() -> str:
-                nonlocal i
-                if eq:
-                    return inline
-                i += 1
-                if i >= len(seg):
-                    raise ValueError(f"{opt} needs a value")
-                return seg[i]
 
-            if name in ("-n", "--np", "-np"):
-                v = value()
-                try:
-                    n = int(v)
-                except ValueError:
-                    raise ValueError(f"-n needs a number, not {v!r}") from None
-                if n < 1:
-                    raise ValueError("-n must be at least 1")
-            elif name in ("--host", "-H"):
-                hosts = [[name, slots] for name, slots in parse_host_list(value())]
-            elif idx == 0 and name == "--dvm":
-                opts["dvm"] = value()
-            elif idx == 0 and name == "--session":
-                v = value()
-                try:
-                    opts["session"] = int(v)
-                except ValueError:
-                    raise ValueError(f"--session needs a session id, not {v!r}") from None
-            elif idx == 0 and name == "--mca":
-                if eq:
-                    raise ValueError("--mca takes two arguments: NAME VALUE")
-                if i + 2 >= len(seg):
-                    raise ValueError("--mca takes two arguments: NAME VALUE")
-                opts["mca"].append((seg[i + 1], seg[i + 2]))
-                i += 2
-            elif idx == 0 and name == "--tag-output":
-                opts["tag_output"] = True
-            elif idx == 0 and name in ("--abort-on-failure", "--no-abort-on-failure"):
-                want = name == "--abort-on-failure"
-                if opts["abort_on_failure"] is not None and opts["abort_on_failure"] != want:
-                    raise ValueError("--abort-on-failure and --no-abort-on-failure "
-                                     "contradict each other")
-                opts["abort_on_failure"] = want
-            elif idx == 0 and name == "--pmix":
-                opts["pmix"] = True  # refuse the job unless every node of it hosts PMIx
-            elif name == "--":
-                i += 1
-                break
-            else:
-                where = "" if idx == 0 else f" in app context {idx}"
-                raise ValueError(f"unknown option {opt}{where}")
-            i += 1
-        cmd = seg[i:]
-        if not cmd:
-            raise ValueError(f"app context {idx} has no command")
-        opts["apps"].append({"argv": cmd, "n": n if n is not None else 1, "hosts": hosts})
-    return opts
+def build_request(opts: dict[str, Any]) -> dict[str, Any]:
+    """The ``run`` request of the parsed command line ``opts``."""
+    from .toolcommon import run_request
+
+    env = dict(os.environ)
+    for name, value in opts["mca"]:
+        if not _is_pydvm_param(name):
+            env[f"OMPI_MCA_{name}"] = value  # Open MPI's: to every process, as mpirun does
+    apps = []
+    for a in opts["apps"]:
+        app_env = dict(a["env"])
+        if a["path"]:
+            app_env["PATH"] = a["path"] + os.pathsep + app_env.get("PATH", env.get("PATH", ""))
+        hosts = a["hosts"] if a["hosts"] is not None else opts["hostfile"]
+        app: dict[str, Any] = {"argv": a["argv"], "n": a["n"], "hosts": hosts}
+        if app_env:
+            app["env"] = app_env
+        if a["cwd"]:
+            app["cwd"] = a["cwd"]
+        apps.append(app)
+    placement = dict(opts["placement"])
+    if opts["hostfile"] is not None:
+        placement["hostfile"] = True  # n defaults to the hostfile's slots, as under mpirun
+    if not placement and all(a["n"] is not None or (a["hosts"] is None and opts["hostfile"]
+                                                    is None) for a in opts["apps"]):
+        for app in apps:
+            if app["n"] is None:
+                app["n"] = 1
+    req = run_request(apps, opts["session"], opts["abort_on_failure"], opts["pmix"],
+                      stdin=False, env=env)
+    if placement:
+        req["placement"] = placement
+    if opts["timeout"] is not None:
+        req["timeout"] = opts["timeout"]
+    if opts["stdin"]:
+        req["stdin_rank"] = opts["stdin"]
+    return req
+
+
+def job_output(opts: dict[str, Any]):
+    """Where the job's output goes, as the options say."""
+    from .toolcommon import JobOutput
+
+    return JobOutput(opts["tag_output"], timestamp=opts["timestamp_output"],
+                     merge_stderr=opts["merge_stderr"], files=opts["output_filename"],
+                     quiet=opts["quiet"])
+
+
+def _check_wdirs(opts: dict[str, Any]) -> None:
+    for a in opts["apps"]:
+        if a["cwd"] and not os.path.isdir(a["cwd"]):
+            raise ValueError(f"--wdir {a['cwd']}: no such directory")
 
 
 def cmd_run(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        from .helptext import RUN_HELP, RUN_USAGE
+        from .runopts import RUN_USAGE, run_help
 
         if argv:
-            print(RUN_HELP)
+            print(run_help())
             return 0
         sys.stderr.write("pydvm run: nothing to run: give a command, such as "
                          f"'pydvm run -n 2 hostname' ('pydvm run --help' says more)\n{RUN_USAGE}\n")
         return 2
+    from .runopts import parse_run
+
     try:
         opts = parse_run(argv)
+        _check_wdirs(opts)
     except ValueError as exc:
-        from .helptext import RUN_USAGE
+        from .runopts import RUN_USAGE
 
         sys.stderr.write(f"pydvm run: {exc}\n{RUN_USAGE}\n")
         return 2
+    if not opts["quiet"]:
+        for w in opts["warnings"]:
+            sys.stderr.write(f"pydvm run: warning: {w}\n")
+    ours = [(n, v) for n, v in opts["mca"] if _is_pydvm_param(n)]
     uri_text = opts["dvm"] or os.environ.get("PYDVM_URI")
     if uri_text:
-        if opts["mca"]:
-            return fail("--mca applies to a one-shot DVM only; set parameters on 'pydvm start'",
-                        2)
+        if ours:
+            return fail(f"--mca {ours[0][0]}: pydvm's parameters apply to a one-shot DVM only; "
+                        "set them on 'pydvm start' (other names are Open MPI's, passed to the "
+                        "job's processes)", 2)
         from . import common
         from .toolcommon import ToolError, resolve_uri
         from .submit import run_job
@@ -127,8 +118,8 @@ def cmd_run(argv: list[str]) -> int:
         common.QUICK_EXIT = True  # nothing of ours runs at interpreter exit
         try:
             uri = resolve_uri(uri_text)
-            return run_job(uri, opts["apps"], opts["session"], opts["tag_output"],
-                           abort_on_failure=opts["abort_on_failure"], pmix=opts["pmix"])
+            return run_job(uri, request=build_request(opts), output=job_output(opts),
+                           forward_stdin=opts["stdin"] is not None)
         except (ToolError, ValueError) as exc:
             from .dvms import tool_failed
 
@@ -138,17 +129,19 @@ def cmd_run(argv: list[str]) -> int:
     from .start import _resolve_params, run_async
 
     try:
-        resolved = _resolve_params(opts["mca"])
+        resolved = _resolve_params(ours)
     except ValueError as exc:
         return fail(str(exc), 2)
     return run_async(_one_shot(opts, resolved))
 
 
-def _one_shot_hosts(named: list[str], env):
-    """Nodes and launcher of a one-shot DVM whose apps name hosts ``named``.
+def _one_shot_hosts(named: dict[str, int], env):
+    """Nodes and launcher of a one-shot DVM whose apps name hosts ``named``
+    (name -> slots asked for, 0 if none).
 
-    Outside a Slurm allocation, hosts named by ``--host`` become local
-    daemons of those names (else one daemon, this machine).  Inside one,
+    Outside a Slurm allocation, hosts named by ``--host`` or a hostfile
+    become local daemons of those names (else one daemon, this machine),
+    each with the slots asked for (at least one).  Inside one,
     the DVM runs on the allocation through the slurm launcher: on the named
     nodes (each must be allocated), else on every allocated node.
     """
@@ -158,14 +151,16 @@ def _one_shot_hosts(named: list[str], env):
     from ..runtime.slurm import allocation_from_env, in_allocation, select_hosts
 
     if not in_allocation(env):
-        hosts = [HostSpec(n, 1) for n in named] if named else _hosts(None)
+        hosts = [HostSpec(n, max(1, slots)) for n, slots in sorted(named.items())] \
+            if named else _hosts(None)
         return hosts, make_launcher("local", "--host" if named else "this machine")
     alloc = allocation_from_env(env)
     if not named:
         return list(alloc.nodes), make_launcher("slurm", alloc.source)
-    select_hosts(alloc, [HostSpec(n) for n in named])  # refuses a host not allocated
-    return ([HostSpec(n, alloc.slots(n)) for n in named],
-            make_launcher("slurm", f"{alloc.source}, --host {','.join(named)}"))
+    names = sorted(named)
+    select_hosts(alloc, [HostSpec(n) for n in names])  # refuses a host not allocated
+    return ([HostSpec(n, alloc.slots(n)) for n in names],
+            make_launcher("slurm", f"{alloc.source}, --host {','.join(names)}"))
 
 
 async def _one_shot(opts: dict, resolved) -> int:
@@ -177,7 +172,9 @@ async def _one_shot(opts: dict, resolved) -> int:
     from .tool import ToolError, run_job
 
     setup_logging("pydvm-run", None, resolved["prte_data_server_verbose"].value)
-    named = sorted({h[0] for a in opts["apps"] for h in (a["hosts"] or [])})
+    named = {h[0]: h[1] for a in opts["apps"] for h in (a["hosts"] or [])}
+    for h in opts["hostfile"] or []:  # a hostfile's hosts, with their slots, make the DVM
+        named[h[0]] = max(named.get(h[0], 0), h[1])
     try:
         hosts, launcher = _one_shot_hosts(named, os.environ)
     except ValueError as exc:
@@ -188,10 +185,10 @@ async def _one_shot(opts: dict, resolved) -> int:
     except (StartError, OSError) as exc:
         return fail(f"cannot start the one-shot DVM: {exc}")
     try:
-        code = await run_job(uri, opts["apps"], None, opts["tag_output"],
-                             abort_on_failure=opts["abort_on_failure"], pmix=opts["pmix"])
+        code = await run_job(uri, request=build_request(opts), output=job_output(opts),
+                             forward_stdin=opts["stdin"] is not None)
         warning = await one_shot_warning(uri)
-        if warning:
+        if warning and not opts["quiet"]:
             sys.stderr.write(f"{warning}\n")
         return code
     except ToolError as exc:

@@ -189,10 +189,11 @@ def _ignore(signum, frame) -> None:
     """The Python-level handler: the wake-up pipe carries the signal."""
 
 
-def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output: bool,
-            env: dict[str, str] | None = None, cwd: str | None = None,
-            abort_on_failure: bool | None = None, pmix: bool = False,
-            forward_stdin: bool = True) -> int:
+def run_job(uri: DvmUri, apps: list[dict] | None = None, session: int | None = None,
+            tag_output: bool = False, env: dict[str, str] | None = None,
+            cwd: str | None = None, abort_on_failure: bool | None = None,
+            pmix: bool = False, forward_stdin: bool = True, *,
+            request: dict | None = None, output: JobOutput | None = None) -> int:
     """Submit a job to the DVM at ``uri``, forward its output, and our stdin
     to its rank 0 (not with ``forward_stdin`` false, nor when stdin is
     closed or /dev/null: rank 0 then reads /dev/null); return its exit
@@ -202,18 +203,24 @@ def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output: bool
     waits for the job's end and exits with 128 + the signal number (one
     that comes while connecting -- before anything is submitted -- ends the
     tool at once, with the same status).  When the job has ended, the processes that failed and who ended it (if it was
-    killed) are reported on stderr (:func:`pydvm.cli_format.job_end_lines`).
+    killed) are reported on stderr (:func:`pydvm.cli.formatting.job_end_lines`).
     ``abort_on_failure``: True, the master kills the rest of the job at the
     first failure; False, never; None, as ``mpirun`` would for an MPI job
     (run with ``pmix``, or a failing process that used PMIx), else never.
+
+    ``request`` (a whole ``run`` request, :func:`run_request` and the
+    command line's options) and ``output`` (where output goes) replace the
+    arguments before them.
 
     Raises DvmUnreachable if no DVM answers at ``uri`` (or it refuses us),
     ToolError for other failures to submit.
     """
     signals = _Signals()
+    if request is None:
+        request = run_request(apps or [], session, abort_on_failure, pmix, stdin=False, env=env,
+                              cwd=cwd)
     try:
-        return _Run(uri, signals, tag_output, forward_stdin).run(
-            run_request(apps, session, abort_on_failure, pmix, stdin=False, env=env, cwd=cwd))
+        return _Run(uri, signals, output or JobOutput(tag_output), forward_stdin).run(request)
     finally:
         signals.close()
 
@@ -221,10 +228,11 @@ def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output: bool
 class _Run:
     """One ``pydvm run``'s connection and loop (see :func:`run_job`)."""
 
-    def __init__(self, uri: DvmUri, signals: _Signals, tag: bool, forward_stdin: bool) -> None:
+    def __init__(self, uri: DvmUri, signals: _Signals, output: JobOutput,
+                 forward_stdin: bool) -> None:
         self.uri = uri
         self.signals = signals
-        self.output = JobOutput(tag)
+        self.output = output
         self.forward_stdin = forward_stdin
         self.ch: BlockingChannel | None = None
         self.name = ""
@@ -399,6 +407,7 @@ class _Run:
                 self.stdin.ack(msg.get("bytes"), msg.get("closed") is True)
         elif t == "started":
             self.nspace = msg.get("nspace")
+            self.output.started(self.nspace, msg.get("size"))
             if self.signum is not None:
                 self._kill()
             elif self.stdin is not None and isinstance(self.nspace, str):

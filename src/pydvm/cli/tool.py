@@ -132,18 +132,23 @@ class StdinForwarder(StdinSource):
             self._resume()
 
 
-async def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output: bool,
-                  env: dict[str, str] | None = None, cwd: str | None = None,
-                  abort_on_failure: bool | None = None, pmix: bool = False,
-                  forward_stdin: bool = True) -> int:
+async def run_job(uri: DvmUri, apps: list[dict] | None = None, session: int | None = None,
+                  tag_output: bool = False, env: dict[str, str] | None = None,
+                  cwd: str | None = None, abort_on_failure: bool | None = None,
+                  pmix: bool = False, forward_stdin: bool = True, *,
+                  request: dict | None = None, output: JobOutput | None = None) -> int:
     """Submit a job from an event loop (a one-shot DVM's ``pydvm run``: its
     master runs on the same loop), forward its output, and our stdin to its
     rank 0 (:class:`StdinForwarder`; not with ``forward_stdin`` false, nor
     when stdin is closed or /dev/null: rank 0 then reads /dev/null); return
     its exit status.  What it does is what the blocking
-    :func:`pydvm.tool_run.run_job` does (see there).
+    :func:`pydvm.cli.submit.run_job` does (see there, also for ``request``
+    and ``output``).
     """
-    output = JobOutput(tag_output)
+    output = output or JobOutput(tag_output)
+    if request is None:
+        request = run_request(apps or [], session, abort_on_failure, pmix, stdin=False,
+                              env=env, cwd=cwd)
     state: dict[str, Any] = {"nspace": None, "signal": None}
     feeder: StdinForwarder | None = None  # set once connected, if stdin is forwarded
 
@@ -159,6 +164,7 @@ async def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output
                 feeder.ack(msg.get("bytes"), msg.get("closed") is True)
         elif t == "started":
             state["nspace"] = msg.get("nspace")
+            output.started(state["nspace"], msg.get("size"))
             if state["signal"] is not None:
                 ch.send({"t": "kill_job", "id": 0, "nspace": state["nspace"],
                          "signal": int(state["signal"])})
@@ -182,8 +188,7 @@ async def run_job(uri: DvmUri, apps: list[dict], session: int | None, tag_output
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, interrupted, sig)
     try:
-        r = await ch.call(run_request(apps, session, abort_on_failure, pmix,
-                                      stdin=feeder is not None, env=env, cwd=cwd))
+        r = await ch.call(dict(request, stdin=feeder is not None))
     finally:
         if feeder is not None:
             feeder.stop()

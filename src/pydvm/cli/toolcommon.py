@@ -97,36 +97,105 @@ def tag_lines(data: bytes, prefix: bytes, mid_line: bool) -> tuple[bytes, bool]:
 
 
 class JobOutput:
-    """Writes a job's ``output`` messages to our stdout and stderr, each line
-    prefixed ``[NSPACE,RANK] `` with ``tag``.
+    """Writes a job's ``output`` messages to our stdout and stderr.
+
+    ``tag``: each line prefixed ``[NSPACE,RANK] ``; ``timestamp``: with the
+    time and its stream, as ``mpirun --timestamp-output`` writes it
+    (``Thu Dec  3 19:29:31 2026<stdout>:``, the tag inside it);
+    ``merge_stderr``: the processes' stderr goes to our stdout; ``files``: a
+    directory where each rank's streams are also written, laid out as
+    ``mpirun --output-filename`` lays them out (``DIR/JOB/rank.N/stdout``,
+    ``stderr``, every rank's files made when the job starts; JOB is the
+    job's number in its DVM); ``quiet``: no report of failures at the end.
 
     A stream whose reader went away (``pydvm run ... | head``) is pointed at
     /dev/null and written no more (:attr:`closed`); :meth:`write` says when
     that happened to stdout, which should end the job as SIGPIPE would.
     """
 
-    def __init__(self, tag: bool) -> None:
+    def __init__(self, tag: bool, *, timestamp: bool = False, merge_stderr: bool = False,
+                 files: str | None = None, quiet: bool = False) -> None:
         self.tag = tag
+        self.timestamp = timestamp
+        self.merge_stderr = merge_stderr
+        self.files = files
+        self.quiet = quiet
         self.out = sys.stdout.buffer
         self.err = sys.stderr.buffer
         #: our own fds (1, 2) whose reader went away
         self.closed: set[int] = set()
         self._mid_line: set[tuple[Any, Any]] = set()  # (rank, fd) last seen without a newline
+        self._open: dict[tuple[str, Any, int], Any] = {}  # (nspace, rank, fd) -> its file
+
+    def started(self, nspace: Any, size: Any) -> None:
+        """The job ``nspace`` of ``size`` ranks has started: make its files."""
+        if self.files is None or not isinstance(nspace, str) or not isinstance(size, int):
+            return
+        for rank in range(size):
+            for fd in (1, 2):
+                self._file(nspace, rank, fd)
+
+    def _file(self, nspace: str, rank: Any, fd: int):
+        f = self._open.get((nspace, rank, fd))
+        if f is None and self.files is not None and isinstance(rank, int) and rank >= 0:
+            job = nspace.rpartition("@")[2] or nspace
+            d = os.path.join(self.files, job, f"rank.{rank}")
+            try:
+                os.makedirs(d, exist_ok=True)
+                f = open(os.path.join(d, "stderr" if fd == 2 else "stdout"), "ab")
+            except OSError as exc:
+                sys.stderr.write(f"pydvm run: --output-filename: {exc}\n")
+                self.files = None  # said once; the terminal still gets everything
+                return None
+            self._open[(nspace, rank, fd)] = f
+        return f
+
+    def close(self) -> None:
+        """Close the output files (the job has ended)."""
+        for f in self._open.values():
+            try:
+                f.close()
+            except OSError:
+                pass
+        self._open.clear()
+
+    def _prefix(self, msg: dict, fd: int) -> bytes | None:
+        if self.timestamp:
+            import time
+
+            tag = f"[{msg.get('nspace')},{msg.get('rank')}]" if self.tag else ""
+            stream = "stderr" if fd == 2 else "stdout"
+            return f"{time.ctime()}{tag}<{stream}>:".encode()
+        if self.tag:
+            return f"[{msg.get('nspace')},{msg.get('rank')}] ".encode()
+        return None
 
     def write(self, msg: dict) -> bool:
         """Write one ``output`` message; True if stdout's reader just went away."""
         data = msg.get("data") or b""
         fd = 2 if msg.get("fd") == 2 else 1
-        if fd in self.closed:
-            return False
-        if self.tag:
+        prefix = self._prefix(msg, fd)
+        if prefix is not None:
             where = (msg.get("rank"), msg.get("fd"))
-            prefix = f"[{msg.get('nspace')},{msg.get('rank')}] ".encode()
             data, mid = tag_lines(data, prefix, where in self._mid_line)
             if mid:
                 self._mid_line.add(where)
             else:
                 self._mid_line.discard(where)
+        if self.files is not None and isinstance(msg.get("nspace"), str):
+            f = self._file(msg["nspace"], msg.get("rank"), fd)
+            if f is not None:
+                try:
+                    f.write(data)
+                    f.flush()
+                except OSError as exc:
+                    sys.stderr.write(f"pydvm run: --output-filename: {exc}\n")
+                    self.files = None
+        if fd == 2 and self.merge_stderr and isinstance(msg.get("rank"), int) \
+                and msg["rank"] >= 0:
+            fd = 1  # a process's stderr, not pydvm's own messages
+        if fd in self.closed:
+            return False
         stream = self.err if fd == 2 else self.out
         try:
             stream.write(data)
@@ -142,7 +211,7 @@ def job_exit(r: dict, signum: int | None, output: JobOutput) -> int:
     """The exit status of a ``pydvm run`` whose job ended with reply ``r``
     (``signum``: the signal that interrupted it, if any), after reporting on
     stderr who failed and who ended the job
-    (:func:`pydvm.cli_format.job_end_lines`)."""
+    (:func:`pydvm.cli.formatting.job_end_lines`)."""
     if 1 not in output.closed:
         try:
             output.out.flush()
@@ -153,8 +222,9 @@ def job_exit(r: dict, signum: int | None, output: JobOutput) -> int:
         sys.stderr.write(f"pydvm run: {status_name(r.get('status'))}: {r.get('msg')}\n")
         return 1
     code = 128 + signum if signum is not None else int(r.get("exit") or 0)
-    if not r.get("failures") and not r.get("failed") and (not r.get("msg") or
-                                                          signum is not None):
+    output.close()
+    if output.quiet or not r.get("failures") and not r.get("failed") and (
+            not r.get("msg") or signum is not None):
         return code  # nothing to report (the usual end: not worth an import)
     from .formatting import job_end_lines
 

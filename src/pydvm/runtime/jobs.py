@@ -137,6 +137,8 @@ class JobRecord:
     #: its pydvm run forwards its stdin to rank 0 (what is in flight is the
     #: master's job streams' to count: runtime/jobstreams.py).
     stdin: bool = False
+    #: the rank that reads it (``--stdin N``; 0 as under mpirun).
+    stdin_rank: int = 0
     #: how the job was placed and is to be bound, as its ``pydvm run`` asked
     #: (``placement`` of the run request, :mod:`pydvm.placement`); every
     #: node gets it with its share of the launch.

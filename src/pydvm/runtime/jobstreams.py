@@ -109,7 +109,7 @@ class JobStreams(ProcessListener):
         node = None
         if job is not None and job.stdin and self._processes.tool_of(ns) is tool \
                 and isinstance(data, bytes):
-            node = job.procs[0].node
+            node = job.procs[job.stdin_rank].node
             if self._stdin_in_flight.get(ns, 0) + len(data) > STDIN_WINDOW:
                 log.warning("%s: sent more stdin than its window for %s: dropped",
                             tool.name, ns)

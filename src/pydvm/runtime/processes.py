@@ -336,11 +336,16 @@ class ProcessTable(NodeListener):
         job.placement = placement
         job.timeout = timeout
         job.stdin = msg.get("stdin") is True
+        stdin_rank = msg.get("stdin_rank", 0)
+        if isinstance(stdin_rank, bool) or not isinstance(stdin_rank, int) or not (
+                0 <= stdin_rank < job.size):
+            raise ValueError(f"--stdin {stdin_rank}: the job has ranks 0 to {job.size - 1}")
+        job.stdin_rank = stdin_rank
         per_node: dict[str, list[dict]] = {}
         for p in job.procs.values():
             entry = {"rank": p.rank, "app_idx": p.app_idx, "argv": job.apps[p.app_idx].argv,
                      "env": app_envs[p.app_idx], "cwd": app_cwds[p.app_idx]}
-            if p.rank == 0 and job.stdin:
+            if p.rank == stdin_rank and job.stdin:
                 entry["stdin"] = True
             per_node.setdefault(p.node, []).append(entry)
         return job, per_node

@@ -1,0 +1,600 @@
+"""Every option of ``pydvm run``, declared once, and the parser that reads them.
+
+An :class:`Opt` says an option's spellings, how many arguments it takes,
+whether it belongs to the whole job or to the app context it is written in,
+its help text, and which ``mpirun`` option it mirrors (Open MPI 4.1's
+spelling, or ``""`` for pydvm's own).  ``pydvm run --help``
+(:func:`run_help`), the "coming from mpirun" page (``docs/mpirun.md``) and
+the parity tests are checked against this table
+(``tests/test_cli_usage.py``), and :data:`NOT_SUPPORTED` names every other
+option ``mpirun --help all`` lists, with what to use instead: no ``mpirun``
+option is ever ignored silently.
+
+This module is on the fast path of every ``pydvm run``: it imports nothing
+but the protocol's host-list reader; the placement parsers
+(:mod:`pydvm.placement`) and the parameter registry are loaded only by
+the options that need them.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..protocol import parse_host_list
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+#: Where an option belongs.
+JOB, APP = "job", "app"
+
+
+class Opt:
+    """One option: ``names`` (every spelling accepted, the first shown in
+    help), ``nargs`` (0, 1 or 2), ``scope`` (:data:`JOB`: before the first
+    command only; :data:`APP`: in the context it is written in), ``key``
+    (what it sets), ``metavar``, ``help``, ``mirrors`` (the ``mpirun``
+    option of the same meaning, ``""`` if none) and ``differs`` (how pydvm's
+    meaning differs from ``mpirun``'s, ``""`` if it does not)."""
+
+    __slots__ = ("names", "nargs", "scope", "key", "metavar", "help", "mirrors", "differs")
+
+    def __init__(self, names: tuple[str, ...], nargs: int, scope: str, key: str, help: str,
+                 metavar: str = "", mirrors: str = "", differs: str = "") -> None:
+        self.names = names
+        self.nargs = nargs
+        self.scope = scope
+        self.key = key
+        self.metavar = metavar
+        self.help = help
+        self.mirrors = mirrors
+        self.differs = differs
+
+
+OPTIONS: tuple[Opt, ...] = (
+    # -- pydvm's own ---------------------------------------------------------
+    Opt(("--dvm",), 1, JOB, "dvm", "submit to this DVM (default $PYDVM_URI); with neither, "
+        "run a one-shot DVM on this machine for this job alone (it warns on stderr if it "
+        "ends holding data a persistent DVM would have kept)", "URI"),
+    Opt(("--session",), 1, JOB, "session", "run in session ID ('pydvm session new'; default: "
+        "the DVM's default session); needs a persistent DVM", "ID"),
+    Opt(("--abort-on-failure",), 0, JOB, "abort_on_failure",
+        "kill the rest of the job when one process fails"),
+    Opt(("--no-abort-on-failure",), 0, JOB, "no_abort_on_failure",
+        "never: a failing process does not end its siblings (default: as mpirun for an "
+        "MPI/PMIx job -- one run with --pmix, or a failing process that called PMIx_Init -- "
+        "and never for other jobs; their PMIx processes that asked are told of the failure "
+        "first)"),
+    Opt(("--pmix",), 0, JOB, "pmix", "the job needs PMIx: refuse it unless every node it runs "
+        "on hosts a PMIx server (see 'pydvm info'); without it, PMIx clients are served "
+        "wherever libpmix is available.  A process of it that exits non-zero, is killed, or "
+        "ends without finalizing PMIx ends the job"),
+    # -- parameters ------------------------------------------------------------
+    Opt(("--mca", "-mca", "--gmca", "-gmca"), 2, JOB, "mca",
+        "a parameter pydvm knows ('pydvm info' lists them) sets the one-shot DVM (a "
+        "persistent DVM takes them on 'pydvm start'); any other name is Open MPI's, given "
+        "to every process as OMPI_MCA_NAME=VALUE", "NAME VALUE", "-mca",
+        "pydvm's own parameter names (prte_*, pydvm_*) configure the DVM instead"),
+    # -- output ------------------------------------------------------------------
+    Opt(("--tag-output", "-tag-output"), 0, JOB, "tag_output",
+        "prefix each output line with [NSPACE,RANK]", "", "--tag-output",
+        "the tag names the job's namespace, '[pydvm-...@1,0] ', where mpirun writes "
+        "'[1,0]<stdout>:'"),
+    Opt(("--timestamp-output", "-timestamp-output"), 0, JOB, "timestamp_output",
+        "prefix each output line with the time and its stream, as mpirun does "
+        "('Thu Dec  3 19:29:31 2026<stdout>:')", "", "--timestamp-output"),
+    Opt(("--merge-stderr-to-stdout", "-merge-stderr-to-stdout"), 0, JOB, "merge_stderr",
+        "write every process's stderr to pydvm run's stdout", "", "--merge-stderr-to-stdout",
+        "mpirun 4.1 leaves stderr on stderr unless the output is a terminal; pydvm always "
+        "merges"),
+    Opt(("--output-filename", "-output-filename"), 1, JOB, "output_filename",
+        "also write each rank's output to DIR/JOB/rank.N/stdout and stderr (JOB: the job's "
+        "number in the DVM, 1 for a one-shot DVM's)", "DIR", "--output-filename"),
+    Opt(("--stdin", "-stdin"), 1, JOB, "stdin",
+        "which rank reads pydvm run's stdin: a rank number (default 0) or 'none'",
+        "RANK|none", "--stdin", "'all' is refused (mpirun 4.1.4 hangs with it)"),
+    Opt(("-q", "--quiet"), 0, JOB, "quiet",
+        "no report of failed processes and no warnings on stderr: the exit status says it",
+        "", "--quiet"),
+    # -- control -----------------------------------------------------------------
+    Opt(("--timeout", "-timeout"), 1, JOB, "timeout",
+        "end the job after SECONDS, naming what still ran, and exit 110 (as mpirun; "
+        "default $MPIEXEC_TIMEOUT, else no limit)", "SECONDS", "--timeout"),
+    Opt(("--allow-run-as-root", "-allow-run-as-root"), 0, JOB, "allow_run_as_root",
+        "accepted for mpirun's command lines: pydvm runs jobs as root without it", "",
+        "--allow-run-as-root", "root needs no permission"),
+    Opt(("--app", "-app"), 1, JOB, "app_file",
+        "read the app contexts from FILE, one a line ('-n 2 ./a.out'; '#' starts a "
+        "comment); the command line then names no command", "FILE", "--app"),
+    # -- placement -----------------------------------------------------------------
+    Opt(("--hostfile", "-hostfile", "--machinefile", "-machinefile", "--default-hostfile",
+         "-default-hostfile"), 1, JOB, "hostfile",
+        "the hosts of apps without --host, in Open MPI's format ('host slots=N "
+        "max_slots=M', '#' comments); each must be a node of the DVM (a one-shot DVM is made "
+        "of them)", "FILE", "--hostfile"),
+    Opt(("--map-by", "-map-by"), 1, JOB, "map_by",
+        "how ranks are laid out: slot (default), node, core, socket, numa, hwthread, "
+        "l3cache, ppr:N:RESOURCE; modifiers :PE=n, :SPAN, :OVERSUBSCRIBE, :NOOVERSUBSCRIBE",
+        "POLICY", "--map-by"),
+    Opt(("--rank-by", "-rank-by"), 1, JOB, "rank_by",
+        "the order ranks are numbered in: slot, node, core, socket, numa, hwthread, l3cache",
+        "POLICY", "--rank-by"),
+    Opt(("-N", "--npernode", "-npernode"), 1, JOB, "npernode",
+        "N processes on every node (of --host, the hostfile, or the session)", "N",
+        "-N"),
+    Opt(("--pernode", "-pernode"), 0, JOB, "pernode", "one process on every node", "",
+        "--pernode"),
+    Opt(("--npersocket", "-npersocket"), 1, JOB, "npersocket",
+        "N processes on every socket (--map-by ppr:N:socket)", "N", "--npersocket"),
+    Opt(("--ppr", "-ppr"), 1, JOB, "ppr", "N processes per RESOURCE (--map-by ppr:N:RESOURCE)",
+        "N:RESOURCE", "--ppr"),
+    Opt(("--bynode", "-bynode"), 0, JOB, "bynode", "--map-by node (mpirun's older spelling)",
+        "", "--bynode"),
+    Opt(("--byslot", "-byslot"), 0, JOB, "byslot", "--map-by slot (mpirun's older spelling)",
+        "", "--byslot"),
+    Opt(("--bycore", "-bycore"), 0, JOB, "bycore", "--map-by core (mpirun's older spelling)",
+        "", "--bycore"),
+    Opt(("--cpus-per-proc", "-cpus-per-proc", "--cpus-per-rank", "-cpus-per-rank"), 1, JOB,
+        "pe", "CPUs of each process (--map-by ...:PE=n)", "N", "--cpus-per-proc"),
+    Opt(("--oversubscribe", "-oversubscribe"), 0, JOB, "oversubscribe",
+        "allow more processes on a node than its slots (the default: see "
+        "--nooversubscribe)", "", "--oversubscribe"),
+    Opt(("--nooversubscribe", "-nooversubscribe"), 0, JOB, "nooversubscribe",
+        "refuse a job that needs more slots than its hosts have, as mpirun does by default",
+        "", "--nooversubscribe",
+        "pydvm's default allows oversubscription (ranks wrap around the slots): pydvm's "
+        "fixed command-line contract"),
+    Opt(("--display-map", "-display-map"), 0, JOB, "display_map",
+        "print where each rank goes before the job starts", "", "--display-map"),
+    Opt(("--display-allocation", "-display-allocation"), 0, JOB, "display_allocation",
+        "print the nodes and slots the job may use before it starts", "",
+        "--display-allocation"),
+    # -- binding -------------------------------------------------------------------
+    Opt(("--bind-to", "-bind-to"), 1, JOB, "bind_to",
+        "bind each process to a none, hwthread, core, l3cache, numa or socket "
+        "(:overload-allowed lets several share one); default: core for a job of up to 2 "
+        "processes, socket above, none on a node it oversubscribes", "WHAT", "--bind-to"),
+    Opt(("--bind-to-core", "-bind-to-core"), 0, JOB, "bind_to_core",
+        "--bind-to core (mpirun's older spelling)", "", "--bind-to-core"),
+    Opt(("--bind-to-socket", "-bind-to-socket"), 0, JOB, "bind_to_socket",
+        "--bind-to socket (mpirun's older spelling)", "", "--bind-to-socket"),
+    Opt(("--report-bindings", "-report-bindings"), 0, JOB, "report_bindings",
+        "print each process's binding on stderr, one line a rank, as mpirun does", "",
+        "--report-bindings"),
+    Opt(("--cpu-set", "-cpu-set", "--cpu-list", "-cpu-list"), 1, JOB, "cpu_set",
+        "use only these logical CPUs of each node (e.g. 0,2-3)", "LIST", "--cpu-set"),
+    Opt(("--use-hwthread-cpus", "-use-hwthread-cpus"), 0, JOB, "use_hwthread_cpus",
+        "count hardware threads, not cores, as CPUs", "", "--use-hwthread-cpus"),
+    # -- each app context --------------------------------------------------------------
+    Opt(("-n", "--np", "-np", "-c", "--n"), 1, APP, "n",
+        "number of processes (default 1; with -N, ppr or a hostfile, as mpirun derives "
+        "it)", "N", "-n", "without -n, -N, --ppr or a hostfile pydvm runs one process; "
+        "mpirun one per slot"),
+    Opt(("--host", "-H", "-host"), 1, APP, "host",
+        "hosts this app's ranks fill, in order, SLOTS at a time (default: every host of the "
+        "session, and its slots)", "H[:SLOTS],..", "--host"),
+    Opt(("-x",), 1, APP, "x",
+        "give the processes VAR, with VALUE or with its value here (repeatable)",
+        "VAR[=VALUE]", "-x"),
+    Opt(("--wdir", "-wdir", "--wd", "-wd"), 1, APP, "wdir",
+        "the processes' working directory (default: this one)", "DIR", "--wdir"),
+    Opt(("--path", "-path"), 1, APP, "path",
+        "look for the program in DIR first (put before the processes' PATH)", "DIR",
+        "--path"),
+)
+
+#: spelling -> its declaration
+BY_NAME: dict[str, Opt] = {name: o for o in OPTIONS for name in o.names}
+
+#: Every other option ``mpirun --help all`` (Open MPI 4.1.4) lists, with
+#: what to use instead.  Refused with that advice, never ignored.
+NOT_SUPPORTED: dict[str, str] = {
+    "--rankfile": "place ranks with --host, --hostfile, --map-by and --rank-by, or an "
+                  "--app file with one line per rank",
+    "-rf": "place ranks with --host, --hostfile, --map-by and --rank-by",
+    "--preload-binary": "pydvm starts programs where they are: install them on every node "
+                        "or use a shared filesystem",
+    "-s": "pydvm starts programs where they are: install them on every node",
+    "--preload-files": "pydvm copies no files: use a shared filesystem",
+    "--prefix": "a DVM's daemons are started by 'pydvm start' (--launcher, and the "
+                "pydvm_remote_python parameter for the interpreter on remote nodes)",
+    "--noprefix": "a DVM's daemons are started by 'pydvm start'",
+    "--launch-agent": "'pydvm start --launcher ssh --mca plm_ssh_agent ...' starts the "
+                      "daemons",
+    "--hnp": "name the DVM with --dvm URI or PYDVM_URI",
+    "--ompi-server": "the DVM is the name server: --dvm URI or PYDVM_URI",
+    "--novm": "a one-shot DVM runs on the job's hosts only already",
+    "--nolocal": "name the hosts to use with --host or --hostfile",
+    "--max-vm-size": "name the hosts to use with --host or --hostfile",
+    "--debug": "no debugger launch yet: start the job, then attach to its processes "
+               "(pydvm ps lists them)",
+    "--tv": "no debugger launch yet: start the job, then attach to its processes",
+    "--debugger": "no debugger launch yet: start the job, then attach to its processes",
+    "-d": "pydvm's own logs: 'pydvm start --log-dir D' and --mca prte_data_server_verbose 1",
+    "--debug-devel": "pydvm's own logs: 'pydvm start --log-dir D'",
+    "--debug-daemons": "a DVM's daemons log to 'pydvm start --log-dir D'",
+    "--debug-daemons-file": "a DVM's daemons log to 'pydvm start --log-dir D'",
+    "--leave-session-attached": "a DVM's daemons log to 'pydvm start --log-dir D'",
+    "-v": "pydvm's own logs: 'pydvm start --log-dir D'",
+    "--verbose": "pydvm's own logs: 'pydvm start --log-dir D'",
+    "-V": "'pydvm --version' prints pydvm's version",
+    "--version": "'pydvm --version' prints pydvm's version",
+    "--xml": "no XML output: 'pydvm ps --json' describes running jobs",
+    "--xml-file": "no XML output: 'pydvm ps --json' describes running jobs",
+    "--xterm": "no xterm windows: --output-filename DIR keeps each rank's output apart",
+    "--enable-recovery": "--no-abort-on-failure keeps the rest of a job running when a "
+                         "process fails",
+    "--disable-recovery": "--abort-on-failure ends the job at the first failure",
+    "--max-restarts": "pydvm restarts no process: --no-abort-on-failure keeps the others "
+                      "running",
+    "--continuous": "--no-abort-on-failure keeps the rest of a job running",
+    "--report-pid": "'pydvm ps' lists running jobs",
+    "--report-uri": "'pydvm start' prints the DVM's URI",
+    "--report-events": "no event reports to a tool yet",
+    "--report-state-on-timeout": "--timeout names the processes still running when it "
+                                 "ends a job",
+    "--get-stack-traces": "no stack traces on timeout: --timeout names what still ran",
+    "--report-child-jobs-separately": "a job's exit status is its own processes' already "
+                                      "(spawned jobs report their failures on stderr)",
+    "--show-progress": "pydvm run prints nothing while launching",
+    "--index-argv-by-rank": "read PYDVM_RANK or OMPI_COMM_WORLD_RANK in the program",
+    "--set-cwd-to-session-dir": "give --wdir DIR",
+    "--output-proctable": "'pydvm ps --json' lists a job's nodes and ranks",
+    "--display-devel-map": "--display-map",
+    "--display-diffable-map": "--display-map",
+    "--display-topo": "--display-map, --report-bindings",
+    "--display-devel-allocation": "--display-allocation",
+    "--do-not-launch": "--display-map shows the map; pydvm always launches",
+    "--do-not-resolve": "pydvm resolves no interfaces for the job",
+    "--use-regexp": "not needed: pydvm sends one launch message per node",
+    "--fwd-mpirun-port": "not needed: a DVM's daemons connect to its master",
+    "--enable-instant-on-support": "not needed",
+    "--tune": "set parameters with --mca NAME VALUE or -x",
+    "-am": "set parameters with --mca NAME VALUE or -x",
+    "--personality": "pydvm runs Open MPI and other PMIx programs as they are",
+    "-cf": "no cartography files",
+    "--cartofile": "no cartography files",
+}
+
+for _name in list(NOT_SUPPORTED):  # mpirun takes every long option with one dash too
+    if _name.startswith("--"):
+        NOT_SUPPORTED.setdefault(_name[1:], NOT_SUPPORTED[_name])
+
+
+# ----------------------------------------------------------------------
+# parsing
+# ----------------------------------------------------------------------
+
+
+def _count(opt: str, text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise ValueError(f"{opt} needs a number, not {text!r}") from None
+    if v < 1:
+        raise ValueError(f"{opt} must be at least 1")
+    return v
+
+
+def _seconds(opt: str, text: str) -> float:
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        raise ValueError(f"{opt} needs a number of seconds, not {text!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{opt} must be a number of seconds > 0, not {text}")
+    return v
+
+
+def _new_app() -> dict[str, Any]:
+    return {"n": None, "hosts": None, "env": {}, "cwd": None, "path": None}
+
+
+def _segment(seg: list[str], idx: int, opts: dict, app: dict, where: str,
+             job_ok: bool) -> list[str]:
+    """Read the options at the head of one app context (``seg``) into
+    ``opts`` (the job's) and ``app`` (the context's); return its command."""
+    i = 0
+    while i < len(seg) and seg[i].startswith("-") and seg[i] != "-":
+        tok = seg[i]
+        if tok == "--":
+            i += 1
+            break
+        name, eq, inline = tok.partition("=")
+        o = BY_NAME.get(name)
+        if o is None:
+            if name in NOT_SUPPORTED:
+                raise ValueError(f"{name} (an mpirun option) is not supported{where}: "
+                                 f"{NOT_SUPPORTED[name]}")
+            raise ValueError(f"unknown option {tok}{where}")
+        if o.scope == JOB and not job_ok:
+            raise ValueError(f"{name} applies to the whole job: give it before the first "
+                             f"command, not{where}")
+        args: list[str] = []
+        if o.nargs == 0:
+            if eq:
+                raise ValueError(f"{name} takes no value")
+        elif eq:
+            if o.nargs == 2:
+                raise ValueError(f"{name} takes two arguments: {o.metavar}")
+            args = [inline]
+        else:
+            if i + o.nargs >= len(seg):
+                raise ValueError(f"{name} needs {'a value' if o.nargs == 1 else o.metavar}")
+            args = seg[i + 1:i + 1 + o.nargs]
+            i += o.nargs
+        _apply(o, name, args, opts, app)
+        i += 1
+    return seg[i:]
+
+
+def _placement(opts: dict, key: str, value: Any, name: str) -> None:
+    place = opts["placement"]
+    if key in place and place[key] != value:
+        raise ValueError(f"{name} contradicts an earlier placement option")
+    place[key] = value
+
+
+def _apply(o: Opt, name: str, args: list[str], opts: dict, app: dict) -> None:
+    """What option ``o`` (written ``name``) with ``args`` does."""
+    k = o.key
+    v = args[0] if args else ""
+    if k == "n":
+        app["n"] = _count("-n", v)
+    elif k == "host":
+        app["hosts"] = [[h, slots] for h, slots in parse_host_list(v)]
+    elif k == "x":
+        var, eq, value = v.partition("=")
+        if not var:
+            raise ValueError(f"-x needs VAR or VAR=VALUE, not {v!r}")
+        if not eq:
+            if var not in os.environ:
+                opts["warnings"].append(f'could not find environment variable "{var}" (-x)')
+                return
+            value = os.environ[var]
+        app["env"][var] = value
+    elif k == "wdir":
+        app["cwd"] = os.path.abspath(v)
+    elif k == "path":
+        app["path"] = os.path.abspath(v)
+    elif k == "dvm":
+        opts["dvm"] = v
+    elif k == "session":
+        try:
+            opts["session"] = int(v)
+        except ValueError:
+            raise ValueError(f"--session needs a session id, not {v!r}") from None
+    elif k == "mca":
+        opts["mca"].append((args[0], args[1]))
+    elif k in ("abort_on_failure", "no_abort_on_failure"):
+        want = k == "abort_on_failure"
+        if opts["abort_on_failure"] is not None and opts["abort_on_failure"] != want:
+            raise ValueError("--abort-on-failure and --no-abort-on-failure contradict each "
+                             "other")
+        opts["abort_on_failure"] = want
+    elif k in ("pmix", "tag_output", "timestamp_output", "merge_stderr", "quiet",
+               "allow_run_as_root"):
+        opts[k] = True
+    elif k == "output_filename":
+        opts["output_filename"] = os.path.abspath(v)
+    elif k == "stdin":
+        if v == "none":
+            opts["stdin"] = None
+        elif v == "all":
+            raise ValueError("--stdin all is not supported: give a rank number (default 0) "
+                             "or 'none'")
+        else:
+            try:
+                rank = int(v)
+            except ValueError:
+                raise ValueError(f"--stdin takes a rank number or 'none', not {v!r}") \
+                    from None
+            if rank < 0:
+                raise ValueError(f"--stdin takes a rank number or 'none', not {v!r}")
+            opts["stdin"] = rank
+    elif k == "timeout":
+        opts["timeout"] = _seconds(name, v)
+    elif k == "app_file":
+        opts["app_file"] = v
+    elif k == "hostfile":
+        from ..placement import read_hostfile
+
+        if opts["hostfile"] is not None:
+            raise ValueError("give one --hostfile")
+        opts["hostfile"] = read_hostfile(v)
+    elif k == "map_by":
+        from ..placement import parse_map_by
+
+        for key, value in parse_map_by(v).items():
+            _placement(opts, key, value, name)
+    elif k == "rank_by":
+        from ..placement import parse_rank_by
+
+        _placement(opts, "rank_by", parse_rank_by(v), name)
+    elif k == "npernode":
+        _placement(opts, "npernode", _count(name, v), name)
+    elif k == "pernode":
+        _placement(opts, "npernode", 1, name)
+    elif k == "npersocket":
+        _placement(opts, "map_by", "ppr", name)
+        _placement(opts, "ppr", [_count(name, v), "socket"], name)
+    elif k == "ppr":
+        from ..placement import parse_map_by
+
+        for key, value in parse_map_by(f"ppr:{v}").items():
+            _placement(opts, key, value, name)
+    elif k in ("bynode", "byslot", "bycore"):
+        _placement(opts, "map_by", k[2:], name)
+    elif k == "pe":
+        _placement(opts, "pe", _count(name, v), name)
+    elif k in ("oversubscribe", "nooversubscribe"):
+        _placement(opts, "oversubscribe", k == "oversubscribe", name)
+    elif k in ("display_map", "display_allocation", "report_bindings", "use_hwthread_cpus"):
+        opts["placement"][k] = True
+    elif k == "bind_to":
+        from ..placement import parse_bind_to
+
+        for key, value in parse_bind_to(v).items():
+            _placement(opts, key, value, name)
+    elif k in ("bind_to_core", "bind_to_socket"):
+        _placement(opts, "bind_to", k[len("bind_to_"):], name)
+    elif k == "cpu_set":
+        from ..placement import parse_cpu_list
+
+        _placement(opts, "cpu_set", parse_cpu_list(v), name)
+    else:  # pragma: no cover - every declared key is handled above
+        raise AssertionError(k)
+
+
+def _split(argv: list[str]) -> list[list[str]]:
+    segments: list[list[str]] = [[]]
+    for tok in argv:
+        if tok == ":":
+            segments.append([])
+        else:
+            segments[-1].append(tok)
+    return segments
+
+
+def read_appfile(path: str) -> list[list[str]]:
+    """The app contexts of an ``--app`` file: one a line, each its options
+    and command as a shell would split them; ``#`` starts a comment and
+    blank lines are skipped.  ValueError naming the file (and line) if it
+    cannot be read."""
+    import shlex
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--app {path}: cannot read it: {exc}") from None
+    out = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError as exc:
+            raise ValueError(f"--app {path}:{lineno}: {exc}") from None
+        if words:
+            out.append((lineno, words))
+    if not out:
+        raise ValueError(f"--app {path}: no app context in it")
+    return out
+
+
+def parse_run(argv: list[str]) -> dict[str, Any]:
+    """Parse ``pydvm run`` arguments (MPMD contexts separated by ``:``).
+
+    Returns the job's options: ``dvm``, ``session``, ``mca`` (pydvm's and
+    Open MPI's parameters, told apart later), ``tag_output``,
+    ``abort_on_failure``, ``pmix``, ``placement`` (:mod:`pydvm.placement`'s
+    keys), ``timeout``, ``stdin`` (the rank that reads pydvm run's stdin, or
+    None), output options, ``warnings`` (to print before running) and
+    ``apps``: each ``{"argv", "n", "hosts", "env", "cwd", "path"}``.
+    ValueError naming what is wrong.
+    """
+    opts: dict[str, Any] = {
+        "dvm": None, "session": None, "mca": [], "tag_output": False,
+        "abort_on_failure": None, "pmix": False, "apps": [], "placement": {},
+        "timeout": None, "stdin": 0, "timestamp_output": False, "merge_stderr": False,
+        "output_filename": None, "quiet": False, "allow_run_as_root": False,
+        "app_file": None, "hostfile": None, "warnings": []}
+    segments = _split(argv)
+    for idx, seg in enumerate(segments):
+        app = _new_app()
+        where = "" if idx == 0 else f" in app context {idx}"
+        cmd = _segment(seg, idx, opts, app, where, job_ok=idx == 0)
+        if opts["app_file"] is not None:
+            if cmd or len(segments) > 1 or app != _new_app():
+                raise ValueError("--app FILE names the app contexts: give no command, ':' or "
+                                 "app option (-n, --host, -x, --wdir, --path) beside it")
+            break
+        if not cmd:
+            raise ValueError(f"app context {idx} has no command")
+        app["argv"] = cmd
+        opts["apps"].append(app)
+    if opts["app_file"] is not None:
+        for n, (lineno, words) in enumerate(read_appfile(opts["app_file"])):
+            app = _new_app()
+            where = f" in {opts['app_file']}:{lineno}"
+            cmd = _segment(words, n, opts, app, where, job_ok=False)
+            if not cmd:
+                raise ValueError(f"{opts['app_file']}:{lineno}: no command")
+            app["argv"] = cmd
+            opts["apps"].append(app)
+    if opts["timeout"] is None and os.environ.get("MPIEXEC_TIMEOUT"):
+        opts["timeout"] = _seconds("MPIEXEC_TIMEOUT", os.environ["MPIEXEC_TIMEOUT"])
+    return opts
+
+
+# ----------------------------------------------------------------------
+# help
+# ----------------------------------------------------------------------
+
+
+def _wrap(text: str, width: int, indent: int) -> list[str]:
+    words, lines, cur = text.split(), [], ""
+    for w in words:
+        if cur and len(cur) + 1 + len(w) > width - indent:
+            lines.append(cur)
+            cur = w
+        else:
+            cur = f"{cur} {w}" if cur else w
+    if cur:
+        lines.append(cur)
+    return lines
+
+
+def _option_lines(scope: str) -> list[str]:
+    out = []
+    for o in OPTIONS:
+        if o.scope != scope:
+            continue
+        shown = [n for n in o.names if not (n.startswith("-") and not n.startswith("--")
+                                            and len(n) > 2)]  # not mpirun's one-dash longs
+        head = ", ".join(f"{n} {o.metavar}".rstrip() for n in shown)
+        body = _wrap(o.help, 79, 22)
+        if len(head) <= 19:
+            out.append(f"  {head:<19} {body[0]}")
+            rest = body[1:]
+        else:
+            out.append(f"  {head}")
+            rest = body
+        out += [" " * 22 + ln for ln in rest]
+    return out
+
+
+RUN_USAGE = """\
+usage: pydvm run [--dvm URI] [--session ID] [--mca N V]... [--tag-output]
+                 [--abort-on-failure | --no-abort-on-failure] [--pmix]
+                 [mpirun's options: see below]
+                 [--host H[:SLOTS],...] [-n N] CMD ARGS...
+                 [: [--host H[:SLOTS],...] [-n M] CMD2 ARGS...]..."""
+
+
+def run_help() -> str:
+    """``pydvm run --help``, made from :data:`OPTIONS`."""
+    intro = """\
+Run one job and exit with its status: the first non-zero exit of its
+processes (128+N for a process killed by signal N), else 0.  Output is
+forwarded live, line by line: each process's stdout is a terminal, as under
+mpirun, its stderr a pipe.  pydvm run's own stdin goes to rank 0 (unless it
+is /dev/null); the other ranks read /dev/null.  Processes that fail are
+reported on stderr, one line each (rank, node, exit status or signal), and
+so is whoever ended the job ('pydvm kill', 'pydvm session end', 'pydvm
+stop').  mpirun's command lines work as they are: docs/mpirun.md lists every
+mpirun option and what pydvm does with it; one pydvm does not support is
+refused with what to use instead."""
+    tail = """\
+Job processes find PYDVM_NSPACE, PYDVM_RANK, PYDVM_APP_IDX, PYDVM_JOB_SIZE,
+PYDVM_NODE and PYDVM_SERVER in their environment, and the OMPI_COMM_WORLD_*
+variables mpirun sets.  Ctrl-C or SIGTERM kills the job and exits 128+N."""
+    return "\n".join([RUN_USAGE, "", intro, "",
+                      "options of the whole job (before the first command):",
+                      *_option_lines(JOB), "",
+                      "options of each app context (before its command; ':' starts the next):",
+                      *_option_lines(APP),
+                      "  --                  end of options: what follows is the command", "",
+                      tail])
