@@ -16,6 +16,71 @@ from dvmkit import start_dvm, wait_for
 from pmixkit import FAR, HEAD
 
 
+CORES = os.cpu_count() or 1
+
+
+@pytest.fixture(scope="module")
+def core_dvm(tmp_path_factory, libpmix):
+    """The head node alone, with as many slots as this machine has cores (as
+    mpirun counts its slots here)."""
+    with start_dvm(tmp_path_factory.mktemp("core-dvm"), f"{HEAD}:{CORES}",
+                   {"pydvm_pmix": "on"}) as d:
+        yield local_mpi(d)
+
+
+def _info(out: str) -> dict[int, dict[str, str]]:
+    got: dict[int, dict[str, str]] = {}
+    for rank, key, value in re.findall(r"^INFO rank=(\d+) (\w+)=(.*)$", out, re.M):
+        got.setdefault(int(rank), {})[key] = value
+    return got
+
+
+def test_mpi_info_env_and_universe_size_as_under_mpirun(core_dvm, mpicc, mpirun, tmp_path):
+    """MPI_INFO_ENV (command, argv, maxprocs, wdir, Open MPI's ompi_num_apps,
+    ompi_first_rank, ompi_np, ompi_positioned_file_dir), MPI_UNIVERSE_SIZE and
+    MPI_APPNUM of an MPMD job (N ranks with arguments : 1 rank), oversubscribed
+    by one rank: found under pydvm as under mpirun, equal but for two pinned
+    differences -- each app's real first rank (mpirun 4.1.4: "0 0"), and a
+    universe of at least the job's size (mpirun: its slots)."""
+    exe = mpicc("mpi_info_env")
+    n = max(2, CORES)
+    argv = ("-n", str(n), exe, "a", "b c", ":", "-n", "1", exe)
+    ref = mpirun(n, *argv[2:], extra=())  # mpirun(n, ...) puts -n n first
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    p = core_dvm.run(*argv, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    ours, theirs = _info(p.stdout), _info(ref.stdout)
+    assert sorted(ours) == sorted(theirs) == list(range(n + 1))
+    for r in ours:
+        assert [k for k, v in ours[r].items() if v == "Not found"] == (
+            ["argv"] if r == n else []), (r, ours[r])  # app 1 has no arguments
+        assert ours[r]["wdir"] == str(tmp_path)
+        assert ours[r]["ompi_positioned_file_dir"] != theirs[r]["ompi_positioned_file_dir"]
+        pinned = {"ompi_first_rank": f"0 {n}", "universe_size": str(n + 1),
+                  "ompi_positioned_file_dir": ours[r]["ompi_positioned_file_dir"],
+                  "wdir": ours[r]["wdir"]}
+        assert {**theirs[r], **pinned} == ours[r], r
+        assert theirs[r]["ompi_first_rank"] == "0 0"
+        assert theirs[r]["universe_size"] == str(CORES)
+    assert ours[0]["argv"] == "a b c" and ours[n]["command"] == "mpi_info_env"
+    assert [ours[r]["appnum"] for r in (0, n)] == ["0", "1"]
+
+
+def test_an_oversubscribed_node_tells_open_mpi_to_yield(core_dvm, mpicc):
+    """One rank more than the node's slots: ``OMPI_MCA_mpi_oversubscribe=1``
+    (Open MPI then yields while it waits) and a barrier loop completes; as
+    many as its slots: 0.  (The cost: bench/oversubscribed.py.)"""
+    exe = mpicc("mpi_barrier_loop")
+    p = core_dvm.run("-n", str(CORES + 1), exe, "2000", timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert re.search(rf"^BARRIER size={CORES + 1} n=2000 us=[\d.]+ oversubscribe=1$",
+                     p.stdout, re.M), p.stdout
+    p = core_dvm.run("-n", str(CORES), exe, "2000", timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert re.search(rf"^BARRIER size={CORES} n=2000 us=[\d.]+ oversubscribe=0$",
+                     p.stdout, re.M), p.stdout
+
+
 @pytest.fixture
 def one_slot_dvm(tmp_path, libpmix):
     """The head node and ``far`` with one slot each: a spawned job of two fills both."""
@@ -57,3 +122,19 @@ def test_spawned_children_on_two_nodes_use_their_own_nodes_directories(one_slot_
     left = wait_for(lambda: not _job_files(dvmid) or None, timeout=15, what="no job files") \
         if _job_files(dvmid) else True
     assert left and not _job_files(dvmid)
+
+
+def test_mpi4py_spawns_children_over_two_nodes_again_and_again(one_slot_dvm, mpi4py_python):
+    """mpi4py's own spawn test (TestSpawnWorldMany, N=2) segfaulted in
+    mca_btl_vader_poll_handle_frag or hung when the child on ``far`` used the
+    parent node's directory: five rounds, each child pair over both nodes."""
+    from pmixkit import CLIENTS
+    p = one_slot_dvm.run("--host", HEAD, "-n", "1", mpi4py_python,
+                         str(CLIENTS / "mpi4py_spawn_many.py"), "2", "5", timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert [ln for ln in p.stdout.splitlines() if ln.startswith("ROUND")] == [
+        f"ROUND {r} size=2 total=3" for r in range(5)], p.stdout
+    dvmid = one_slot_dvm.uri.rsplit("/", 1)[1]
+    kids = re.findall(r"CHILD node=(\S+) vader=(\S+)", p.stdout)
+    assert sorted(n for n, _ in kids) == sorted([HEAD, FAR] * 5), p.stdout
+    assert [(n, v) for n, v in kids if f"/{dvmid}-{n}-jobs-" not in v] == []
