@@ -138,3 +138,31 @@ def test_mpi4py_spawns_children_over_two_nodes_again_and_again(one_slot_dvm, mpi
     kids = re.findall(r"CHILD node=(\S+) vader=(\S+)", p.stdout)
     assert sorted(n for n, _ in kids) == sorted([HEAD, FAR] * 5), p.stdout
     assert [(n, v) for n, v in kids if f"/{dvmid}-{n}-jobs-" not in v] == []
+
+
+MPI_ERR_RMA_SHARED = 71  # Open MPI 4.1's mpi.h
+
+
+def test_shared_memory_windows_within_a_node_not_across_two_local_nodes(
+        one_slot_dvm, pdvm, mpicc, mpirun):
+    """MPI_Win_allocate_shared over the world: within one node as under mpirun
+    on one machine; across two nodes of a DVM that share a machine (local
+    daemons) refused with MPI_ERR_RMA_SHARED, as under mpirun across two
+    hosts -- pydvm's nodes are hosts to Open MPI, wherever they run
+    (docs/runtime.md, "Local nodes are hosts")."""
+    exe = mpicc("mpi_win_shared")
+    ref = mpirun(2, exe)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    assert sorted(lines_of(ref.stdout, "WIN")) == ["WIN rank=0 rc=0 sum=1",
+                                                   "WIN rank=1 rc=0 sum=0"]
+    p = pdvm.run("--host", f"{FAR}:2", "-n", "2", exe)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert sorted(lines_of(p.stdout, "WIN")) == sorted(lines_of(ref.stdout, "WIN"))
+    p = one_slot_dvm.run("-n", "2", exe)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert sorted(lines_of(p.stdout, "WIN")) == [f"WIN rank={r} rc={MPI_ERR_RMA_SHARED}"
+                                                 for r in (0, 1)]
+
+
+def lines_of(out: str, prefix: str) -> list[str]:
+    return [ln for ln in out.splitlines() if ln.startswith(prefix)]
