@@ -82,7 +82,7 @@ from .. import _trace
 from ..errors import Status
 from ..store import DataStore, MonotonicClock, StoreParams
 from ..wire import Channel, Message, peer_credentials, refuse, reply
-from . import dataops, jobproc
+from . import dataops, jobproc, ompienv
 from .credential import ENV as credential_env
 from .credential import Voucher
 from .guard import Guardian, group_alive
@@ -441,6 +441,23 @@ class NodeServer:
         job.work_dir = d
         return d
 
+    def _ompi_envs(self, job: "LocalJob", layout: dict | None,
+                   procs: list[dict]) -> list[dict[str, str]]:
+        """The Open MPI variables of each of ``procs`` (``ompienv``), with
+        each rank's ``OMPI_FILE_LOCATION`` made in the job's directory here
+        (removed with it); none without a layout."""
+        if not layout or self.name not in (layout.get("nodes") or {}):
+            return [{} for _ in procs]
+        base = self.job_dir(job)
+        where = {}
+        for p in procs:
+            d = base / str(p["rank"])
+            d.mkdir(mode=0o700, exist_ok=True)
+            if job.uid is not None and job.uid != os.getuid():
+                os.chown(d, job.uid, job.gid if job.gid is not None else -1)
+            where[p["rank"]] = str(d)
+        return ompienv.launch_envs(layout, self.name, procs, where)
+
     # ------------------------------------------------------------------
     # processes
     # ------------------------------------------------------------------
@@ -486,11 +503,14 @@ class NodeServer:
             if _trace.PATH:
                 _trace.mark("node.registered", ns)
         started = 0
-        for p, pmix_env in zip(procs, pmix_envs):
+        # what mpirun tells every rank (OMPI_COMM_WORLD_RANK...), PMIx or not
+        ompi_envs = self._ompi_envs(job, layout, procs)
+        for p, pmix_env, ompi_env in zip(procs, pmix_envs, ompi_envs):
             env = dict(p["env"])
             if layout and self.pmix.running:
                 for k in [k for k in env if k.startswith(FOREIGN_LAUNCH_PREFIXES)]:
                     del env[k]
+            ompienv.drop_stale(env)
             env.update({
                 "PYDVM_SERVER": self.socket_path,
                 "PYDVM_NSPACE": ns,
@@ -513,10 +533,11 @@ class NodeServer:
                 lp = job.procs[p["rank"]] = LocalProc(ns, p["rank"], p["app_idx"])
             if layout and self.pmix.running:
                 env.update(pmix_env)
-                wd = str(self.job_dir(job))
-                for k in OMPI_JOB_DIRS:
-                    env.setdefault(k, wd)
-                env.update(p.get("pmix_env") or {})
+                spawned = dict(p.get("pmix_env") or {})  # MPI_Comm_spawn passes on the
+                ompienv.drop_stale(spawned)  # parent's OMPI_MCA_*: its launch state goes
+                env.update(spawned)
+                ompienv.own_job_dirs(env, OMPI_JOB_DIRS, str(self.job_dir(job)))
+            env.update(ompi_env)
             cwd = jobproc.workdir(p.get("cwd"))
             # stdout: a pseudo-terminal (line by line, as under mpirun); stderr:
             # a pipe; stdin: /dev/null, or for rank 0 the pipe its pydvm run feeds.

@@ -110,7 +110,9 @@ OMPI_DIRECT_LAUNCH = {"OMPI_MCA_schizo": "^orte"}
 #: two pydvm nodes on one machine (local daemons) would share those names and
 #: crash each other's ranks.  These point them at the node's own directory for
 #: the job (NodeServer.job_dir), removed when the job ends -- crashed ranks'
-#: segments included.  A value the user set in the job's environment wins.
+#: segments included.  A value the user set in the job's environment wins,
+#: unless it points into a pydvm job directory (a spawned job's copy of its
+#: parent's, made on another node: ``ompienv.own_job_dirs``).
 OMPI_JOB_DIRS = ("OMPI_MCA_btl_vader_backing_directory", "OMPI_MCA_osc_sm_backing_directory",
                  "OMPI_MCA_orte_tmpdir_base")
 #: Variables of other launchers and resource managers a PMIx-launched process
@@ -118,11 +120,10 @@ OMPI_JOB_DIRS = ("OMPI_MCA_btl_vader_backing_directory", "OMPI_MCA_osc_sm_backin
 #: allocation, Open MPI 4.1's ``schizo/slurm`` sees ``SLURM_JOBID`` and makes
 #: every rank a singleton, and a Slurm tool would take the process for one of
 #: its steps'; a stale ``PMIX_*`` or PMI variable points at another server.
-#: The process sees only what pydvm presents.
+#: The process sees only what pydvm presents.  (Open MPI's own launch
+#: variables are dropped for every job, PMIx or not: ``ompienv.drop_stale``.)
 FOREIGN_LAUNCH_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_", "PMI_",
-                           "PMIX_", "PBS_", "FLUX_", "LSB_", "JSM_", "OMPI_COMM_WORLD_",
-                           "OMPI_MCA_orte_", "OMPI_MCA_ess", "OMPI_UNIVERSE_SIZE",
-                           "OMPI_APP_CTX_", "OMPI_FIRST_RANKS", "OMPI_NUM_APP_CTX")
+                           "PMIX_", "PBS_", "FLUX_", "LSB_", "JSM_")
 #: How long a node waits for libpmix to pass an event on to its clients.
 EVENT_TIMEOUT = 5.0
 #: How long a node waits for libpmix to hand over a local rank's modex data.
