@@ -1,0 +1,261 @@
+"""mpirun's command lines under ``pydvm run``: the output, environment, file,
+input and control options (cli/runopts.py), each run under Open MPI 4.1's
+``mpirun`` and under ``pydvm run`` in the same test and compared on what a
+user would compare -- what the processes print and see, the files written,
+the exit status, the gist of an error.  Where pydvm differs on purpose, the
+test pins the difference (docs/mpirun.md says why).
+
+Placement and binding options are tested in test_placement_cli.py and
+test_binding.py; the rank environment in test_rank_env.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dvmkit import PYDVM
+
+TIMEOUT = 120
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYDVM_", "PMIX_", "OMPI_", "SLURM_", "MPIEXEC_"))}
+    env.update(extra)
+    return env
+
+
+def mpirun(*args: str, cwd: Path, env: dict[str, str] | None = None,
+           stdin: str | None = None) -> subprocess.CompletedProcess:
+    if not shutil.which("mpirun"):
+        pytest.skip("mpirun not installed (apt-get install openmpi-bin)")
+    return subprocess.run(["mpirun", "--allow-run-as-root", *args], cwd=cwd,
+                          env=env or _env(), capture_output=True, text=True, timeout=TIMEOUT,
+                          input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL)
+
+
+def pydvm(*args: str, cwd: Path, env: dict[str, str] | None = None,
+          stdin: str | None = None) -> subprocess.CompletedProcess:
+    """``pydvm run ARGS`` on a one-shot DVM of this machine."""
+    return subprocess.run([*PYDVM, "run", *args], cwd=cwd, env=env or _env(),
+                          capture_output=True, text=True, timeout=TIMEOUT, input=stdin,
+                          stdin=None if stdin is not None else subprocess.DEVNULL)
+
+
+def both(*args: str, cwd: Path, **kw) -> tuple[subprocess.CompletedProcess,
+                                                 subprocess.CompletedProcess]:
+    return mpirun(*args, cwd=cwd, **kw), pydvm(*args, cwd=cwd, **kw)
+
+
+def test_x_gives_a_variable_its_value_or_this_shells_as_mpirun(tmp_path):
+    """`-x FOO=bar` sets it, `-x HOME2` exports this shell's value, and an
+    unset `-x NOPE` is a warning naming it, the job running anyway."""
+    env = _env(HOME2="from-the-shell")
+    args = ("-x", "FOO=bar baz", "-x", "HOME2", "-x", "NOPE_UNSET", "-n", "2", "sh", "-c",
+            'echo "FOO=$FOO HOME2=$HOME2 NOPE=${NOPE_UNSET-unset}"')
+    ref, ours = both(*args, cwd=tmp_path, env=env)
+    assert ref.returncode == ours.returncode == 0, (ref, ours)
+    assert sorted(ours.stdout.splitlines()) == sorted(ref.stdout.splitlines()) == [
+        "FOO=bar baz HOME2=from-the-shell NOPE=unset"] * 2
+    assert 'could not find environment variable "NOPE_UNSET"' in ref.stderr
+    assert 'could not find environment variable "NOPE_UNSET"' in ours.stderr
+
+
+def test_x_belongs_to_its_app_context(tmp_path):
+    """MPMD: each context's -x reaches its own processes only, as under mpirun."""
+    args = ("-n", "1", "-x", "A=one", "sh", "-c", 'echo "0:${A-}:${B-}"', ":",
+            "-n", "1", "-x", "B=two", "sh", "-c", 'echo "1:${A-}:${B-}"')
+    ref, ours = both(*args, cwd=tmp_path)
+    assert ref.returncode == ours.returncode == 0, (ref, ours)
+    assert sorted(ours.stdout.split()) == sorted(ref.stdout.split()) == ["0:one:", "1::two"]
+
+
+def test_wdir_sets_the_working_directory_and_a_missing_one_is_an_error(tmp_path):
+    d = tmp_path / "work dir"
+    d.mkdir()
+    for opt in ("--wdir", "-wdir", "-wd"):
+        ref, ours = both(opt, str(d), "-n", "1", "pwd", cwd=tmp_path)
+        assert ref.returncode == ours.returncode == 0, (ref, ours)
+        assert ours.stdout.strip() == ref.stdout.strip() == str(d)
+    ref, ours = both("--wdir", str(tmp_path / "nowhere"), "-n", "1", "pwd", cwd=tmp_path)
+    assert ref.returncode != 0 and ours.returncode != 0, (ref, ours)
+    assert "nowhere" in ours.stderr and "no such directory" in ours.stderr, ours.stderr
+
+
+def test_mca_passes_open_mpis_parameters_to_the_processes_as_mpirun(tmp_path):
+    args = ("--mca", "btl_tcp_if_include", "lo", "-mca", "pml", "ob1", "-n", "1", "sh", "-c",
+            'echo "$OMPI_MCA_btl_tcp_if_include $OMPI_MCA_pml"')
+    ref, ours = both(*args, cwd=tmp_path)
+    assert ref.returncode == ours.returncode == 0, (ref, ours)
+    assert ours.stdout.strip() == ref.stdout.strip() == "lo ob1"
+
+
+def test_output_filename_writes_mpiruns_layout(tmp_path):
+    """DIR/1/rank.N/stdout and stderr for every rank -- empty ones too -- with
+    the output still shown."""
+    script = 'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then echo "out"; echo "err" >&2; fi'
+    ref = mpirun("--output-filename", "ref", "-n", "2", "sh", "-c", script, cwd=tmp_path)
+    ours = pydvm("--output-filename", "ours", "-n", "2", "sh", "-c", script, cwd=tmp_path)
+    assert ref.returncode == ours.returncode == 0, (ref, ours)
+
+    def tree(root: Path) -> dict[str, str]:
+        return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*"))
+                if p.is_file()}
+    assert tree(tmp_path / "ours") == tree(tmp_path / "ref") == {
+        "1/rank.0/stdout": "out\n", "1/rank.0/stderr": "err\n",
+        "1/rank.1/stdout": "", "1/rank.1/stderr": ""}
+    assert ours.stdout == ref.stdout == "out\n"
+    assert ours.stderr == ref.stderr == "err\n"
+
+
+def test_output_filename_numbers_the_jobs_of_a_persistent_dvm(dvm, tmp_path):
+    """On a persistent DVM each job writes under its own number, so a second
+    run never mixes its files with the first's."""
+    out = tmp_path / "out"
+    for _ in range(2):
+        p = dvm.cmd("run", "--output-filename", str(out), "-n", "1", "sh", "-c",
+                    'echo "$PYDVM_NSPACE"')
+        assert p.returncode == 0, p.stderr
+    jobs = sorted(out.iterdir())
+    assert len(jobs) == 2, jobs
+    for d in jobs:
+        ns = (d / "rank.0" / "stdout").read_text().strip()
+        assert ns.rpartition("@")[2] == d.name, (ns, d)
+
+
+def test_timestamp_output_prefixes_each_line_as_mpirun(tmp_path):
+    stamp = r"[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}"
+    ref, ours = both("--timestamp-output", "-n", "1", "sh", "-c", "echo out; echo err >&2",
+                     cwd=tmp_path)
+    assert ref.returncode == ours.returncode == 0, (ref, ours)
+    for p in (ref, ours):
+        assert re.fullmatch(stamp + r"<stdout>:out\n", p.stdout), p.stdout
+        assert re.fullmatch(stamp + r"<stderr>:err\n", p.stderr), p.stderr
+
+
+def test_tag_output_differs_on_purpose(tmp_path):
+    """pydvm's tag names the job's namespace (a persistent DVM runs many jobs):
+    '[pydvm-...@1,0] out'; mpirun 4.1 writes '[1,0]<stdout>:out'."""
+    ref, ours = both("--tag-output", "-n", "2", "echo", "out", cwd=tmp_path)
+    assert ref.returncode == ours.returncode == 0, (ref, ours)
+    assert sorted(ref.stdout.splitlines()) == ["[1,0]<stdout>:out", "[1,1]<stdout>:out"]
+    assert sorted(re.sub(r"\[pydvm-[^@]+@1,", "[NS,", ln) for ln in ours.stdout.splitlines()) \
+        == ["[NS,0] out", "[NS,1] out"], ours.stdout
+
+
+def test_merge_stderr_to_stdout_merges_where_mpirun_does_not(tmp_path):
+    """mpirun 4.1.4 merges only onto a terminal: into a pipe its ranks' stderr
+    stays on stderr.  pydvm merges always (what the option says)."""
+    ref, ours = both("--merge-stderr-to-stdout", "-n", "1", "sh", "-c",
+                     "echo out; echo err >&2", cwd=tmp_path)
+    assert ref.returncode == ours.returncode == 0, (ref, ours)
+    assert (ref.stdout, ref.stderr) == ("out\n", "err\n")  # pinned: mpirun's
+    assert sorted(ours.stdout.splitlines()) == ["err", "out"] and ours.stderr == "", ours
+
+
+def test_stdin_goes_to_the_rank_named_or_to_none(tmp_path):
+    ref, ours = both("--stdin", "1", "-n", "2", "sh", "-c",
+                     'read -r line || line=EOF; echo "$OMPI_COMM_WORLD_RANK:$line"',
+                     cwd=tmp_path, stdin="hello\n")
+    assert ref.returncode == ours.returncode == 0, (ref, ours)
+    assert sorted(ours.stdout.split()) == sorted(ref.stdout.split()) == ["0:EOF", "1:hello"]
+    ref, ours = both("--stdin", "none", "-n", "1", "sh", "-c",
+                     'read -r line || line=EOF; echo "$line"', cwd=tmp_path, stdin="hello\n")
+    assert ours.stdout.split() == ref.stdout.split() == ["EOF"]
+    p = pydvm("--stdin", "all", "-n", "2", "cat", cwd=tmp_path, stdin="x\n")
+    assert p.returncode == 2 and "--stdin all is not supported" in p.stderr, p.stderr
+    p = pydvm("--stdin", "5", "-n", "2", "cat", cwd=tmp_path, stdin="x\n")
+    assert p.returncode != 0 and "--stdin 5" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_timeout_ends_the_job_naming_what_ran_and_exits_110(tmp_path, how):
+    args = ("--timeout", "1") if how == "option" else ()
+    env = _env(MPIEXEC_TIMEOUT="1") if how == "env" else None
+    t0 = time.monotonic()
+    ref = mpirun(*args, "-n", "2", "sleep", "30", cwd=tmp_path, env=env)
+    t1 = time.monotonic()
+    ours = pydvm(*args, "-n", "2", "sleep", "30", cwd=tmp_path, env=env)
+    t2 = time.monotonic()
+    assert ref.returncode == ours.returncode == 110, (ref, ours)
+    assert "time limit" in ref.stderr and "time limit" in ours.stderr, ours.stderr
+    assert "--timeout" in ours.stderr and "2 of its 2 processes still running" in ours.stderr
+    assert re.search(r"\[pydvm-[^@]+@1,0\] on node \S+, \[pydvm-[^@]+@1,1\] on node",
+                     ours.stderr), ours.stderr
+    assert t1 - t0 < 25 and t2 - t1 < 25  # neither waited for sleep 30
+
+
+def test_timeout_that_is_not_reached_changes_nothing(tmp_path):
+    ref, ours = both("--timeout", "60", "-n", "1", "sh", "-c", "exit 3", cwd=tmp_path)
+    assert ref.returncode == ours.returncode == 3, (ref, ours)
+
+
+def test_quiet_drops_the_failure_report_but_keeps_the_status(tmp_path):
+    loud = pydvm("-n", "1", "sh", "-c", "exit 3", cwd=tmp_path)
+    quiet = pydvm("-q", "-n", "1", "sh", "-c", "exit 3", cwd=tmp_path)
+    assert loud.returncode == quiet.returncode == 3
+    assert "exited with status 3" in loud.stderr and quiet.stderr == "", quiet.stderr
+
+
+def test_an_appfile_runs_its_contexts_as_mpirun(tmp_path):
+    (tmp_path / "apps").write_text(
+        "# two app contexts\n"
+        "-n 1 -x WHO=first printenv WHO OMPI_COMM_WORLD_RANK OMPI_MCA_orte_app_num\n"
+        "\n"
+        "-np 1 -x WHO=second printenv WHO OMPI_COMM_WORLD_RANK OMPI_MCA_orte_app_num\n")
+    ref, ours = both("--app", "apps", cwd=tmp_path)
+    assert ref.returncode == ours.returncode == 0, (ref, ours)
+    assert sorted(ours.stdout.split()) == sorted(ref.stdout.split()) == sorted(
+        ["first", "0", "0", "second", "1", "1"])
+    p = pydvm("--app", "apps", "-n", "1", "true", cwd=tmp_path)
+    assert p.returncode == 2 and "--app FILE names the app contexts" in p.stderr, p.stderr
+
+
+def test_an_appfile_line_is_split_as_a_shell_would_where_mpirun_does_not(tmp_path):
+    """mpirun 4.1 splits an appfile line at blanks, quotes and all (sh then
+    sees an unterminated string); pydvm splits it as a shell does."""
+    (tmp_path / "apps").write_text("-n 1 sh -c 'echo \"two words\"'\n")
+    ref, ours = both("--app", "apps", cwd=tmp_path)
+    assert ref.returncode != 0 and "Unterminated quoted string" in ref.stdout + ref.stderr
+    assert ours.returncode == 0 and ours.stdout == "two words\n", ours
+
+
+def test_path_finds_the_program_in_the_directory_given(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    prog = bindir / "only-here"
+    prog.write_text("#!/bin/sh\necho found\n")
+    prog.chmod(0o755)
+    ref, ours = both("--path", str(bindir), "-n", "1", "only-here", cwd=tmp_path)
+    assert ref.returncode == ours.returncode == 0, (ref, ours)
+    assert ours.stdout == ref.stdout == "found\n"
+
+
+def test_allow_run_as_root_is_accepted(tmp_path):
+    p = pydvm("--allow-run-as-root", "-n", "1", "echo", "ok", cwd=tmp_path)
+    assert p.returncode == 0 and p.stdout == "ok\n", p
+
+
+@pytest.mark.parametrize("opt,advice", [
+    (["--rankfile", "rf"], "--map-by"), (["--preload-binary"], "shared filesystem"),
+    (["-xterm", "0"], "--output-filename"), (["--report-pid", "-"], "pydvm ps"),
+    (["--enable-recovery"], "--no-abort-on-failure"), (["--prefix", "/opt"], "pydvm start")])
+def test_an_mpirun_option_pydvm_lacks_is_refused_with_what_to_use(tmp_path, opt, advice):
+    p = pydvm(*opt, "-n", "1", "true", cwd=tmp_path)
+    assert p.returncode == 2, p
+    first = p.stderr.splitlines()[0]
+    assert first.startswith(f"pydvm run: {opt[0]} (an mpirun option) is not supported")
+    assert advice in first, first
+
+
+def test_a_job_option_in_a_later_context_is_refused_naming_it(tmp_path):
+    p = pydvm("-n", "1", "true", ":", "--timeout", "5", "-n", "1", "true", cwd=tmp_path)
+    assert p.returncode == 2 and "--timeout applies to the whole job" in p.stderr, p.stderr
