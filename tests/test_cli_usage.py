@@ -287,3 +287,34 @@ def test_run_synopsis_shows_every_option_and_n_as_optional():
     usage = RUN_HELP.split("\n\n", 1)[0]
     assert "[-n N] CMD" in usage and " -n N CMD" not in usage, usage
     assert "number of processes (default 1;" in RUN_HELP
+
+
+def test_the_mpirun_page_lists_every_mpirun_option_as_declared():
+    """docs/mpirun.md's table is the one the declarations make, and it covers
+    every option of ``mpirun --help all`` (Open MPI 4.1.4) that pydvm mirrors
+    or refuses; no spelling is both accepted and refused."""
+    from pathlib import Path
+
+    from pydvm.cli.runopts import BY_NAME, NOT_SUPPORTED, OPTIONS, mpirun_table
+
+    doc = (Path(__file__).parent.parent / "docs" / "mpirun.md").read_text()
+    start = "<!-- table: pydvm.cli.runopts.mpirun_table() -->\n"
+    body = doc[doc.index(start) + len(start):doc.index("<!-- end of table -->")]
+    assert body == mpirun_table(), "regenerate the table: python -c 'from pydvm.cli.runopts " \
+                                   "import mpirun_table; print(mpirun_table())'"
+    assert not set(BY_NAME) & set(NOT_SUPPORTED)
+    for o in OPTIONS:
+        if o.mirrors:
+            assert o.mirrors in o.names, o.names
+            assert f"| `{o.mirrors}` |" in body
+    for name in NOT_SUPPORTED:
+        if name.startswith("--"):
+            assert f"| `{name}` | refused |" in body, name
+
+
+def test_run_help_shows_every_declared_option():
+    from pydvm.cli.runopts import OPTIONS
+
+    for o in OPTIONS:
+        assert o.help and any(f"  {n}" in RUN_HELP or f", {n}" in RUN_HELP for n in o.names), \
+            o.names

@@ -74,7 +74,7 @@ OPTIONS: tuple[Opt, ...] = (
     Opt(("--mca", "-mca", "--gmca", "-gmca"), 2, JOB, "mca",
         "a parameter pydvm knows ('pydvm info' lists them) sets the one-shot DVM (a "
         "persistent DVM takes them on 'pydvm start'); any other name is Open MPI's, given "
-        "to every process as OMPI_MCA_NAME=VALUE", "NAME VALUE", "-mca",
+        "to every process as OMPI_MCA_NAME=VALUE", "NAME VALUE", "--mca",
         "pydvm's own parameter names (prte_*, pydvm_*) configure the DVM instead"),
     # -- output ------------------------------------------------------------------
     Opt(("--tag-output", "-tag-output"), 0, JOB, "tag_output",
@@ -96,17 +96,21 @@ OPTIONS: tuple[Opt, ...] = (
         "RANK|none", "--stdin", "'all' is refused (mpirun 4.1.4 hangs with it)"),
     Opt(("-q", "--quiet"), 0, JOB, "quiet",
         "no report of failed processes and no warnings on stderr: the exit status says it",
-        "", "--quiet"),
+        "", "--quiet", "what it quiets is pydvm run's report of failed processes and its "
+        "warnings"),
     # -- control -----------------------------------------------------------------
     Opt(("--timeout", "-timeout"), 1, JOB, "timeout",
         "end the job after SECONDS, naming what still ran, and exit 110 (as mpirun; "
-        "default $MPIEXEC_TIMEOUT, else no limit)", "SECONDS", "--timeout"),
+        "default $MPIEXEC_TIMEOUT, else no limit)", "SECONDS", "--timeout",
+        "the report names every process still running (rank and node) on one line"),
     Opt(("--allow-run-as-root", "-allow-run-as-root"), 0, JOB, "allow_run_as_root",
         "accepted for mpirun's command lines: pydvm runs jobs as root without it", "",
         "--allow-run-as-root", "root needs no permission"),
     Opt(("--app", "-app"), 1, JOB, "app_file",
         "read the app contexts from FILE, one a line ('-n 2 ./a.out'; '#' starts a "
-        "comment); the command line then names no command", "FILE", "--app"),
+        "comment); the command line then names no command", "FILE", "--app",
+        "a line is split as a shell splits it (mpirun 4.1 splits at blanks, quotes and all); "
+        "options of the whole job stay on the command line"),
     # -- placement -----------------------------------------------------------------
     Opt(("--hostfile", "-hostfile", "--machinefile", "-machinefile", "--default-hostfile",
          "-default-hostfile"), 1, JOB, "hostfile",
@@ -598,3 +602,26 @@ variables mpirun sets.  Ctrl-C or SIGTERM kills the job and exits 128+N."""
                       *_option_lines(APP),
                       "  --                  end of options: what follows is the command", "",
                       tail])
+
+
+# ----------------------------------------------------------------------
+# the "coming from mpirun" table (docs/mpirun.md)
+# ----------------------------------------------------------------------
+
+
+def mpirun_table() -> str:
+    """The Markdown table of every ``mpirun`` option and what ``pydvm run``
+    does with it, made from :data:`OPTIONS` and :data:`NOT_SUPPORTED`
+    (``docs/mpirun.md`` holds it; ``tests/test_cli_usage.py`` checks that it
+    is this table)."""
+    rows = ["| mpirun option | pydvm run | how it differs, or what to use instead |",
+            "|---|---|---|"]
+    for o in OPTIONS:
+        if not o.mirrors:
+            continue
+        spellings = ", ".join(f"`{n}`" for n in o.names)
+        rows.append(f"| `{o.mirrors}` | {spellings} | {o.differs or 'same meaning'} |")
+    for name, advice in NOT_SUPPORTED.items():
+        if name.startswith("--") or not name.startswith("-") or len(name) == 2:
+            rows.append(f"| `{name}` | refused | {advice} |")
+    return "\n".join(rows) + "\n"
