@@ -58,11 +58,15 @@ class SharedLoad:
     machine each see what the others bound, and spread their ranks instead
     of all taking core 0.  Best effort: any error leaves only this node's
     own counts; the file of a process that died is removed by the next
-    reader."""
+    reader.  ``PYDVM_CPULOAD_DIR`` in the node process's environment names
+    another directory: node processes sharing it see each other (tests give
+    each DVM its own, so that what other tests bound does not move its ranks).
+    """
 
     def __init__(self, tag: str) -> None:
         base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-        self.dir = os.path.join(base, f"pydvm-cpuload-{os.geteuid()}")
+        self.dir = (os.environ.get("PYDVM_CPULOAD_DIR")
+                    or os.path.join(base, f"pydvm-cpuload-{os.geteuid()}"))
         safe = "".join(ch if ch.isalnum() or ch in "._" else "_" for ch in tag)
         self.name = f"{os.getpid()}-{safe}"
 
