@@ -169,7 +169,8 @@ def test_explicit_binding_overload_is_refused_as_mpirun_words_it(vm):
 
 
 def test_bind_to_each_level(big):
-    for bind, first in [("hwthread", {0}), ("core", {0, 8}), ("l3cache", big.objects(
+    for bind, first in [("hwthread", {0}), ("core", {0, 8}), ("l2cache", {0, 8}),
+                        ("l1cache", {0, 8}), ("l3cache", big.objects(
             "package")[0].cpus), ("socket", big.objects("package")[0].cpus),
                         ("numa", big.objects("numa")[0].cpus)]:
         assert B.plan(big, {"bind_to": bind}, 1, 1, False).cpus == [first], bind

@@ -56,10 +56,11 @@ from typing import Mapping
 from .topology import HwObject, Topology, format_cpu_list
 
 #: --bind-to / --map-by names -> topology level.
-LEVEL_OF = {"hwthread": "hwthread", "core": "core", "l3cache": "l3cache", "socket": "package",
-            "package": "package", "numa": "numa"}
+LEVEL_OF = {"hwthread": "hwthread", "core": "core", "l1cache": "l1cache", "l2cache": "l2cache",
+            "l3cache": "l3cache", "socket": "package", "package": "package", "numa": "numa"}
 #: how mpirun names a binding policy in its messages.
-SHOUT = {"hwthread": "HWTHREAD", "core": "CORE", "l3cache": "L3CACHE", "socket": "SOCKET",
+SHOUT = {"hwthread": "HWTHREAD", "core": "CORE", "l1cache": "L1CACHE", "l2cache": "L2CACHE",
+         "l3cache": "L3CACHE", "socket": "SOCKET",
          "package": "SOCKET", "numa": "NUMA", "none": "NONE"}
 #: the locality-string tag of each level, in Open MPI's order (NUMA last).
 LOCALITY_TAGS = (("package", "SK"), ("l3cache", "L3"), ("l2cache", "L2"), ("l1cache", "L1"),
