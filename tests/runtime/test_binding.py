@@ -1,6 +1,6 @@
 """The binding core: topology from a (fake) sysfs, mpirun's policy, the report line.
 
-Pure unit tests (tests/e2e/test_binding.py compares real DVMs with mpirun):
+Pure unit tests (tests/e2e/test_binding_e2e.py compares real DVMs with mpirun):
 a fake sysfs tree of a 2-socket x 4-core x 2-thread machine numbered as
 Linux numbers Intel's (cpu N and N+8 are one core's threads) and of this
 test VM's shape (2 cores, 1 socket, 1 NUMA node, 1 L3); the real machine's

@@ -11,7 +11,7 @@ sets between fork and exec without Python (the calling thread's affinity,
 inherited by the child) and tells Open MPI what it did.
 
 ``mpirun``'s rules, as pydvm applies them (each checked against ``mpirun``
-4.1.4 on the machine running ``tests/e2e/test_binding.py``):
+4.1.4 on the machine running ``tests/e2e/test_binding_e2e.py``):
 
 * **Default policy** (no ``--bind-to``): ``core`` when the job has at most
   two processes (``hwthread`` with ``--use-hwthread-cpus``), else ``numa``
