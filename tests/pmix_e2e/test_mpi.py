@@ -162,25 +162,60 @@ def _ranks_that(out: str, err: str, what: str) -> set[int]:
     return said & pids
 
 
+def _ranks_saying_hwloc(out: str, err: str) -> set[int]:
+    """The pids of the ranks that printed any hwloc:base diagnostic."""
+    import re
+    pids = {int(p) for p in re.findall(r"RANK \d+ PID (\d+)", out)}
+    return pids & {int(p) for p in re.findall(r"\[[^\]:]+:(\d+)\] hwloc:base", out + err)}
+
+
 def test_mpi_init_finds_the_topology_it_is_given_as_under_mpirun(pdvm, mpicc, mpirun):
-    """Under mpirun no rank discovers the machine's hardware topology itself
-    (the launcher binds it and says so, or hands the topology over); under
-    pydvm neither: the node's PMIx server shares the topology it discovered
-    once, and MPI_Init adopts it -- discovering it is tens of milliseconds
-    of every rank's start."""
+    """Two ranks: mpirun binds each to a core and says so
+    (OMPI_MCA_orte_bound_at_launch, PMIX_CPUSET, PMIX_LOCALITY_STRING), and
+    MPI_Init then never looks at the hardware topology; pydvm binds and tells
+    Open MPI the same, on the head node and on a daemon node, and no rank
+    looks either.  Unbound (``--bind-to none``) no rank discovers the topology
+    itself: the node's PMIx server shares the one it discovered once, and
+    MPI_Init adopts it -- discovering it is tens of milliseconds of every
+    rank's start."""
+    from placed import pydvm_run
     exe = mpicc("mpi_topology")
     verbose = ("--mca", "hwloc_base_verbose", "5")
     ref = mpirun(2, exe, extra=verbose)
     assert ref.returncode == 0, ref.stdout + ref.stderr
     assert ref.stdout.count("RANK ") == 2, ref.stdout
+    assert not _ranks_saying_hwloc(ref.stdout, ref.stderr), ref.stderr  # bound: skipped
     for host in (HEAD, FAR):
         p = pdvm.run("--host", f"{host}:2", "-n", "2", "env", "OMPI_MCA_hwloc_base_verbose=5",
                      exe)
         assert p.returncode == 0, p.stdout + p.stderr
         assert p.stdout.count("RANK ") == 2, p.stdout
-        discovered = _ranks_that(p.stdout, p.stderr, "discovering topology")
-        assert len(discovered) <= len(_ranks_that(ref.stdout, ref.stderr,
-                                                  "discovering topology"))
-        assert not discovered, p.stdout + p.stderr
+        assert not _ranks_saying_hwloc(p.stdout, p.stderr), p.stdout + p.stderr
+        p = pydvm_run(["--bind-to", "none", "--host", f"{host}:2", "-n", "2", "env",
+                       "OMPI_MCA_hwloc_base_verbose=5", exe], pdvm.env, pdvm.uri)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert p.stdout.count("RANK ") == 2, p.stdout
+        assert not _ranks_that(p.stdout, p.stderr, "discovering topology"), p.stderr
         assert len(_ranks_that(p.stdout, p.stderr, "topology in shared memory")) == 2, \
             p.stdout + p.stderr
+
+
+def test_bound_ranks_get_their_cpuset_and_locality_from_pmix_as_under_mpirun(pdvm, pmixcc,
+                                                                             mpirun):
+    """What PMIx says of each local rank's binding (PMIX_CPUSET,
+    PMIX_LOCALITY_STRING), read by the ranks themselves: the same strings as
+    under mpirun for the same two ranks (one core each; which rank has which
+    core may differ: pydvm takes the least-loaded core first, and other
+    tests' ranks may be bound meanwhile)."""
+    exe = pmixcc("pmix_binding")
+
+    def values(p):
+        return sorted(ln.split(" ", 2)[2] for ln in p.stdout.splitlines())
+
+    ref = mpirun(2, exe)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    want = values(ref)
+    assert "pmix.locstr=SK0:L30:L20:L10:CR0:HT0:NM0" in want, want
+    got = pdvm.run("--host", f"{FAR}:2", "-n", "2", exe)
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert values(got) == want

@@ -43,6 +43,9 @@ class JobLayout:
     app_wdir: list[str] | None = None
     #: the process that spawned this job (PMIX_SPAWNED, PMIX_PARENT_ID), if any.
     parent: tuple[str, int] | None = None
+    #: rank -> more items of its PMIX_PROC_DATA (a bound local rank's
+    #: PMIX_CPUSET and PMIX_LOCALITY_STRING), plain values or Values.
+    proc_extra: dict[int, list[tuple[str, Any]]] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -182,6 +185,7 @@ def job_info(layout: JobLayout, this_node: str, *, server=None) -> list[tuple[st
         ]
         if layout.parent is not None:
             items.append((C.PARENT_ID, Value(Proc(*layout.parent), C.PROC)))
+        items += [(k, Value.of(v)) for k, v in layout.proc_extra.get(rank, ())]
         info.append((C.PROC_DATA, _arr(items)))
 
     if layout.parent is not None:

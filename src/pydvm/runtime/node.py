@@ -83,6 +83,7 @@ from ..errors import Status
 from ..store import DataStore, MonotonicClock, StoreParams
 from ..wire import Channel, Message, peer_credentials, refuse, reply
 from . import dataops, jobproc, ompienv
+from .cpubind import NodeBinding
 from .credential import ENV as credential_env
 from .credential import Voucher
 from .guard import Guardian, group_alive
@@ -185,6 +186,8 @@ class NodeServer:
         self.pmix = PmixHost(self)
         #: nspace -> what its pydvm run sends to its rank 0's stdin (rank 0 runs here).
         self._stdin: dict[str, StdinFeed] = {}
+        #: topology, live bindings, the affinity switch (runtime/cpubind.py).
+        self.binding = NodeBinding(node)
 
     # ------------------------------------------------------------------
     # life cycle
@@ -255,6 +258,7 @@ class NodeServer:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
         if self.shm_dir is not None:
             shutil.rmtree(self.shm_dir, ignore_errors=True)
+        self.binding.shared.publish({})  # this node binds nothing any more
         self.done.set()
 
     def _stdin_feed(self, nspace: str) -> StdinFeed:
@@ -408,6 +412,7 @@ class NodeServer:
                 s.channel.close(f"job {job.nspace} ended")
         for task in list(job.pumps):
             task.cancel()
+        self.binding.release_job(job.nspace)
         if job.work_dir is not None:
             # the job's shared-memory segments and session files, even
             # those of processes that crashed and never removed theirs
@@ -487,6 +492,10 @@ class NodeServer:
                 self.uplink.send(reply(rid, Status.ERR_NOT_FOUND, f"{self.name}: {why}",
                                        exit=code))
                 return
+        bind = self.binding.plan(msg, procs)
+        if bind.refusal:
+            self.uplink.send(reply(rid, Status.ERR_OUT_OF_RESOURCE, bind.refusal, exit=1))
+            return
         layout = msg.get("pmix")
         uid = msg["uid"] if isinstance(msg.get("uid"), int) else os.getuid()
         gid = msg["gid"] if isinstance(msg.get("gid"), int) else os.getgid()
@@ -496,7 +505,7 @@ class NodeServer:
             # starts, all at once: one wait on libpmix's thread, not one per rank.
             for p in procs:
                 job.procs[p["rank"]] = LocalProc(ns, p["rank"], p["app_idx"])
-            await self.pmix.register_job(job, layout, uid, gid)
+            await self.pmix.register_job(job, layout, uid, gid, bind.pmix)
             pmix_envs = list(await asyncio.gather(*[
                 self.pmix.register_proc(job, p["rank"], p["app_idx"], uid, gid)
                 for p in procs]))
@@ -538,6 +547,7 @@ class NodeServer:
                 env.update(spawned)
                 ompienv.own_job_dirs(env, OMPI_JOB_DIRS, str(self.job_dir(job)))
             env.update(ompi_env)
+            env.update(bind.environment(p["rank"]))  # after drop_stale: pydvm's binding
             cwd = jobproc.workdir(p.get("cwd"))
             # stdout: a pseudo-terminal (line by line, as under mpirun); stderr:
             # a pipe; stdin: /dev/null, or for rank 0 the pipe its pydvm run feeds.
@@ -562,8 +572,9 @@ class NodeServer:
                     # Its own user may reopen them (/dev/stdout, /dev/stderr, /dev/stdin).
                     for fd in theirs:
                         os.fchown(fd, switch[0], -1)
-                lp.process = jobproc.start(p["argv"], env=env, cwd=cwd, stdin=stdin,
-                                           stdout=out_w, stderr=err_w, switch=switch)
+                with self.binding.applied(bind.cpus.get(p["rank"])):
+                    lp.process = jobproc.start(p["argv"], env=env, cwd=cwd, stdin=stdin,
+                                               stdout=out_w, stderr=err_w, switch=switch)
             except OSError as exc:
                 for fd in ours + theirs:
                     os.close(fd)
@@ -584,7 +595,8 @@ class NodeServer:
             self._spawn(self._watch(job, lp, ours[0], ours[1]))
         if _trace.PATH:
             _trace.mark("node.started", ns)
-        self.uplink.send(reply(rid, Status.SUCCESS))
+        self.uplink.send(reply(rid, Status.SUCCESS, **({"report": bind.report} if bind.report
+                                                      else {})))
 
     async def _watch(self, job: LocalJob, lp: LocalProc, out_fd: int, err_fd: int) -> None:
         proc = lp.process
@@ -622,6 +634,7 @@ class NodeServer:
     def _reaped(self, job: LocalJob, lp: LocalProc) -> None:
         """``lp`` has ended: nothing may act for it any more."""
         lp.ended = True
+        self.binding.release(lp.nspace, lp.rank)
         for s in list(lp.sessions):
             s.channel.close(f"process {lp.nspace}:{lp.rank} ended")
         pgid = lp.pgid

@@ -374,8 +374,10 @@ class PmixHost:
     # jobs and processes
     # ------------------------------------------------------------------
 
-    async def register_job(self, job: "LocalJob", layout: dict, uid: int, gid: int) -> None:
-        """Register a job's namespace with its job-level information (once per node)."""
+    async def register_job(self, job: "LocalJob", layout: dict, uid: int, gid: int,
+                           proc_extra: dict | None = None) -> None:
+        """Register a job's namespace with its job-level information (once per
+        node); ``proc_extra``: rank -> more items of its process data."""
         ns = job.nspace
         if ns in self.local_nspaces:
             return
@@ -385,6 +387,7 @@ class PmixHost:
         for srv in self.foreign.pop(ns, ()):  # known as a peer's namespace; now it runs here too
             await srv.deregister_nspace(ns)
         jl = job_layout(ns, layout, job.session_id)
+        jl.proc_extra = proc_extra or {}
         from ..pmix.jobinfo import job_info
         self.local_nspaces[ns] = server
         await server.register_nspace(ns, jl.local_count(self.node.name),

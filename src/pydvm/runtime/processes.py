@@ -460,8 +460,14 @@ class ProcessTable(NodeListener):
         if _trace.PATH:
             _trace.mark("master.launched", job.nspace)
         failed = ""
+        tool = self._tool.get(job.nspace)
         for name, r in zip(names, results):
             ok = r.get("status") == 0
+            report = r.get("report")
+            if ok and tool is not None and isinstance(report, list) and report:
+                # --report-bindings: the node's lines, on the job's stderr as mpirun's
+                tool.send({"t": "output", "nspace": job.nspace, "rank": -1, "fd": 2,
+                           "data": "".join(f"{ln}\n" for ln in report).encode()})
             exit_status = r.get("exit") if isinstance(r.get("exit"), int) else None
             if not ok:
                 failed = failed or r.get("msg") or f"launch failed on {name}"

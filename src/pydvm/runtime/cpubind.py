@@ -1,0 +1,231 @@
+"""A node's binding shell: its topology, its live bindings, and applying one at a spawn.
+
+:class:`NodeBinding` belongs to a :class:`~pydvm.runtime.node.NodeServer`.
+It notes the node process's CPU affinity when the node starts (inside a
+Slurm step: the step's CPUs), reads the topology from sysfs once, on the
+first launch (:mod:`pydvm.runtime.topology`), and for each launch asks the
+pure policy (:func:`pydvm.runtime.binding.plan`) for the ranks' CPU sets.
+
+Applying a set needs no Python between fork and exec: :meth:`applied` sets
+the *calling thread's* affinity (``sched_setaffinity(0)`` is per thread on
+Linux) right before ``jobproc.start`` and restores it right after; the
+child inherits it through ``vfork``/``exec`` and ``setpriv``.  Other threads
+of the node process (libpmix's) are untouched, and nothing else runs on the
+loop's thread in between.
+
+What Open MPI is told, as ``mpirun`` tells it: a bound rank's environment
+gets ``OMPI_MCA_orte_bound_at_launch=1`` and PMIx gets its ``PMIX_CPUSET``
+(the CPU list) and ``PMIX_LOCALITY_STRING`` (Open MPI 4.1's
+``SK0:L30:L20:L10:CR0:HT0:NM0`` form) -- so ``MPI_Init`` takes the binding
+as done, skips the hardware topology and computes its peers' locality from
+the strings.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from . import binding
+from .topology import Topology, format_cpu_list, read
+
+
+@dataclass
+class LaunchBinding:
+    """One launch's bindings on a node: ``cpus`` per rank (None: unbound),
+    ``refusal`` (non-empty: do not start), ``report`` (the
+    ``--report-bindings`` lines, when asked for), ``pmix`` (rank -> its
+    PMIX_CPUSET and PMIX_LOCALITY_STRING items)."""
+
+    cpus: dict[int, frozenset[int] | None] = field(default_factory=dict)
+    refusal: str = ""
+    report: list[str] = field(default_factory=list)
+    pmix: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
+
+    def environment(self, rank: int) -> dict[str, str]:
+        """What rank ``rank``'s environment gets for its binding."""
+        return binding.proc_environment() if self.cpus.get(rank) is not None else {}
+
+
+class SharedLoad:
+    """The bound-CPU counts of every pydvm node process of this user on this
+    machine, one small file each in a directory of /dev/shm: co-located
+    nodes (local daemons, network-namespace hosts) and other DVMs on the
+    machine each see what the others bound, and spread their ranks instead
+    of all taking core 0.  Best effort: any error leaves only this node's
+    own counts; the file of a process that died is removed by the next
+    reader.  ``PYDVM_CPULOAD_DIR`` in the node process's environment names
+    another directory: node processes sharing it see each other (tests give
+    each DVM its own, so that what other tests bound does not move its ranks).
+    """
+
+    def __init__(self, tag: str) -> None:
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        self.dir = (os.environ.get("PYDVM_CPULOAD_DIR")
+                    or os.path.join(base, f"pydvm-cpuload-{os.geteuid()}"))
+        safe = "".join(ch if ch.isalnum() or ch in "._" else "_" for ch in tag)
+        self.name = f"{os.getpid()}-{safe}"
+
+    @contextmanager
+    def locked(self):
+        """Hold the machine-wide lock (read, decide, publish: one step)."""
+        fd = None
+        try:
+            os.makedirs(self.dir, mode=0o700, exist_ok=True)
+            fd = os.open(os.path.join(self.dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        try:
+            yield
+        finally:
+            if fd is not None:
+                os.close(fd)  # releases the lock
+
+    def others(self) -> dict[int, int]:
+        """CPU -> processes bound to it by the other live node processes."""
+        total: dict[int, int] = {}
+        try:
+            names = os.listdir(self.dir)
+        except OSError:
+            return total
+        for name in names:
+            if name == self.name or name.startswith("."):
+                continue
+            path = os.path.join(self.dir, name)
+            pid = name.split("-", 1)[0]
+            if not pid.isdigit() or not _alive(int(pid)):
+                _unlink(path)
+                continue
+            try:
+                with open(path) as f:
+                    counts = json.load(f)
+                for cpu, n in counts.items():
+                    total[int(cpu)] = total.get(int(cpu), 0) + int(n)
+            except (OSError, ValueError, AttributeError):
+                continue
+        return total
+
+    def publish(self, counts: dict[int, int]) -> None:
+        """Make ``counts`` this process's entry (none when empty)."""
+        path = os.path.join(self.dir, self.name)
+        if not counts:
+            _unlink(path)
+            return
+        try:
+            tmp = f"{path}.tmp"
+            with open(tmp, "w") as f:
+                json.dump({str(c): n for c, n in counts.items()}, f)
+            os.replace(tmp, path)
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+class NodeBinding:
+    """Topology, live bound-CPU counts and the affinity switch of one node.
+
+    A launch's bindings are counted from the moment they are planned (so a
+    co-located node planning meanwhile sees them) until the process is
+    reaped (:meth:`release`) or its job is cleaned up (:meth:`release_job`:
+    ranks that never started)."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        #: the CPUs this node process may use (its affinity at start).
+        self.allowed = frozenset(os.sched_getaffinity(0))
+        self._topology: Topology | None = None
+        #: CPU -> live (or about to start) processes this node bound to it.
+        self.load = binding.CpuLoad()
+        #: (nspace, rank) -> its CPUs, while counted in :attr:`load`.
+        self._held: dict[tuple[str, int], frozenset[int]] = {}
+        self.shared = SharedLoad(node)
+
+    @property
+    def topology(self) -> Topology:
+        """The node's topology (read on first use, within :attr:`allowed`)."""
+        if self._topology is None:
+            self._topology = read(allowed=set(self.allowed))
+        return self._topology
+
+    def plan(self, msg: dict, procs: list[dict]) -> LaunchBinding:
+        """The bindings of a ``launch`` message's processes on this node,
+        counted in the load at once."""
+        from ..pmix import constants as C
+
+        placement = msg.get("placement") or {}
+        layout = msg.get("pmix") or {}
+        ns = msg.get("nspace")
+        ranks = [p["rank"] for p in procs]
+        size = msg.get("job_size") if isinstance(msg.get("job_size"), int) else len(ranks)
+        topo = self.topology
+        with self.shared.locked():
+            load = self.shared.others()
+            for cpu, n in self.load.counts.items():
+                load[cpu] = load.get(cpu, 0) + n
+            p = binding.plan(topo, placement, len(ranks), size, binding.oversubscribes(layout),
+                             load, self.node)
+            out = LaunchBinding(dict(zip(ranks, p.cpus)), p.refusal)
+            if p.refusal:
+                return out
+            for rank, cpus in out.cpus.items():
+                if cpus is not None:
+                    self.load.add(cpus)
+                    self._held[(ns, rank)] = cpus
+            if p.bound:
+                self.shared.publish(self.load.counts)
+        if placement.get("report_bindings"):
+            out.report = binding.report_lines(topo, p, ranks, self.node, os.getpid())
+        for rank, cpus in out.cpus.items():
+            if cpus is not None:
+                out.pmix[rank] = [(C.CPUSET, format_cpu_list(cpus)),
+                                  (C.LOCALITY_STRING, binding.locality_string(topo, cpus))]
+        return out
+
+    def release(self, nspace: str, rank: int) -> None:
+        """``nspace:rank`` was reaped: its CPUs count no more."""
+        cpus = self._held.pop((nspace, rank), None)
+        if cpus is not None:
+            self.load.remove(cpus)
+            with self.shared.locked():
+                self.shared.publish(self.load.counts)
+
+    def release_job(self, nspace: str) -> None:
+        """Job ``nspace`` is over here: what its ranks still held (ranks that
+        never started) counts no more."""
+        for key in [k for k in self._held if k[0] == nspace]:
+            self.release(*key)
+
+    @contextmanager
+    def applied(self, cpus: frozenset[int] | None):
+        """While inside, this thread runs on ``cpus`` (nothing if None):
+        wrap the spawn of a process that is to be bound to them."""
+        if cpus is None:
+            yield
+            return
+        before = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, cpus)
+        try:
+            yield
+        finally:
+            os.sched_setaffinity(0, before)
