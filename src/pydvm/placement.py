@@ -419,7 +419,9 @@ def _by_node(n: int, hosts: list[Host], used: dict[str, int]) -> dict[str, int]:
     counts: dict[str, int] = {}
     free = {h.name: max(0, h.slots - used.get(h.name, 0)) for h in hosts}
     if n > sum(free.values()):  # oversubscribed: everyone takes an even share
-        counts = {h.name: s for h, s in zip(hosts, _balanced(n, hosts)) if s}
+        for h, share in zip(hosts, _balanced(n, hosts)):
+            if share:
+                counts[h.name] = share
     else:
         left, shared_by = n, len(hosts)
         while left and shared_by:
@@ -551,8 +553,18 @@ def map_job(apps: list[tuple[int | None, list[Host]]], placement: dict,
     over = placement.get("oversubscribe")
     rank_by = placement.get("rank_by") or ("node" if map_by == "node" else "slot")
     order: list[str] = []  # hosts in the order the job first used them
-    out = []
+    out: list[list[str]] = []
+    bookmark = None
     for (n, hosts), name in zip(apps, names):
+        if bookmark is not None and not (ppr is not None and n is None):
+            # later apps: the hosts with free slots, if they can hold the
+            # app (else all; a ppr without -n counts every host); by node
+            # and SPAN go on from where the previous app left off
+            room = [h for h in hosts if used.get(h.name, 0) < h.slots]
+            if n is None or sum(h.slots - used.get(h.name, 0) for h in room) >= n:
+                hosts = room or hosts
+            if map_by == "node" or span and map_by in OBJECTS:
+                hosts = _from_bookmark(hosts, bookmark, used)
         size = app_size(n, hosts, placement)
         free = sum(max(0, h.slots - used.get(h.name, 0)) for h in hosts)
         if ppr is not None:
@@ -572,9 +584,38 @@ def map_job(apps: list[tuple[int | None, list[Host]]], placement: dict,
             if counts.get(h.name) and h.name not in order:
                 order.append(h.name)
         ranks = _ranked(counts, order, rank_by)
+        bookmark = ranks[-1] if ranks else bookmark
         _check_max_used(hosts, used, size, name)
         out.append(ranks)
     return out
+
+
+def _from_bookmark(hosts: list[Host], last: str, used: dict[str, int]) -> list[Host]:
+    """An app's hosts starting where the job's previous app left off, as
+    ``mpirun`` goes on from its bookmark: the host of the previous app's
+    last rank, unless it is full -- then the next host with a free slot
+    (wrapping around), or if none has one, the least oversubscribed host
+    when it is less so than the bookmark."""
+    names = [h.name for h in hosts]
+    if last not in names:
+        return hosts
+    i = names.index(last)
+
+    def over(j: int) -> int:
+        return used.get(names[j], 0) - hosts[j].slots
+
+    if over(i) >= 0:
+        best = None
+        for k in range(1, len(hosts)):
+            j = (i + k) % len(hosts)
+            if over(j) < 0:
+                best = j
+                break
+            if best is None or over(j) < over(best):
+                best = j
+        if best is not None and over(best) < over(i):
+            i = best
+    return hosts[i:] + hosts[:i]
 
 
 def _ppr_counts(size: int, n: int | None, hosts: list[Host], ppr: tuple[int, str],
