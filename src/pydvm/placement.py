@@ -392,6 +392,17 @@ def _max_refusal(n: int, hosts: list[Host]) -> str:
             f"max_slots allow ({room}); max_slots is a hard limit even with --oversubscribe")
 
 
+class _Tally(dict):
+    """Ranks per host, remembering the host given ranks last (``mpirun``'s
+    bookmark: where the next app starts, :func:`_from_bookmark`)."""
+
+    last: str | None = None
+
+    def __setitem__(self, key: str, value: int) -> None:
+        super().__setitem__(key, value)
+        self.last = key
+
+
 def _balanced(rem: int, hosts: list[Host]) -> list[int]:
     """``rem`` spread over ``hosts``, the first ones taking one more."""
     k, extra = divmod(rem, len(hosts))
@@ -399,7 +410,7 @@ def _balanced(rem: int, hosts: list[Host]) -> list[int]:
 
 
 def _by_slot(n: int, hosts: list[Host], used: dict[str, int]) -> dict[str, int]:
-    counts: dict[str, int] = {}
+    counts = _Tally()
     left = n
     for h in hosts:  # each host's free slots, in order
         take = min(left, max(0, h.slots - used.get(h.name, 0)))
@@ -416,7 +427,7 @@ def _by_slot(n: int, hosts: list[Host], used: dict[str, int]) -> dict[str, int]:
 
 
 def _by_node(n: int, hosts: list[Host], used: dict[str, int]) -> dict[str, int]:
-    counts: dict[str, int] = {}
+    counts = _Tally()
     free = {h.name: max(0, h.slots - used.get(h.name, 0)) for h in hosts}
     if n > sum(free.values()):  # oversubscribed: everyone takes an even share
         for h, share in zip(hosts, _balanced(n, hosts)):
@@ -447,7 +458,7 @@ def _by_node(n: int, hosts: list[Host], used: dict[str, int]) -> dict[str, int]:
 
 
 def _by_object(n: int, hosts: list[Host], used: dict[str, int]) -> dict[str, int]:
-    counts: dict[str, int] = {}
+    counts = _Tally()
     left = n
     for h in hosts:  # first each host's free slots...
         take = min(left, max(0, h.slots - used.get(h.name, 0)))
@@ -471,7 +482,7 @@ def _by_object_span(n: int, hosts: list[Host], kind: str,
     total = sum(k for _, k in objs)
     avg = max(1, n // total)
     extra = max(0, n - avg * total)
-    counts: dict[str, int] = {}
+    counts = _Tally()
     left = n
     for h, k in objs:
         for _ in range(k):
@@ -558,13 +569,13 @@ def map_job(apps: list[tuple[int | None, list[Host]]], placement: dict,
     for (n, hosts), name in zip(apps, names):
         if bookmark is not None and not (ppr is not None and n is None):
             # later apps: the hosts with free slots, if they can hold the
-            # app (else all; a ppr without -n counts every host); by node
-            # and SPAN go on from where the previous app left off
+            # app (else all; a ppr without -n counts every host), from the
+            # first with room (SPAN: from where the previous app ended)
             room = [h for h in hosts if used.get(h.name, 0) < h.slots]
             if n is None or sum(h.slots - used.get(h.name, 0) for h in room) >= n:
                 hosts = room or hosts
-            if map_by == "node" or span and map_by in OBJECTS:
-                hosts = _from_bookmark(hosts, bookmark, used)
+            start = bookmark if span and map_by in OBJECTS else hosts[0].name
+            hosts = _from_bookmark(hosts, start, used)
         size = app_size(n, hosts, placement)
         free = sum(max(0, h.slots - used.get(h.name, 0)) for h in hosts)
         if ppr is not None:
@@ -584,18 +595,18 @@ def map_job(apps: list[tuple[int | None, list[Host]]], placement: dict,
             if counts.get(h.name) and h.name not in order:
                 order.append(h.name)
         ranks = _ranked(counts, order, rank_by)
-        bookmark = ranks[-1] if ranks else bookmark
+        bookmark = getattr(counts, "last", None) or bookmark
         _check_max_used(hosts, used, size, name)
         out.append(ranks)
     return out
 
 
 def _from_bookmark(hosts: list[Host], last: str, used: dict[str, int]) -> list[Host]:
-    """An app's hosts starting where the job's previous app left off, as
-    ``mpirun`` goes on from its bookmark: the host of the previous app's
-    last rank, unless it is full -- then the next host with a free slot
-    (wrapping around), or if none has one, the least oversubscribed host
-    when it is less so than the bookmark."""
+    """An app's hosts, starting from ``last`` (SPAN: the host the previous
+    app was given ranks on last, ``mpirun``'s bookmark; else the first),
+    unless it is full -- then from the next host with a free slot
+    (wrapping around), or if none has one, from the least oversubscribed
+    host if it is less so than ``last``."""
     names = [h.name for h in hosts]
     if last not in names:
         return hosts
@@ -611,7 +622,7 @@ def _from_bookmark(hosts: list[Host], last: str, used: dict[str, int]) -> list[H
             if over(j) < 0:
                 best = j
                 break
-            if best is None or over(j) < over(best):
+            if best is None or over(j) <= over(best):
                 best = j
         if best is not None and over(best) < over(i):
             i = best
