@@ -119,7 +119,7 @@ class JobOutput:
         fd = 2 if msg.get("fd") == 2 else 1
         if fd in self.closed:
             return False
-        if self.tag:
+        if self.tag and msg.get("rank") != -1:  # rank -1: pydvm's own lines (the map...)
             where = (msg.get("rank"), msg.get("fd"))
             prefix = f"[{msg.get('nspace')},{msg.get('rank')}] ".encode()
             data, mid = tag_lines(data, prefix, where in self._mid_line)
