@@ -503,7 +503,7 @@ def _by_object_span(n: int, hosts: list[Host], kind: str,
 
 def _by_ppr(n: int, hosts: list[Host], per: int, kind: str,
             used: dict[str, int]) -> dict[str, int]:
-    counts: dict[str, int] = {}
+    counts = _Tally()
     left = n
     for h in hosts:
         take = min(left, per * h.objects(kind))
