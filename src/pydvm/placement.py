@@ -571,11 +571,11 @@ def map_job(apps: list[tuple[int | None, list[Host]]], placement: dict,
             # later apps: the hosts with free slots, if they can hold the
             # app (else all; a ppr without -n counts every host), from the
             # first with room (SPAN: from where the previous app ended)
+            start = bookmark if span and map_by in OBJECTS else hosts[0].name
+            hosts = _from_bookmark(hosts, start, used)
             room = [h for h in hosts if used.get(h.name, 0) < h.slots]
             if n is None or sum(h.slots - used.get(h.name, 0) for h in room) >= n:
                 hosts = room or hosts
-            start = bookmark if span and map_by in OBJECTS else hosts[0].name
-            hosts = _from_bookmark(hosts, start, used)
         size = app_size(n, hosts, placement)
         free = sum(max(0, h.slots - used.get(h.name, 0)) for h in hosts)
         if ppr is not None:
