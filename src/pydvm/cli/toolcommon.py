@@ -174,7 +174,8 @@ class JobOutput:
         """Write one ``output`` message; True if stdout's reader just went away."""
         data = msg.get("data") or b""
         fd = 2 if msg.get("fd") == 2 else 1
-        # rank -1: pydvm's own lines (--report-bindings, a spawn's failure), untagged
+        # rank -1: pydvm's own lines (the map, --report-bindings, a spawn's failure),
+        # untagged as mpirun's are
         prefix = self._prefix(msg, fd) if msg.get("rank") != -1 else None
         if prefix is not None:
             where = (msg.get("rank"), msg.get("fd"))

@@ -29,6 +29,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from .. import placement as PL
 from ..protocol import parse_host_list
 
 
@@ -41,6 +42,8 @@ TIMEOUT_STATUS = 110
 class HostSpec:
     name: str
     slots: int = 1
+    #: a hostfile's ``max_slots``: never more of a job's ranks here (None: no limit).
+    max_slots: int | None = None
 
 
 def parse_hosts(text: str) -> list[HostSpec]:
@@ -51,14 +54,13 @@ def parse_hosts(text: str) -> list[HostSpec]:
 
 
 def map_app(n: int, hosts: list[HostSpec]) -> list[str]:
-    """Node of each of an app's ``n`` ranks (in rank order).
-
-    The default mapping: ranks fill the hosts in the order listed, one slot
-    at a time (all of a host's slots before the next host), wrapping around
-    to the first host when every slot is used -- oversubscription is allowed.
-    """
-    seq = [h.name for h in hosts for _ in range(h.slots)]
-    return [seq[i % len(seq)] for i in range(n)]
+    """Node of each of an app's ``n`` ranks (in rank order), mapped as a job
+    without placement options is (SPEC 9): ranks fill the hosts in the
+    order listed, one slot at a time (all of a host's slots before the
+    next), wrapping around to the first host when every slot is used --
+    oversubscription is allowed.  :func:`pydvm.placement.map_job` has the
+    rest of ``mpirun``'s policies."""
+    return PL.map_job([(n, [PL.Host(h.name, h.slots, h.max_slots) for h in hosts])], {})[0]
 
 
 class ProcState(enum.Enum):
@@ -147,6 +149,12 @@ class JobRecord:
     timeout: float | None = None
     #: its time limit ended it (it exits with :data:`TIMEOUT_STATUS`).
     timed_out: bool = False
+    #: node -> the slots the job was given there (its apps' hosts: ``--host
+    #: a:2``, a hostfile, else the DVM's); a node running more of its ranks
+    #: is oversubscribed.  Empty: the session's (a record built by hand).
+    slots: dict[str, int] = field(default_factory=dict)
+    #: lines ``--display-allocation`` / ``--display-map`` print before launch.
+    display: list[str] = field(default_factory=list)
     #: node -> its ranks, in rank order (made by :func:`build_job`; a record
     #: built by hand gets it on first use).
     _by_node: dict[str, list[int]] | None = field(default=None, repr=False)
@@ -247,19 +255,28 @@ class JobRecord:
 
 
 def build_job(
-    nspace: str, session_id: int, apps: list[tuple[list[str], int, list[HostSpec]]]
+    nspace: str, session_id: int, apps: list[tuple[list[str], int | None, list[HostSpec]]],
+    placement: dict | None = None, topo: dict[str, dict] | None = None,
 ) -> JobRecord:
-    """Lay out a job: number ranks across apps and map each app to its hosts."""
+    """Lay out a job: map each app to its hosts as ``placement`` says
+    (:func:`pydvm.placement.map_job`; ``topo``: each node's object counts,
+    for ppr and SPAN), ranks numbered across apps.  An app's ``n`` None is
+    derived as ``mpirun`` does.  ValueError (words for the user) when the
+    job cannot be placed."""
+    topo = topo or {}
+    names = [a[0][0] if len(apps) == 1 else f"app {i} ({a[0][0]})" for i, a in enumerate(apps)]
+    mapped = PL.map_job(
+        [(n, [PL.Host(h.name, h.slots, h.max_slots, topo.get(h.name)) for h in hosts])
+         for _argv, n, hosts in apps], placement or {}, names)
     app_recs: list[AppRecord] = []
     procs: dict[int, ProcRecord] = {}
     rank = 0
-    for idx, (argv, n, hosts) in enumerate(apps):
-        nodes = map_app(n, hosts)
-        ranks = list(range(rank, rank + n))
+    for idx, ((argv, _n, _hosts), nodes) in enumerate(zip(apps, mapped)):
+        ranks = list(range(rank, rank + len(nodes)))
         for r, node in zip(ranks, nodes):
             procs[r] = ProcRecord(r, idx, node)
         app_recs.append(AppRecord(idx, list(argv), ranks))
-        rank += n
+        rank += len(nodes)
     return JobRecord(nspace, session_id, app_recs, procs)
 
 

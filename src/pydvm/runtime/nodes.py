@@ -70,6 +70,9 @@ class NodeRecord:
     #: [available, version or reason, path] of its PMIx server, as its
     #: ``ready`` said (None until then).
     pmix: list | None = None
+    #: how many sockets, cores, NUMA domains, hardware threads and L3
+    #: caches its daemon may use, as its ``ready`` said (None: not said).
+    topo: dict[str, int] | None = None
 
     @property
     def up(self) -> bool:
@@ -132,6 +135,10 @@ class NodeTable:
     def live_hosts(self, hosts: list[HostSpec]) -> list[HostSpec]:
         """The entries of ``hosts`` whose node is up, in order."""
         return [h for h in hosts if self.records[h.name].up]
+
+    def topologies(self) -> dict[str, dict[str, int]]:
+        """Each node's object counts, for nodes that reported them."""
+        return {n.name: n.topo for n in self.records.values() if n.topo is not None}
 
     def up_names(self) -> list[str]:
         return [n.name for n in self.records.values() if n.up]
@@ -303,6 +310,11 @@ class NodeTable:
         node.pmix = list(pmix) if isinstance(pmix, list) else [False, "not reported", None]
         if msg.get("holders") == []:
             node.holders = set()
+        topo = msg.get("topo")
+        if isinstance(topo, dict) and all(isinstance(k, str) and isinstance(v, int)
+                                          and not isinstance(v, bool) and v >= 1
+                                          for k, v in topo.items()):
+            node.topo = dict(topo)
         if node.state == "joining":
             node.state = "up"
             node.registered.set()

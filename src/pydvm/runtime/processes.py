@@ -57,6 +57,7 @@ from typing import Any
 
 from .. import _trace
 from ..errors import Status
+from ..placement import display_allocation_lines, display_map_lines
 from ..pmix import constants as PC
 from ..store import Caller
 from ..wire import Message, reply
@@ -105,6 +106,33 @@ def job_end_event(job: JobRecord) -> dict[str, Any]:
                 [PC.EXIT_CODE, PC.INT, job.exit_status],
                 [PC.EVENT_NON_DEFAULT, PC.BOOL, True],
                 [PC.EVENT_DO_NOT_CACHE, PC.BOOL, True]]}
+
+
+def _count(v: Any, least: int) -> bool:
+    """``v`` is an int (not a bool) of at least ``least``."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+def display_lines(job: JobRecord, specs: list[tuple[list[str], int | None, list[HostSpec]]]
+                  ) -> list[str]:
+    """What ``--display-allocation`` and ``--display-map`` (placement keys)
+    print for ``job``, in ``mpirun``'s shape (:mod:`pydvm.placement`): the
+    hosts its apps were given, and where each rank goes."""
+    p = job.placement
+    if not (p.get("display_allocation") or p.get("display_map")):
+        return []
+    seen: dict[str, tuple[str, int, int | None]] = {}
+    for _argv, _n, hosts in specs:
+        for h in hosts:
+            seen.setdefault(h.name, (h.name, h.slots, h.max_slots))
+    hosts = list(seen.values())
+    lines: list[str] = []
+    if p.get("display_allocation"):
+        lines += display_allocation_lines(hosts)
+    if p.get("display_map"):
+        lines += display_map_lines(job.nspace, [(r, pr.app_idx, pr.node)
+                                                for r, pr in job.procs.items()], hosts)
+    return lines
 
 
 class ProcessListener:
@@ -295,19 +323,25 @@ class ProcessTable(NodeListener):
             argv, n, hosts = app.get("argv"), app.get("n"), app.get("hosts")
             if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
                 raise ValueError(f"app {i}: missing command")
-            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
                 raise ValueError(f"app {i}: -n must be a positive integer")
             if hosts:
                 hs = []
                 for h in hosts:
-                    if not (isinstance(h, (list, tuple)) and len(h) == 2 and isinstance(h[0], str)
-                            and isinstance(h[1], int) and not isinstance(h[1], bool)):
+                    if not (isinstance(h, (list, tuple)) and len(h) in (2, 3)
+                            and isinstance(h[0], str) and _count(h[1], 0)
+                            and (len(h) == 2 or h[2] is None or _count(h[2], 1))):
                         raise ValueError(f"app {i}: malformed host entry {h!r}")
                     name, slots = h[0], h[1]
                     if name not in session_nodes:
                         where = "this DVM" if sid == DEFAULT_SESSION else f"session {sid}"
                         raise ValueError(f"app {i}: host {name!r} is not in {where}")
-                    hs.append(HostSpec(name, slots if slots > 0 else session_nodes[name].slots))
+                    spec = HostSpec(name, slots if slots > 0 else session_nodes[name].slots,
+                                    h[2] if len(h) == 3 else None)
+                    if spec.max_slots is not None and spec.max_slots < spec.slots:
+                        raise ValueError(f"app {i}: host {name!r} has max_slots "
+                                         f"{spec.max_slots}, less than its {spec.slots} slots")
+                    hs.append(spec)
             else:
                 hs = list(session.hosts)
             live = self._nodes.live_hosts(hs)
@@ -324,8 +358,11 @@ class ProcessTable(NodeListener):
             app_cwds.append(app_cwd or cwd)
             specs.append((argv, n, live))
         nspace = f"{self.dvm_nspace}@{self._next_job}"
+        job = build_job(nspace, sid, specs, placement, self._nodes.topologies())
         self._next_job += 1
-        job = build_job(nspace, sid, specs)
+        for _argv, _n, live in specs:
+            for h in live:
+                job.slots.setdefault(h.name, h.slots)
         job.uid, job.gid = msg.get("_uid"), msg.get("_gid")
         abort = msg.get("abort_on_failure")
         job.abort_on_failure = abort if isinstance(abort, bool) else None
@@ -333,7 +370,8 @@ class ProcessTable(NodeListener):
         job.started = time.time()
         for a in job.apps:
             a.cwd = app_cwds[a.idx]
-        job.placement = placement
+        job.placement = dict(placement)
+        job.display = display_lines(job, specs)
         job.timeout = timeout
         job.stdin = msg.get("stdin") is True
         stdin_rank = msg.get("stdin_rank", 0)
@@ -362,6 +400,8 @@ class ProcessTable(NodeListener):
         session = self.sessions.get(job.session_id)
         hosts = {h.name: h.slots for h in session.hosts} if session is not None else {}
         slots = sum(hosts.values())
+        if job.slots:
+            hosts = job.slots
         if parent is None:
             parent = job.parent
         return {"nodes": nodes, "apps": [len(a.ranks) for a in job.apps],
@@ -385,6 +425,9 @@ class ProcessTable(NodeListener):
         timer = None
         if job.timeout is not None:
             timer = asyncio.get_running_loop().call_later(job.timeout, self._time_up, job)
+        if job.display:  # --display-allocation, --display-map: before anything runs
+            tool.send({"t": "output", "nspace": ns, "rank": -1, "fd": 1,
+                       "data": "".join(f"{ln}\n" for ln in job.display).encode()})
         try:
             await self.launch(job, per_node)
             await over
