@@ -125,7 +125,7 @@ def start_private(tmp_path, name: str, hosts: str, cpuload: str):
 
 
 def test_persistent_dvm_binds_as_mpirun_and_spreads_concurrent_jobs(tmp_path):
-    """On ``pydvm start --hosts a:2,b:2``: ``--host a -n 2`` as ``mpirun -n 2``
+    """On ``pydvm start --hosts a:2,b:2``: ``--host a:2 -n 2`` as ``mpirun -n 2``
     (core 0, core 1); a job's rank bound while another job's rank runs takes
     the other core (two concurrent ``mpirun -n 1`` both take core 0: pydvm
     deliberately does better), and once that job ended core 0 is free again;
@@ -133,7 +133,7 @@ def test_persistent_dvm_binds_as_mpirun_and_spreads_concurrent_jobs(tmp_path):
     dvm = start_private(tmp_path, "d", "a:2,b:2", str(tmp_path / "cpuload"))
     try:
         ref = mpirun(["--report-bindings", "-n", "2", "sh", "-c", CPUS])
-        got = pydvm_run(["--report-bindings", "--host", "a", "-n", "2", "sh", "-c", CPUS],
+        got = pydvm_run(["--report-bindings", "--host", "a:2", "-n", "2", "sh", "-c", CPUS],
                         dvm.env, dvm.uri)
         assert got.returncode == 0, got.stderr
         assert cpus_allowed(got) == cpus_allowed(ref) == ["0", "1"]

@@ -31,7 +31,7 @@ from pydvm import placement as PL
 
 #: Set once ``pydvm run`` accepts --map-by, -N, --rank-by, --hostfile,
 #: --nooversubscribe, --display-map (the lead's command line).
-CLI_READY = False
+CLI_READY = True
 
 MPIRUN = shutil.which("mpirun")
 SLOTS = "a:2,b:2,c:2"

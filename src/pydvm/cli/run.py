@@ -48,13 +48,12 @@ def build_request(opts: dict[str, Any]) -> dict[str, Any]:
             app["cwd"] = a["cwd"]
         apps.append(app)
     placement = dict(opts["placement"])
-    if opts["hostfile"] is not None:
-        placement["hostfile"] = True  # n defaults to the hostfile's slots, as under mpirun
-    if not placement and all(a["n"] is not None or (a["hosts"] is None and opts["hostfile"]
-                                                    is None) for a in opts["apps"]):
-        for app in apps:
-            if app["n"] is None:
-                app["n"] = 1
+    derived = "npernode" in placement or "ppr" in placement
+    for a, app in zip(opts["apps"], apps):
+        # Without -n a job runs one process -- unless -N, --ppr or a hostfile
+        # (for an app without --host) says how many, as mpirun derives it.
+        if app["n"] is None and not (derived or (a["hosts"] is None and opts["hostfile"])):
+            app["n"] = 1
     req = run_request(apps, opts["session"], opts["abort_on_failure"], opts["pmix"],
                       stdin=False, env=env)
     if placement:

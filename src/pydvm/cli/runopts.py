@@ -24,7 +24,7 @@ from ..protocol import parse_host_list
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from typing import Any
 
 #: Where an option belongs.
 JOB, APP = "job", "app"
