@@ -39,7 +39,6 @@ a node a rank is bound to is the node's business: it knows its topology).
 
 from __future__ import annotations
 
-import os
 
 #: Hardware objects ranks can be mapped by, ranked by, or counted per (ppr).
 OBJECTS = ("core", "socket", "numa", "hwthread", "l3cache")
@@ -252,59 +251,14 @@ def read_hostfile(path: str) -> list[list]:
 
 
 # ----------------------------------------------------------------------
-# a node's topology (what ppr:N:OBJECT and SPAN count)
-# ----------------------------------------------------------------------
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def read_topology(cpus: set[int] | None = None,
-                  root: str = "/sys/devices/system") -> dict[str, int]:
-    """How many of each object (:data:`OBJECTS`) hold at least one of the
-    cpus this process may use (``cpus``; default: its affinity), from
-    sysfs.  An object sysfs does not describe counts as one (a machine has
-    one socket, one NUMA domain, one L3 at least)."""
-    if cpus is None:
-        cpus = set(os.sched_getaffinity(0))
-    cores, sockets, l3s = set(), set(), set()
-    for c in sorted(cpus):
-        base = f"{root}/cpu/cpu{c}"
-        pkg = _read(f"{base}/topology/physical_package_id") or "0"
-        sockets.add(pkg)
-        cores.add((pkg, _read(f"{base}/topology/core_id") or str(c)))
-        for idx in range(8):
-            level = _read(f"{base}/cache/index{idx}/level")
-            if not level:
-                break
-            if level == "3":
-                l3s.add(_read(f"{base}/cache/index{idx}/shared_cpu_list"))
-    numa = 0
-    try:
-        for d in os.listdir(f"{root}/node"):
-            if d.startswith("node") and d[4:].isdigit():
-                mine = _read(f"{root}/node/{d}/cpulist")
-                if mine and cpus & set(parse_cpu_list(mine)):
-                    numa += 1
-    except (OSError, ValueError):
-        numa = 0
-    return {"hwthread": max(1, len(cpus)), "core": max(1, len(cores)),
-            "socket": max(1, len(sockets)), "numa": max(1, numa), "l3cache": max(1, len(l3s))}
-
-
-# ----------------------------------------------------------------------
 # mapping
 # ----------------------------------------------------------------------
 
 
 class Host:
     """One host an app may run on: its ``slots``, ``max_slots`` (None: no
-    limit) and ``topo`` (object counts, :func:`read_topology`; None: not
+    limit) and ``topo`` (object counts, as nodes report them from
+    :meth:`pydvm.runtime.topology.Topology.counts`; None: not
     known)."""
 
     __slots__ = ("name", "slots", "max_slots", "topo")

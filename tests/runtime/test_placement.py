@@ -7,7 +7,7 @@ orders), and **parity with mpirun's own mapper**: ``mpirun --do-not-launch
 prints the map without starting anything, so the same options are given to
 both and the host of every rank compared -- by Hypothesis over random host
 lists, counts and policies.  (``--do-not-launch`` assumes every host has
-this machine's topology; the pydvm side is given it with :func:`read_topology`.)
+this machine's topology; the pydvm side is given it with ``topology.read().counts()``.)
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pydvm import placement as PL
 from pydvm.placement import Host, map_job
+from pydvm.runtime import topology
 
 MPIRUN = shutil.which("mpirun")
 
@@ -139,11 +140,11 @@ def test_read_hostfile_missing_file(tmp_path):
 
 
 def test_read_topology_of_this_machine():
-    t = PL.read_topology()
+    t = topology.read().counts()
     n = len(os.sched_getaffinity(0))
     assert t["hwthread"] == n and 1 <= t["core"] <= n and 1 <= t["socket"] <= t["core"]
     assert set(t) == set(PL.OBJECTS)
-    assert PL.read_topology({0})["hwthread"] == 1
+    assert topology.read(allowed={0}).counts()["hwthread"] == 1
 
 
 # ----------------------------------------------------------------------
@@ -390,7 +391,7 @@ def gist(text: str) -> str:
 def test_same_hosts_as_mpirun(slots, apps, placement):
     """Random hosts, counts, policies and MPMD apps: each rank on the host
     mpirun would put it on, or both refuse for the same reason."""
-    topo = PL.read_topology()  # what --do-not-launch assumes of every host
+    topo = topology.read().counts()  # what --do-not-launch assumes of every host
     hs = [Host(chr(97 + i), s, None, topo) for i, s in enumerate(slots)]
     per_node = placement.get("npernode") or placement.get("ppr", [0, ""])[1] == "node"
     # no -n: N per node x nodes, as mpirun; ppr:N:core without -n is left
@@ -436,7 +437,7 @@ def test_ppr_over_objects_without_n_differs_from_mpirun_4_1_on_purpose():
     refuses when that is more than one per core (3 slots, 2 cores here);
     pydvm runs one per core, what the option says (as ``ppr:N:node`` does
     in both)."""
-    topo = PL.read_topology()
+    topo = topology.read().counts()
     want, text = mpirun_map(["--host", "a:9", "--map-by", "ppr:1:core", "true"])
     assert want is None and "more processes than the ppr" in text
     got = map_job([(None, [Host("a", 9, None, topo)])], {"map_by": "ppr", "ppr": [1, "core"]})

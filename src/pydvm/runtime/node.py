@@ -80,7 +80,6 @@ from .. import params as P
 from ..enums import Persistence
 from .. import _trace
 from ..errors import Status
-from ..placement import read_topology
 from ..store import DataStore, MonotonicClock, StoreParams
 from ..wire import Channel, Message, peer_credentials, refuse, reply
 from . import dataops, jobproc, ompienv
@@ -226,7 +225,7 @@ class NodeServer:
         self.uplink.on_message = self.on_master
         ready = {"t": "ready", "pmix": list(self.pmix.status),
                  # what ppr:N:socket and --map-by core:SPAN count (placement.py)
-                 "topo": read_topology()}
+                 "topo": self.binding.topology.counts()}
         if self.voucher is not None:
             ready["holders"] = []  # from now on announced (see _holder_changed)
         self.uplink.send(ready)

@@ -72,6 +72,16 @@ class Topology:
                 return o
         return None
 
+    def counts(self) -> dict[str, int]:
+        """How many objects of each kind the mapper counts
+        (:data:`pydvm.placement.OBJECTS`: ``socket`` is the package level);
+        a kind the machine does not describe counts as one."""
+        return {"hwthread": max(1, len(self.objects("hwthread"))),
+                "core": max(1, len(self.objects("core"))),
+                "socket": max(1, len(self.objects("package"))),
+                "numa": max(1, len(self.objects("numa"))),
+                "l3cache": max(1, len(self.objects("l3cache")))}
+
     def summary(self) -> str:
         """``"1 package, 2 cores, 2 hwthreads, 1 numa, 1 l3cache"``-style."""
         parts = [f"{len(self.objects(lv))} {lv}" for lv in ("package", "core", "hwthread",
