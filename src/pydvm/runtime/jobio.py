@@ -44,6 +44,7 @@ from typing import Callable
 # written into rank 0's pipe; STDIN_CHUNK: the largest piece it sends at once.
 # Defined in the protocol module: the tool reads them without the runtime.
 from ..protocol import STDIN_CHUNK, STDIN_WINDOW  # noqa: F401 (re-exported)
+from . import jobproc
 
 log = logging.getLogger("pydvm.node")
 
@@ -315,3 +316,44 @@ class StdinFeed:
         self._chunks.clear()
         if not was_closed:
             self._ack(dropped, True)
+
+
+def start_with_streams(argv: list[str], *, env: dict[str, str], cwd: str | None,
+                       stdin: bool, switch: tuple[int, int, list[int]] | None):
+    """Start a job process (:func:`pydvm.runtime.jobproc.start`) with its
+    streams: stdout a pseudo-terminal (line by line, as under mpirun),
+    stderr a pipe, stdin a pipe if ``stdin`` (the rank its ``pydvm run``
+    feeds) else /dev/null.  Returns the process and the ends kept here:
+    ``[stdout's read end, stderr's read end]`` plus stdin's write end; the
+    process's own ends are closed here once it has them.  On OSError
+    nothing stays open."""
+    ours: list[int] = []  # the read ends (and stdin's write end) we keep
+    theirs: list[int] = []  # the ends the process gets
+    try:
+        out_r, out_w = output_pty()
+        ours.append(out_r)
+        theirs.append(out_w)
+        err_r, err_w = os.pipe()
+        ours.append(err_r)
+        theirs.append(err_w)
+        os.set_blocking(err_r, False)
+        child_stdin = jobproc.DEVNULL
+        if stdin:
+            in_r, in_w = os.pipe()
+            ours.append(in_w)
+            theirs.append(in_r)
+            os.set_blocking(in_w, False)
+            child_stdin = in_r
+        if switch is not None:
+            # Its own user may reopen them (/dev/stdout, /dev/stderr, /dev/stdin).
+            for fd in theirs:
+                os.fchown(fd, switch[0], -1)
+        proc = jobproc.start(argv, env=env, cwd=cwd, stdin=child_stdin, stdout=out_w,
+                             stderr=err_w, switch=switch)
+    except OSError:
+        for fd in ours + theirs:
+            os.close(fd)
+        raise
+    for fd in theirs:
+        os.close(fd)
+    return proc, ours

@@ -87,7 +87,8 @@ from .cpubind import NodeBinding
 from .credential import ENV as credential_env
 from .credential import Voucher
 from .guard import Guardian, group_alive
-from .jobio import PumpState, StdinFeed, drain_output, output_pty, pump_output
+from . import jobio
+from .jobio import PumpState, StdinFeed, drain_output, pump_output
 from .metrics import RequestStats, store_sample
 from .peers import ClientSession, process_caller, route_answer
 from .pmixhost import FOREIGN_LAUNCH_PREFIXES, OMPI_JOB_DIRS, PmixHost
@@ -551,35 +552,12 @@ class NodeServer:
             env.update(ompi_env)
             env.update(bind.environment(p["rank"]))  # after drop_stale: pydvm's binding
             cwd = jobproc.workdir(p.get("cwd"))
-            # stdout: a pseudo-terminal (line by line, as under mpirun); stderr:
-            # a pipe; stdin: /dev/null, or for rank 0 the pipe its pydvm run feeds.
-            ours: list[int] = []  # the read ends (and stdin's write end) we keep
-            theirs: list[int] = []  # the ends the process gets, closed here once it has them
             try:
-                out_r, out_w = output_pty()
-                ours.append(out_r)
-                theirs.append(out_w)
-                err_r, err_w = os.pipe()
-                ours.append(err_r)
-                theirs.append(err_w)
-                os.set_blocking(err_r, False)
-                stdin = jobproc.DEVNULL
-                if p.get("stdin") is True:
-                    in_r, in_w = os.pipe()
-                    ours.append(in_w)
-                    theirs.append(in_r)
-                    os.set_blocking(in_w, False)
-                    stdin = in_r
-                if switch is not None:
-                    # Its own user may reopen them (/dev/stdout, /dev/stderr, /dev/stdin).
-                    for fd in theirs:
-                        os.fchown(fd, switch[0], -1)
                 with self.binding.applied(bind.cpus.get(p["rank"])):
-                    lp.process = jobproc.start(p["argv"], env=env, cwd=cwd, stdin=stdin,
-                                               stdout=out_w, stderr=err_w, switch=switch)
+                    lp.process, ours = jobio.start_with_streams(
+                        p["argv"], env=env, cwd=cwd, stdin=p.get("stdin") is True,
+                        switch=switch)
             except OSError as exc:
-                for fd in ours + theirs:
-                    os.close(fd)
                 # Already started ranks of this job are killed by the master.
                 job.procs.pop(p["rank"], None)
                 self.uplink.send(reply(rid, Status.ERR_NOT_FOUND,
@@ -588,8 +566,6 @@ class NodeServer:
                 for q in procs[started:]:
                     job.procs.pop(q["rank"], None)
                 return
-            for fd in theirs:
-                os.close(fd)
             self.guardian.track(lp.process.pid)
             started += 1
             if len(ours) == 3:
