@@ -403,8 +403,10 @@ class Fuzzed:
         return p
 
 
-HOLD = ('echo READY "$PYDVM_SERVER" "$PYDVM_NSPACE" "$PYDVM_RANK" "$PYDVM_NODE"; i=0; '
-        'while [ ! -e "$1" ] && [ $i -lt 4000 ]; do sleep 0.05; i=$((i+1)); done')
+HOLD = ('echo READY "$PYDVM_SERVER" "$PYDVM_NSPACE" "$PYDVM_RANK" "$PYDVM_NODE"; '
+        # no bound of its own: under load a count of sleeps ran out before the tests
+        # did; the fixture's go file or the DVM's stop ends it
+        'while [ ! -e "$1" ]; do sleep 0.05; done')
 
 
 @pytest.fixture(scope="module")

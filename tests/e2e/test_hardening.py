@@ -35,8 +35,10 @@ LINE_TIMEOUT = 30
 CHUNK = 1 << 20
 
 JOB = ('pydvm publish "hard$PYDVM_RANK=v" >/dev/null && '
-       'echo "UP $PYDVM_RANK $$ $PYDVM_NODE $PYDVM_SERVER"; i=0; '
-       'while [ ! -e "$1" ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done')
+       'echo "UP $PYDVM_RANK $$ $PYDVM_NODE $PYDVM_SERVER"; '
+       # no bound of its own (a count of sleeps ran out under load); the go file
+       # or the DVM's stop ends it
+       'while [ ! -e "$1" ]; do sleep 0.05; done')
 
 
 @dataclass
