@@ -41,7 +41,8 @@ ROWS = [
     "run request reaches the master",
     "master: plan, send the launch",
     "launch reaches the (first) node",
-    "node: PMIx registration (namespace, ranks)",
+    "node: bindings, PMIx registration of the ranks",
+    "  of which planning the bindings (first node)",
     "node: start the processes (last node done)",
     "exec to the last PMIx_Init",
     "last PMIx_Init to last PMIx_Finalize (MPI)",
@@ -81,22 +82,23 @@ def phases(pts: dict[str, list[float]], t0: float, t1: float, nodes: int) -> dic
         ROWS[3]: (first("master.run"), first("master.launch")),
         ROWS[4]: (first("master.launch"), first("node.launch")),
         ROWS[5]: (first("node.launch"), last("node.registered")),
-        ROWS[6]: (last("node.registered"), last("node.started")),
-        ROWS[7]: (last("node.started"), last("pmix.client_connected")),
-        ROWS[8]: (last("pmix.client_connected"), last("pmix.client_finalized")),
-        ROWS[11]: (last("pmix.client_finalized"), last("node.exit")),
-        ROWS[12]: (last("node.exit"), first("master.over")),
-        ROWS[13]: (first("master.purge"), first("master.purged")),
-        ROWS[14]: (last("node.deregister"), last("node.deregistered")),
-        ROWS[15]: (first("master.report"), first("tool.result")),
-        ROWS[16]: (first("tool.result"), t1),
-        ROWS[17]: (t0, t1),
+        ROWS[6]: (first("node.launch"), first("node.bound")),
+        ROWS[7]: (last("node.registered"), last("node.started")),
+        ROWS[8]: (last("node.started"), last("pmix.client_connected")),
+        ROWS[9]: (last("pmix.client_connected"), last("pmix.client_finalized")),
+        ROWS[12]: (last("pmix.client_finalized"), last("node.exit")),
+        ROWS[13]: (last("node.exit"), first("master.over")),
+        ROWS[14]: (first("master.purge"), first("master.purged")),
+        ROWS[15]: (last("node.deregister"), last("node.deregistered")),
+        ROWS[16]: (first("master.report"), first("tool.result")),
+        ROWS[17]: (first("tool.result"), t1),
+        ROWS[18]: (t0, t1),
     }
     fin, done = pts.get("pmix.fence", []), pts.get("pmix.fence_done", [])
     if len(fin) >= nodes and len(done) >= nodes:  # a fence upcall per node and round
-        spans[ROWS[9]] = (fin[0], done[nodes - 1])
+        spans[ROWS[10]] = (fin[0], done[nodes - 1])
         if len(fin) >= 2 * nodes and len(done) >= 2 * nodes:
-            spans[ROWS[10]] = (fin[-nodes], done[-1])
+            spans[ROWS[11]] = (fin[-nodes], done[-1])
     return {k: (b - a) * 1000 for k, (a, b) in spans.items() if a is not None and b is not None}
 
 

@@ -496,6 +496,8 @@ class NodeServer:
                                        exit=code))
                 return
         bind = self.binding.plan(msg, procs)
+        if _trace.PATH:
+            _trace.mark("node.bound", ns)
         if bind.refusal:
             self.uplink.send(reply(rid, Status.ERR_OUT_OF_RESOURCE, bind.refusal, exit=1))
             return
