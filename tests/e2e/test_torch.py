@@ -284,3 +284,13 @@ def test_a_queue_shared_by_ranks_on_two_nodes_gives_each_item_once_as_tcpstore_d
         left = sorted(ln for ln in p.stdout.splitlines() if ln.startswith(f"LEFT {kind} "))
         assert left == [f"LEFT {kind} {r} 0" for r in range(4)], p.stdout
     assert_no_torch_keys(tdvm)
+
+
+def test_a_jobs_queues_go_with_it_when_a_rank_dies_while_another_waits_in_a_pop(tdvm):
+    """Items left on one queue, a pop waiting on another, then a rank killed:
+    the job ends, and none of its queues' keys stays in the DVM."""
+    p = tdvm.run("--abort-on-failure", "--host", "a:1,b:1", "-n", "2", *PARITY_JOB, "crash",
+                 timeout=120)
+    assert p.returncode != 0 and "signal SIGKILL" in p.stderr, p.stdout + p.stderr
+    assert "KILLING 5" in p.stdout, p.stdout + p.stderr
+    assert_no_torch_keys(tdvm)

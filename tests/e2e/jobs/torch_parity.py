@@ -365,5 +365,21 @@ def ranks():
         shared.queue_push("bye", str(RANK))
 
 
+def crash():
+    """Rank 0 leaves items on a queue; rank 1 waits in a pop on an empty
+    one; once rank 1 has taken its turn, rank 0 dies by SIGKILL, which ends
+    the job (run with --abort-on-failure) with rank 1 still waiting."""
+    s = PydvmStore("crash", timeout=0)
+    if RANK == 0:
+        for i in range(5):
+            s.queue_push("left", f"item{i}")
+        # rank 1's turn: the queue's count of pops begun exists
+        s._c.lookup(s._qkey("empty", "h"), range=pydvm.Range.NAMESPACE, wait=True)
+        print("KILLING", s.queue_len("left"), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    else:
+        s.queue_pop("empty")  # never answered
+
+
 if __name__ == "__main__":
-    {"one": one_process, "ranks": ranks}[sys.argv[1]]()
+    {"one": one_process, "ranks": ranks, "crash": crash}[sys.argv[1]]()
