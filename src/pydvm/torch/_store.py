@@ -6,6 +6,7 @@ import atexit
 import os
 import sys
 import threading
+import time
 from datetime import timedelta
 from typing import Any, Iterable
 
@@ -107,10 +108,12 @@ class PydvmStore(dist.Store):
       than ``prte_data_server_timeout``.
 
     ``timeout`` (a ``timedelta`` or seconds; default torch's 300 s) bounds
-    ``get``, ``wait`` and ``multi_get``; ``set_timeout`` changes it (zero:
-    no limit).  A lookup that times out raises ``DistStoreError`` naming
-    the keys and the timeout; a lost DVM ``DistNetworkError``; any other
-    refusal ``DistStoreError`` with pydvm's reason.
+    ``get``, ``wait``, ``multi_get`` and ``queue_pop``; ``set_timeout``
+    changes it (zero: no limit).  A wait that times out raises
+    ``DistStoreError`` in TCPStore's words (``wait timeout after 100ms,
+    keys: /KEY``), pydvm's detail after them in parentheses; a lost DVM
+    ``DistNetworkError``; any other refusal ``DistStoreError`` with
+    pydvm's reason.
 
     Semantics are torch's: ``set`` overwrites; ``get`` waits for the key;
     ``add`` makes or increments a counter kept as decimal text
@@ -120,7 +123,11 @@ class PydvmStore(dist.Store):
     ``expected``; otherwise the current value, or ``desired`` once
     stored); ``deleteKey`` says whether it removed something;
     ``getNumKeys`` counts this store's keys; ``append``, ``multi_get`` and
-    ``multi_set`` are real operations.  Empty keys are allowed: every key
+    ``multi_set`` are real operations.  Queues (``queue_push``,
+    ``queue_pop``, ``queue_len``) are TCPStore's: first in, first out, each
+    item to one caller, kept beside the keys (a key and a queue may share a
+    name; ``check`` and ``wait`` count a queue holding an item as a set
+    key) with the keys' lifetime.  Empty keys are allowed: every key
     is stored under the store's :attr:`prefix` (``torch/NSPACE/NAME#``,
     ``torch/session-ID/NAME#`` or ``torch/dvm/NAME#``).
 
@@ -206,28 +213,26 @@ class PydvmStore(dist.Store):
         return exp if value is None else _bytes(value)
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        """Wait until every key of ``keys`` is set, up to ``timeout`` (the
-        store's when not given; zero: no limit)."""
+        """Wait until every key of ``keys`` is set -- or, as TCPStore counts
+        it, holds an item in its queue -- up to ``timeout`` (the store's
+        when not given; zero: no limit)."""
         if not keys:
             return
         limit = _seconds(self.timeout if timeout is None else timeout)
         try:
-            self._c.lookup([self.prefix + k for k in keys], range=self._range, wait=True,
-                           timeout=limit)
+            self._wait(keys, limit)
         except PMIxError as exc:
             self._fail(exc, "wait", keys, limit)
 
     def check(self, keys: list[str]) -> bool:
-        """Whether every key of ``keys`` is set now (does not wait)."""
+        """Whether every key of ``keys`` is set, or holds an item in its
+        queue, now (does not wait)."""
         if not keys:
             return True
         try:
-            r = self._c.lookup([self.prefix + k for k in keys], range=self._range)
-        except NotFoundError:
-            return False
+            return not self._absent(keys)[0]
         except PMIxError as exc:
             self._fail(exc, "check", keys)
-        return not r.partial
 
     def deleteKey(self, key: str) -> bool:  # noqa: N802 - the name C++ calls
         """Remove ``key``; True if it was there."""
@@ -301,6 +306,180 @@ class PydvmStore(dist.Store):
         other.prefix = self.prefix
         return other
 
+    # -- queues -----------------------------------------------------------------
+    #
+    # A queue QUEUE is two counters and one key per item, made and changed
+    # only by the store's atomic operations, with the store's range and
+    # persistence (a job's queues go with the job):
+    #
+    #   QUEUE#t  slots taken by pushes (add)     QUEUE#N  the item of slot N
+    #   QUEUE#h  pops begun (add)
+    #
+    # A push takes slot N = t++ and stores its item there by compare-and-set
+    # from absent.  A pop takes ticket N = h++ and waits (a parked lookup, no
+    # polling) for slot N, then removes it: the n-th pop gets the n-th push,
+    # whichever comes first.  A pop that stops waiting (timeout, no block,
+    # interrupt) puts a str mark in its slot by compare-and-set from absent;
+    # if that fails, the push came first and the pop takes the item after
+    # all.  A push that finds a mark removes it and takes the next slot.  So
+    # every slot is consumed exactly once, the number of items queued is
+    # max(0, t - h), and a pop that gave up breaks nothing.  A process killed
+    # while it waits in a pop (SIGKILL: no mark) leaves its ticket behind,
+    # and the item pushed to that slot is not seen by other pops.
+
+    def queue_push(self, key: str, value: str | bytes) -> None:
+        """Append ``value`` to the queue ``key`` (made if absent).
+
+        A queue is not a key: ``get``, ``num_keys``, ``list_keys`` and
+        ``delete_key`` do not see it, and a key and a queue of one name
+        live side by side; ``check`` and ``wait`` count a queue holding
+        an item as a set key (TCPStore's rules).  Waits for the store's
+        answer.  (Called from Python only: torch does not pass the queue
+        calls on to a store written in Python, so a ``PrefixStore`` over
+        this one raises ``NotImplementedError`` for them.)"""
+        data = _bytes(value)
+        tail, base = self._qkey(key, "t"), self._qprefix + key + "#"
+        try:
+            while True:
+                n = int(self._c.add(tail, b"1", range=self._range,
+                                    persistence=self._persist)) - 1
+                _, stored = self._c.compare_and_set(base + str(n), None, data,
+                                                    range=self._range,
+                                                    persistence=self._persist)
+                if stored:
+                    return
+                # slot n was given up by a pop that stopped waiting for it:
+                # free it and take the next one
+                self._c.unpublish([base + str(n)])
+        except PMIxError as exc:
+            self._fail(exc, "queue_push", [key])
+
+    def queue_pop(self, key: str, block: bool = True,
+                  timeout: timedelta | float | None = None) -> bytes:
+        """Remove and return the oldest item of the queue ``key``.
+
+        ``block=True`` waits for one up to ``timeout`` (a ``timedelta`` or
+        seconds; the store's timeout when not given; zero: no limit) and
+        raises ``DistStoreError`` worded as TCPStore's (``wait timeout
+        after 100ms, keys: /KEY``) when none came; ``block=False`` raises
+        ``QueueEmptyError`` (``queue is empty``) at once when the queue
+        holds nothing.  Each item goes to exactly one caller, in the order
+        the pushes were served; callers waiting on one queue are served in
+        the order they started waiting."""
+        limit = _seconds(self.timeout if timeout is None else
+                         timeout if isinstance(timeout, timedelta)
+                         else timedelta(seconds=float(timeout)))
+        head, base = self._qkey(key, "h"), self._qprefix + key + "#"
+        try:
+            # our ticket: the n-th pop takes the n-th push, whenever it comes
+            slot = base + str(int(self._c.add(head, b"1", range=self._range,
+                                              persistence=self._persist)) - 1)
+            if not block:
+                value = self._give_up(slot)
+                if value is None:
+                    raise dist.QueueEmptyError(
+                        f"queue is empty (pydvm store {self.prefix!r}: queue_pop {key!r} "
+                        "without blocking)")
+            else:
+                try:
+                    value = self._c.lookup(slot, range=self._range, wait=True,
+                                           timeout=limit)[slot]
+                except BaseException:  # a timeout, an interrupt, a lost DVM
+                    value = self._give_up(slot)
+                    if value is None:
+                        raise
+            self._c.unpublish([slot])
+        except PMIxError as exc:
+            self._fail(exc, "queue_pop", [key], limit)
+        return _bytes(value)
+
+    def queue_len(self, key: str) -> int:
+        """How many items the queue ``key`` holds (0 for a queue never used)."""
+        try:
+            return self._queued([key])[key][1]
+        except PMIxError as exc:
+            self._fail(exc, "queue_len", [key])
+
+    @property
+    def _qprefix(self) -> str:
+        """What every queue key of this store is stored under: the
+        prefix's ``#`` replaced by ``%q#`` (no escaped name holds ``%q``),
+        so that no queue is counted or listed among the keys."""
+        return self.prefix[:-1] + "%q#"
+
+    def _qkey(self, key: str, part: str) -> str:
+        """A queue's counter: ``h`` (pops begun) or ``t`` (slots taken by
+        pushes).  Its items are ``QUEUE#N``: the part after the last ``#``
+        tells them apart from another queue's, whatever the names hold."""
+        return f"{self._qprefix}{key}#{part}"
+
+    def _queued(self, keys: Iterable[str], found: Any = None) -> dict[str, tuple[int, int]]:
+        """key -> (pops begun, items queued now) of each queue: from
+        ``found`` (a lookup's result that asked for the counters), else
+        looked up (one request)."""
+        keys = list(dict.fromkeys(keys))
+        if found is None:
+            try:
+                found = self._c.lookup([self._qkey(k, p) for k in keys for p in "ht"],
+                                       range=self._range)
+            except NotFoundError:
+                found = {}
+        out = {}
+        for k in keys:
+            h, t = int(found.get(self._qkey(k, "h"), 0)), int(found.get(self._qkey(k, "t"), 0))
+            out[k] = (h, max(0, t - h))
+        return out
+
+    def _give_up(self, slot: str) -> bytes | None:
+        """Leave a mark in the slot of a pop that stops waiting, so that the
+        push which gets the slot takes the next one (None); or, if the push
+        came first, its value (the pop takes it after all).  A mark is a
+        str, which no pushed value (bytes) is."""
+        try:
+            value, stored = self._c.compare_and_set(slot, None, "given up",
+                                                    range=self._range,
+                                                    persistence=self._persist)
+        except PMIxError:
+            return None  # the caller raises what stopped it
+        return None if stored else value
+
+    def _absent(self, keys: list[str]) -> tuple[list[str], dict[str, int]]:
+        """The keys of ``keys`` neither set nor holding a queued item now,
+        with each one's count of pops begun (one lookup: the keys and
+        their queues' counters)."""
+        keys = list(dict.fromkeys(keys))
+        full = [self.prefix + k for k in keys]
+        try:
+            r = self._c.lookup(full + [self._qkey(k, p) for k in keys for p in "ht"],
+                               range=self._range)
+        except NotFoundError:
+            r = {}
+        unset = [k for k, f in zip(keys, full) if f not in r]
+        if not unset:
+            return [], {}
+        queued = self._queued(unset, r)
+        absent = [k for k in unset if queued[k][1] == 0]
+        return absent, {k: queued[k][0] for k in absent}
+
+    def _wait(self, keys: list[str], limit: float | None) -> None:
+        """Wait for ``keys`` as :meth:`wait` (raises ``LookupTimeoutError``)."""
+        deadline = None if limit is None else time.monotonic() + limit
+        absent, heads = self._absent(keys)
+        while absent:
+            k = absent[0]
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise LookupTimeoutError("timed out")
+            # the key set, or the push that fills the next slot no pop holds
+            # (the queue then holds an item)
+            r = self._c.lookup([self.prefix + k, f"{self._qprefix}{k}#{heads[k]}"],
+                               range=self._range, wait=1, timeout=left or None)
+            if self.prefix + k in r:  # k is set: no need to look at it again
+                absent = absent[1:]
+                if not absent:
+                    return
+            absent, heads = self._absent(absent)
+
     # -- beyond torch's interface ---------------------------------------------
 
     def flush(self) -> None:
@@ -344,12 +523,16 @@ class PydvmStore(dist.Store):
     def _fail(self, exc: PMIxError, op: str, keys: Iterable[str] = (),
               timeout: float | None = None) -> None:
         """Raise ``exc`` as torch's callers expect it."""
+        keys = list(keys)
         names = ", ".join(repr(k) for k in keys)
         if isinstance(exc, LookupTimeoutError):
-            ms = int((timeout or 0) * 1000)
+            # TCPStore's words first (torch's tests and users match on
+            # them: it names its keys with its own "/" in front), then ours
+            ms = round((timeout or 0) * 1000)
             raise dist.DistStoreError(
-                f"pydvm store {self.prefix!r}: {op} timed out after {ms} ms "
-                f"(timeout {timeout} s) waiting for key(s) {names}") from exc
+                f"wait timeout after {ms}ms, keys: {', '.join('/' + k for k in keys)} "
+                f"(pydvm store {self.prefix!r}: {op} timed out after {ms} ms "
+                f"(timeout {timeout} s) waiting for key(s) {names})") from exc
         if isinstance(exc, UnreachableError):
             raise dist.DistNetworkError(
                 f"pydvm store {self.prefix!r}: {op} {names}: {exc}") from exc
