@@ -26,9 +26,23 @@ from dvmkit import PYDVM
 TIMEOUT = 120
 
 
+#: A CPU-load registry of these tests' own: pydvm binds a new rank to the
+#: least-used cores of the machine (runtime/cpubind.py), so ranks of other
+#: tests running at the same time would move ours off the cores mpirun takes.
+CPULOAD = ""
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _private_cpu_load(tmp_path_factory):
+    global CPULOAD
+    CPULOAD = str(tmp_path_factory.mktemp("cpuload"))
+    yield
+
+
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PYDVM_", "PMIX_", "OMPI_", "SLURM_", "MPIEXEC_"))}
+    env["PYDVM_CPULOAD_DIR"] = CPULOAD
     env.update(extra)
     return env
 
@@ -259,3 +273,55 @@ def test_an_mpirun_option_pydvm_lacks_is_refused_with_what_to_use(tmp_path, opt,
 def test_a_job_option_in_a_later_context_is_refused_naming_it(tmp_path):
     p = pydvm("-n", "1", "true", ":", "--timeout", "5", "-n", "1", "true", cwd=tmp_path)
     assert p.returncode == 2 and "--timeout applies to the whole job" in p.stderr, p.stderr
+
+
+#: Placement and binding options, one host: which ranks run and on which CPUs.
+#: (Several hosts: tests/multinode/test_placement_hosts.py; binding's every
+#: policy: test_binding_e2e.py.)
+PLACED = [
+    ["--bynode", "-n", "2"], ["--byslot", "-n", "2"], ["--bycore", "-n", "2"],
+    ["--pernode"], ["-N", "2"], ["--npernode", "1"], ["--npersocket", "2"],
+    ["--ppr", "1:core"], ["--map-by", "ppr:2:node"],
+    ["--map-by", "core", "-n", "2"], ["--map-by", "socket", "-n", "2"],
+    ["--rank-by", "core", "-n", "2"], ["--cpus-per-proc", "2", "-n", "1"],
+    ["--use-hwthread-cpus", "-n", "2"], ["--bind-to-core", "-n", "2"],
+    ["--bind-to-socket", "-n", "2"], ["--bind-to", "none", "-n", "2"],
+    ["--cpu-list", "1", "-n", "1"], ["--oversubscribe", "-n", "3"],
+]
+SHOW = 'echo "R$OMPI_COMM_WORLD_RANK $(grep Cpus_allowed_list /proc/self/status | cut -f2)"'
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) != 2, reason="the cases are written for 2 CPUs")
+@pytest.mark.parametrize("args", PLACED, ids=[" ".join(a) for a in PLACED])
+def test_placement_options_on_one_host_as_mpirun(tmp_path, args):
+    """Each placement option -- mpirun's older spellings too, which pydvm takes
+    without mpirun's deprecation notice -- runs as many ranks, on the same
+    CPUs, as under mpirun."""
+    ref, ours = both(*args, "sh", "-c", SHOW, cwd=tmp_path)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    assert ours.returncode == 0, ours.stderr
+    assert sorted(ours.stdout.splitlines()) == sorted(ref.stdout.splitlines()), (
+        ref.stdout, ours.stdout)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) != 2, reason="the case is written for 2 CPUs")
+def test_ppr_over_cores_without_n_differs_on_purpose(tmp_path):
+    """``--map-by ppr:2:core`` without -n: pydvm runs what it says, 2 per core
+    (4 here, oversubscribing the 2 slots: none bound); mpirun 4.1.4 runs one
+    per slot, bound (docs/placement.md)."""
+    ref, ours = both("--map-by", "ppr:2:core", "sh", "-c", SHOW, cwd=tmp_path)
+    assert ref.returncode == ours.returncode == 0, (ref, ours)
+    assert sorted(ref.stdout.splitlines()) == ["R0 0", "R1 1"]
+    assert sorted(ours.stdout.splitlines()) == ["R0 0-1", "R1 0-1", "R2 0-1", "R3 0-1"]
+
+
+def test_display_allocation_and_map_come_before_the_output(tmp_path):
+    """Both tables on stdout, before any rank's output, as mpirun prints them
+    (pydvm's name the job by its namespace: see docs/placement.md)."""
+    ref, ours = both("--display-allocation", "--display-map", "-n", "1", "echo", "OUT",
+                     cwd=tmp_path)
+    assert ref.returncode == ours.returncode == 0, (ref, ours)
+    for p in (ref, ours):
+        out = p.stdout
+        assert "ALLOCATED NODES" in out and "JOB MAP" in out, out
+        assert out.index("ALLOCATED NODES") < out.index("JOB MAP") < out.index("OUT"), out
