@@ -81,16 +81,11 @@ def mpirun(net, tmp: Path, args: list[str]) -> subprocess.CompletedProcess:
 RUNNER = """
 import json, sys
 from pydvm.cli.toolcommon import resolve_uri, run_request
-from pydvm.cli.submit import _Run, _Signals
+from pydvm.cli.submit import run_job
 spec = json.loads(sys.argv[1])
 req = run_request(spec["apps"], None, None, False, stdin=False)
 req["placement"] = spec["placement"]
-signals = _Signals()
-try:
-    code = _Run(resolve_uri(None), signals, False, False).run(req)
-finally:
-    signals.close()
-sys.exit(code)
+sys.exit(run_job(resolve_uri(None), request=req, forward_stdin=False))
 """
 
 
