@@ -167,7 +167,7 @@ async def _one_shot(opts: dict, resolved) -> int:
     """Run one job on a private DVM on this machine, then take it down."""
     from .dvms import one_shot_warning
     from .start import _bind
-    from ..runtime.launch import setup_logging
+    from ..runtime.logs import setup_logging
     from ..runtime.master import Master, StartError
     from .tool import ToolError, run_job
 
