@@ -131,3 +131,107 @@ def test_unix_sockets_close_a_stranger_over_the_cap(make_dvm, where):
     wait_for(lambda: log_lines(dvm, log, r"before the handshake exceeds the limit"),
              timeout=5, what=f"the closure in {log}.log")
     assert dvm.run("-n", "1", "true").returncode == 0
+
+
+# ---------------------------------------------------------------------------
+# descriptors
+# ---------------------------------------------------------------------------
+
+#: The DVM's descriptor limit (soft = hard) in the storm test.
+LOW_LIMIT = 256
+#: Connections the storm keeps open (more than the DVM's limit).
+STORM = 400
+
+
+def _low_nofile() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (LOW_LIMIT, LOW_LIMIT))
+
+
+class Storm(threading.Thread):
+    """Keeps ``STORM`` idle connections open to the master, opening a new
+    one for each the master closes, as fast as it can, until stopped."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(daemon=True)
+        self.addr = (host, port)
+        self.stop = threading.Event()
+        self.opened = 0
+        self.socks: list[socket.socket] = []
+
+    def run(self) -> None:
+        import selectors
+
+        sel = selectors.DefaultSelector()
+        while not self.stop.is_set():
+            while len(self.socks) < STORM and not self.stop.is_set():
+                try:
+                    s = socket.create_connection(self.addr, timeout=IO_TIMEOUT)
+                except OSError:
+                    break
+                s.setblocking(False)
+                sel.register(s, selectors.EVENT_READ)
+                self.socks.append(s)
+                self.opened += 1
+            for key, _ in sel.select(0.05):  # the challenge, or a close
+                s = key.fileobj
+                try:
+                    data = s.recv(4096)
+                except OSError:
+                    data = b""
+                if not data:
+                    sel.unregister(s)
+                    s.close()
+                    self.socks.remove(s)
+        for s in self.socks:
+            sel.unregister(s)
+            s.close()
+        self.socks.clear()
+
+
+def test_descriptor_storm_keeps_tools_served(tmp_path):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < STORM + 200:  # the storm's own descriptors, in this process
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    from dvmkit import start_dvm
+
+    dvm = start_dvm(tmp_path, hosts="a", preexec=_low_nofile)
+    try:
+        uri = master_uri(dvm)
+        storm = Storm(uri.host, uri.port)
+        storm.start()
+        try:
+            wait_for(lambda: storm.opened >= STORM, timeout=CMD_TIMEOUT,
+                     what=f"{STORM} connections opened")
+            for i in range(3):  # tools and jobs are served meanwhile
+                p = dvm.run("-n", "1", "echo", f"served{i}")
+                assert p.returncode == 0 and f"served{i}" in p.stdout, p.stdout + p.stderr
+            during = info(dvm).get("descriptors")
+            assert during is not None, "pydvm info shows no descriptors"
+            assert during["limit"] == LOW_LIMIT and during["hard"] == LOW_LIMIT, during
+            assert during["open"] <= LOW_LIMIT - during["reserve"] // 2, during
+            assert during["closed_at_limit"] > 0, during
+        finally:
+            storm.stop.set()
+            storm.join(CMD_TIMEOUT)
+        ended = time.monotonic()
+        peer, _ = master_peer_authenticated(dvm)
+        back = time.monotonic() - ended
+        peer.close()
+        print(f"storm of {storm.opened} connections; a tool served {back:.3f}s after it ended; "
+              f"during it: {during}")
+        assert back < 1.0, back
+        wait_for(lambda: log_lines(dvm, "master", r"descriptor limit episode over"),
+                 timeout=10, what="the end of the episode in the log")
+        started = log_lines(dvm, "master", r"descriptor limit reached")
+        assert len(started) == 1, started  # once per episode, not per connection
+        assert "of 256 descriptors open" in started[0], started
+    finally:
+        dvm.stop()
+
+
+def master_peer_authenticated(dvm):
+    """A raw tool connection to the master, and its answer to ``info``."""
+    from rawpeers import tool
+
+    peer = tool(dvm)
+    return peer, peer.call({"t": "ping"})

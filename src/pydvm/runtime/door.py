@@ -15,12 +15,14 @@ hold only a small, fixed amount, whatever it sends:
 ``RLIMIT_NOFILE`` to the hard limit (:func:`raise_nofile`; as most servers
 do -- a job's processes inherit it).  A door keeps a **reserve** of
 descriptors (:func:`reserve_for`: an eighth of the limit, 32 to 1,024)
-that strangers may not take: a connection accepted into the reserve (its
-descriptor number at or above ``limit - reserve``) closes the oldest
-stranger, so daemons, authenticated tools, job pipes and libpmix's own
-sockets still find descriptors while a storm of strangers holds the rest.
+that strangers may not take: a connection accepted into the reserve (the
+strangers and every other descriptor open -- counted in ``/proc/self/fd`` at
+most every 0.1 s -- reach ``limit - reserve``) closes the oldest stranger (and no other connection is accepted before that one's
+descriptor is free, on the loop's next turn), so daemons, authenticated
+tools, job pipes and libpmix's own sockets still find descriptors while a
+storm of strangers holds the rest.
 An ``accept`` failing for want of descriptors (EMFILE, ENFILE) closes the
-oldest stranger and tries again at once; with no stranger to close, the
+oldest stranger and tries again on the loop's next turn; with no stranger to close, the
 socket is read again 0.1 s later, or as soon as a stranger leaves.  Such an
 *episode* is logged twice, whatever its length: when it starts (the
 descriptors in use, the limit, the strangers) and one second after it
@@ -53,6 +55,8 @@ MAX_STRANGERS = 1024
 ACCEPT_BATCH = 32
 #: After an accept failed with nothing to free: when to try again (seconds).
 RETRY = 0.1
+#: How often the descriptors other than strangers' are counted, at most (seconds).
+COUNT_EVERY = 0.1
 #: An episode at the limit is over once this long passes without a closure.
 EPISODE_QUIET = 1.0
 
@@ -147,6 +151,9 @@ class Door:
         #: strangers closed to keep the reserve or the cap, accepts failed
         #: for want of descriptors, frames refused before a handshake -- since start.
         self.counts = {"closed_at_limit": 0, "accept_failed": 0}
+        #: descriptors open but not strangers', and when they were counted.
+        self._others = 0
+        self._others_at = -COUNT_EVERY
         self._episode: dict[str, Any] | None = None
         self._episode_end: asyncio.TimerHandle | None = None
 
@@ -210,16 +217,33 @@ class Door:
                 self._at_limit(f"accept failed: {os.strerror(exc.errno)}")
                 if not self._close_oldest():
                     lst.pause(RETRY)  # nothing of ours to free: try again soon
-                    return
-                continue
-            if conn.fileno() >= self.limit - self.reserve or \
-                    len(self._strangers) >= MAX_STRANGERS:
-                what = "the reserve" if len(self._strangers) < MAX_STRANGERS else \
+                # else again on the loop's next turn, once the closed
+                # connection's descriptor is free (a transport closes there)
+                return
+            conn.setblocking(False)
+            self.loop.create_task(self._connect(lst, conn))
+            strangers = len(self._strangers) + 1
+            if strangers > MAX_STRANGERS or conn.fileno() >= self.limit - self.reserve \
+                    or strangers > self._room():
+                what = "the reserve" if strangers <= MAX_STRANGERS else \
                     f"{MAX_STRANGERS} unauthenticated connections"
                 self._at_limit(f"a connection took a descriptor of {what}")
                 self._close_oldest()
-            conn.setblocking(False)
-            self.loop.create_task(self._connect(lst, conn))
+                # A transport closes on the loop's next turn: accept no more
+                # until then, or the batch would run into the reserve.
+                return
+
+    def _room(self) -> int:
+        """How many strangers fit beside everything else open (the reserve
+        kept): the descriptors of the rest counted at most every
+        :data:`COUNT_EVERY` seconds (``/proc/self/fd``)."""
+        now = time.monotonic()
+        if now >= self._others_at + COUNT_EVERY:
+            n = open_descriptors()
+            if n >= 0:  # -1: no descriptor left to list them with; keep the last count
+                self._others = max(0, n - len(self._strangers))
+                self._others_at = now
+        return self.limit - self.reserve - self._others
 
     async def _connect(self, lst: Listener, conn: socket.socket) -> None:
         def factory() -> Channel:
