@@ -1,11 +1,12 @@
 """``pydvm run`` and the signals a batch system or a terminal sends it.
 
-SIGTERM, SIGHUP and SIGINT sent to a real ``pydvm run`` -- of a persistent
-DVM (the blocking tool) and of a one-shot DVM (the master in the tool's own
-process) -- whose job's processes ignore SIGTERM: the tool exits with
-128 + the signal within ``SIGNAL_EXIT`` (1 s) plus slack, well before the
-DVM's kill grace (3 s) would have let it, and no process of the job is left
-once the DVM has ended them.
+SIGTERM and SIGHUP sent to a real ``pydvm run`` -- of a persistent DVM (the
+blocking tool) and of a one-shot DVM (the master in the tool's own process)
+-- whose job's processes ignore SIGTERM: the tool exits with 128 + the
+signal within ``SIGNAL_EXIT`` (1 s) plus slack, well before the DVM's kill
+grace (3 s) would have let it, and no process of the job is left once the
+DVM has ended them.  SIGINT (Ctrl-C) waits for the job's end, as it always
+did (so its report is whole), and a second one exits at once.
 """
 
 from __future__ import annotations
@@ -30,12 +31,16 @@ GONE_TIMEOUT = 20
 
 #: Ignores SIGTERM (so does its sleep: an ignored signal stays ignored across exec).
 JOB = 'trap "" TERM; echo "UP $$"; while :; do sleep 0.2; done'
+#: Outlives SIGTERM too, but says when it got it (its sleep dies of it).
+JOB_SAYS = 'trap "echo TERMED" TERM; echo "UP $$"; while :; do sleep 0.2; done'
 
 SIGNALS = [signal.SIGTERM, signal.SIGHUP, signal.SIGINT]
+#: After SIGINT the tool waits for the job: the kill grace (3 s) and slack.
+SIGINT_BOUND = 15
 
 
-def _start(dvm, tmp_path, one_shot: bool, n: int) -> subprocess.Popen:
-    args = ["-n", str(n), "sh", "-c", JOB]
+def _start(dvm, tmp_path, one_shot: bool, n: int, job: str) -> subprocess.Popen:
+    args = ["-n", str(n), "sh", "-c", job]
     if not one_shot:
         return dvm.run_bg(*args)
     env = dict(os.environ, PYDVM_STATE_DIR=str(tmp_path / "oneshot-state"))
@@ -48,7 +53,7 @@ def _start(dvm, tmp_path, one_shot: bool, n: int) -> subprocess.Popen:
 @pytest.mark.parametrize("sig", SIGNALS, ids=[s.name for s in SIGNALS])
 def test_signal_ends_run_promptly_and_leaves_no_process(dvm, tmp_path, sig, one_shot):
     n = 2
-    proc = _start(dvm, tmp_path, one_shot, n)
+    proc = _start(dvm, tmp_path, one_shot, n, JOB_SAYS if sig == signal.SIGINT else JOB)
     out = LineReader(proc.stdout)
     try:
         pids = []
@@ -58,6 +63,13 @@ def test_signal_ends_run_promptly_and_leaves_no_process(dvm, tmp_path, sig, one_
             pids.append(int(line.split()[1]))
         t0 = time.monotonic()
         proc.send_signal(sig)
+        if sig == signal.SIGINT:
+            # waits for the job (its processes outlive SIGTERM): a second
+            # Ctrl-C, once they got their SIGTERM, exits at once
+            out.wait_line("TERMED", timeout=SIGINT_BOUND)
+            assert proc.poll() is None, "pydvm run did not wait for its job after SIGINT"
+            t0 = time.monotonic()
+            proc.send_signal(sig)
         try:
             rc = proc.wait(timeout=GONE_TIMEOUT)
         except subprocess.TimeoutExpired:

@@ -28,12 +28,13 @@ be waited for: its nonce is what the MAC answers.
 
 One ``poll`` waits for the socket, our stdin (when rank 0 may take more)
 and the signal wake-up pipe: SIGINT, SIGTERM or SIGHUP asks the master to
-kill the job (``kill_job``), then the tool waits at most
-:data:`~pydvm.cli.toolcommon.SIGNAL_EXIT` seconds for the job's end (its
-report) and exits with 128 + the signal's number -- before a batch
-system's SIGKILL, even when the processes ignore SIGTERM: the DVM then
-ends them itself, with SIGKILL after its kill grace (a second signal exits
-at once).  Connecting and waiting for the challenge watch the same pipe: a
+kill the job (``kill_job``) and the tool exits with 128 + the signal's
+number once the job has ended (its report printed) -- after SIGTERM or
+SIGHUP, a batch system's signals, at most
+:data:`~pydvm.cli.toolcommon.SIGNAL_EXIT` seconds later, before the
+system's SIGKILL, even when the processes ignore SIGTERM: the DVM then ends
+them itself, with SIGKILL after its kill grace.  A second signal exits at
+once.  Connecting and waiting for the challenge watch the same pipe: a
 signal then ends the tool before anything is submitted.  A stdout whose
 reader went away (``pydvm run ... | head``) ends the job the same way,
 quietly, with 141.
@@ -59,6 +60,11 @@ from .toolcommon import (SIGNAL_EXIT, SIGPIPE, DvmUnreachable, JobOutput, StdinS
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+#: The signals after which the tool waits at most SIGNAL_EXIT seconds for
+#: the job's end (SIGINT, Ctrl-C, waits for it and its report, as before: a
+#: second one exits at once).
+BOUNDED = (_signal.SIGTERM, _signal.SIGHUP)
 
 #: Request ids of the two requests a run makes.
 AUTH_ID, RUN_ID = 1, 2
@@ -205,7 +211,8 @@ def run_job(uri: DvmUri, apps: list[dict] | None = None, session: int | None = N
     status.
 
     Ctrl-C (SIGINT), SIGTERM or SIGHUP asks the master to kill the job; the
-    tool then waits at most :data:`SIGNAL_EXIT` seconds for the job's end and
+    tool then waits for the job's end -- after SIGTERM or SIGHUP at most
+    :data:`SIGNAL_EXIT` seconds, after a second signal not at all -- and
     exits with 128 + the signal number (one that comes while connecting --
     before anything is submitted -- ends the tool at once, with the same
     status).  When the job has ended, the processes that failed and who ended it (if it was
@@ -438,7 +445,7 @@ class _Run:
                 self.exit_by = time.monotonic()  # a second signal: exit now
             return
         self.signum = signum
-        if signum != SIGPIPE:
+        if signum in BOUNDED:  # a batch system's: its SIGKILL follows
             self.exit_by = time.monotonic() + SIGNAL_EXIT
         if self.stdin is not None:
             self.stdin.stop()

@@ -177,8 +177,8 @@ async def run_job(uri: DvmUri, apps: list[dict] | None = None, session: int | No
     kind = stdin_kind(0) if forward_stdin else None
     feeder = StdinForwarder(ch, kind) if kind else None
 
-    first = loop.create_future()  # the first signal (not SIGPIPE)
-    again = loop.create_future()  # a second one: stop waiting at once
+    bounded = loop.create_future()  # SIGTERM or SIGHUP: wait SIGNAL_EXIT at most
+    again = loop.create_future()  # a second signal: stop waiting at once
 
     def interrupted(signum: int) -> None:
         if state["signal"] is not None:
@@ -186,8 +186,8 @@ async def run_job(uri: DvmUri, apps: list[dict] | None = None, session: int | No
                 again.set_result(signum)
             return
         state["signal"] = signum
-        if signum != signal.SIGPIPE:
-            first.set_result(signum)
+        if signum in (signal.SIGTERM, signal.SIGHUP):
+            bounded.set_result(signum)
         if feeder is not None:
             feeder.stop()
         if state["nspace"] is not None:
@@ -197,8 +197,8 @@ async def run_job(uri: DvmUri, apps: list[dict] | None = None, session: int | No
         loop.add_signal_handler(sig, interrupted, sig)
     job = asyncio.ensure_future(ch.call(dict(request, stdin=feeder is not None)))
     try:
-        await asyncio.wait([job, first], return_when=asyncio.FIRST_COMPLETED)
-        if not job.done():  # a signal: the job's end for at most SIGNAL_EXIT seconds
+        await asyncio.wait([job, bounded, again], return_when=asyncio.FIRST_COMPLETED)
+        if not job.done() and not again.done():  # the job's end, SIGNAL_EXIT at most
             await asyncio.wait([job, again], timeout=SIGNAL_EXIT,
                                return_when=asyncio.FIRST_COMPLETED)
         if job.done():

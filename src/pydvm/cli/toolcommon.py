@@ -24,10 +24,11 @@ if TYPE_CHECKING:
 #: away exits with, 128 + this (the signal module is not needed for it).
 SIGPIPE = 13
 
-#: After SIGINT, SIGTERM or SIGHUP, how long a ``pydvm run`` waits for its
-#: job's end (the report) before it exits anyway with 128 + the signal: a
-#: batch system sends SIGKILL some seconds after SIGTERM, and processes that
+#: After SIGTERM or SIGHUP, how long a ``pydvm run`` waits for its job's
+#: end (the report) before it exits anyway with 128 + the signal: a batch
+#: system sends SIGKILL some seconds after SIGTERM, and processes that
 #: ignore SIGTERM are ended by the DVM itself (SIGKILL after its kill grace).
+#: After Ctrl-C (SIGINT) it waits for the end; a second signal exits at once.
 SIGNAL_EXIT = 1.0
 
 _SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 15: "SIGTERM"}
