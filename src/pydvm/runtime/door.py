@@ -148,8 +148,10 @@ class Door:
         self.listeners: set[Listener] = set()
         #: connections not yet authenticated, oldest first.
         self._strangers: dict[Channel, None] = {}
-        #: strangers closed to keep the reserve or the cap, accepts failed
-        #: for want of descriptors, frames refused before a handshake -- since start.
+        #: accepted connections whose channel is not made yet (a loop turn).
+        self._pending = 0
+        #: strangers closed to keep the reserve or the cap, and accepts
+        #: failed for want of descriptors, since start.
         self.counts = {"closed_at_limit": 0, "accept_failed": 0}
         #: descriptors open but not strangers', and when they were counted.
         self._others = 0
@@ -221,8 +223,9 @@ class Door:
                 # connection's descriptor is free (a transport closes there)
                 return
             conn.setblocking(False)
+            self._pending += 1
             self.loop.create_task(self._connect(lst, conn))
-            strangers = len(self._strangers) + 1
+            strangers = len(self._strangers) + self._pending
             if strangers > MAX_STRANGERS or conn.fileno() >= self.limit - self.reserve \
                     or strangers > self._room():
                 what = "the reserve" if strangers <= MAX_STRANGERS else \
@@ -241,12 +244,17 @@ class Door:
         if now >= self._others_at + COUNT_EVERY:
             n = open_descriptors()
             if n >= 0:  # -1: no descriptor left to list them with; keep the last count
-                self._others = max(0, n - len(self._strangers))
+                self._others = max(0, n - len(self._strangers) - self._pending)
                 self._others_at = now
         return self.limit - self.reserve - self._others
 
     async def _connect(self, lst: Listener, conn: socket.socket) -> None:
+        made = False
+
         def factory() -> Channel:
+            nonlocal made
+            made = True
+            self._pending -= 1
             ch = lst.factory()
             ch.gate(HANDSHAKE_FRAME, self)
             self._strangers[ch] = None
@@ -256,6 +264,9 @@ class Door:
         except OSError as exc:  # the peer left at once
             log.debug("%s: accepted connection lost: %s", self.name, exc)
             conn.close()
+        finally:
+            if not made:
+                self._pending -= 1
 
     def _close_oldest(self) -> bool:
         """Close the oldest stranger; False if there is none."""
