@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pydvm.wire import HEADER, MAX_FRAME, FrameDecoder, FrameError, pack, unpack_body
+from pydvm.wire import (HANDSHAKE_FRAME, HEADER, MAX_FRAME, FrameDecoder, FrameError, pack,
+                        unpack_body)
 
 # ---------------------------------------------------------------------------
 # helpers
@@ -702,3 +703,38 @@ def test_packb_reentered_on_one_thread_keeps_both_encodings(monkeypatch):
         assert msgpack.unpackb(again) == {"a": "hooked"}
     finally:
         codec._packers.p = None  # drop the Packer holding the test's hook
+
+
+# ---------------------------------------------------------------------------
+# the handshake gate: a stranger's frames, read one at a time and capped
+# ---------------------------------------------------------------------------
+
+
+def test_gated_decoder_returns_one_frame_and_keeps_the_rest():
+    dec = FrameDecoder(handshake=HANDSHAKE_FRAME)
+    auth, run = pack({"t": "auth", "id": 1}), pack({"t": "run", "id": 2, "env": "x" * 100_000})
+    assert dec.feed(auth + run) == [{"t": "auth", "id": 1}]
+    assert dec.pending_bytes == len(run)
+    dec.handshake = None  # the peer is in: the big frame behind it is read
+    assert dec.feed(b"") == [{"t": "run", "id": 2, "env": "x" * 100_000}]
+
+
+def test_gated_decoder_refuses_a_frame_over_the_cap_before_its_body():
+    dec = FrameDecoder(handshake=HANDSHAKE_FRAME)
+    with pytest.raises(FrameError, match=f"before the handshake exceeds the limit of "
+                                         f"{HANDSHAKE_FRAME}") as exc:
+        dec.feed(HEADER.pack(HANDSHAKE_FRAME + 1) + b"\0" * 1000)
+    assert exc.value.messages == []
+    assert dec.pending_bytes == 0  # nothing of it held
+
+
+def test_gated_decoder_takes_a_frame_of_exactly_the_cap():
+    pad = HANDSHAKE_FRAME
+    while len(pack({"t": "hello", "pad": b"p" * pad})) - 4 > HANDSHAKE_FRAME:
+        pad -= 1
+    msg = {"t": "hello", "pad": b"p" * pad}
+    frame = pack(msg)
+    assert len(frame) - 4 == HANDSHAKE_FRAME
+    assert FrameDecoder(handshake=HANDSHAKE_FRAME).feed(frame) == [msg]
+    with pytest.raises(FrameError):
+        FrameDecoder(handshake=HANDSHAKE_FRAME).feed(pack({"t": "hello", "pad": b"p" * (pad + 1)}))

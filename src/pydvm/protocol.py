@@ -127,6 +127,10 @@ HEADER = struct.Struct("!I")
 #: default store cap (16 MiB) with room to spare; a peer announcing more is
 #: dropped before the body is read.
 MAX_FRAME = 64 * 1024 * 1024
+#: Largest frame a listening socket reads from a peer that has not yet
+#: authenticated (a handshake -- an ``auth``, a client's ``hello`` -- is a
+#: few hundred bytes): what a stranger can make a server hold per connection.
+HANDSHAKE_FRAME = 4096
 
 Message = dict  # a decoded frame: str keys, "t" its type
 ReplyCallback = Callable[[Message], None]
@@ -293,17 +297,25 @@ class FrameDecoder:
     Pure and synchronous, so it can be fuzzed without sockets.
     """
 
-    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+    def __init__(self, max_frame: int = MAX_FRAME, handshake: int | None = None) -> None:
         self.max_frame = max_frame
+        #: While not None, the limit of every frame instead of ``max_frame``,
+        #: and :meth:`feed` returns at most one message (the rest stays
+        #: buffered; ``feed(b"")`` goes on): a server's gate before a peer
+        #: has authenticated (:data:`HANDSHAKE_FRAME`).  The server sets it
+        #: to None once the peer is in.
+        self.handshake = handshake
         self._buf = bytearray()
 
     def feed(self, data: bytes) -> list[Message]:
         """Add ``data``; return every complete message.  Raises FrameError."""
         buf = self._buf
+        gate = self.handshake
+        limit = self.max_frame if gate is None else gate
         if not buf and len(data) >= 4:
             # Fast path: exactly one whole frame, the common case of a request.
             (size,) = HEADER.unpack_from(data, 0)
-            if size == len(data) - 4 and size <= self.max_frame:
+            if size == len(data) - 4 and size <= limit:
                 return [unpack_body(data[4:])]
         buf += data
         out: list[Message] = []
@@ -311,8 +323,10 @@ class FrameDecoder:
         n = len(buf)
         while n - pos >= 4:
             (size,) = HEADER.unpack_from(buf, pos)
-            if size > self.max_frame:
-                raise FrameError(f"frame of {size} bytes exceeds the limit of {self.max_frame}",
+            if size > limit:
+                del buf[:]  # nothing more of this stream is read
+                what = "before the handshake " if gate is not None else ""
+                raise FrameError(f"frame of {size} bytes {what}exceeds the limit of {limit}",
                                  out)
             if n - pos - 4 < size:
                 break
@@ -322,6 +336,8 @@ class FrameDecoder:
                 out.append(unpack_body(body))
             except FrameError as exc:
                 raise FrameError(str(exc), out) from None
+            if gate is not None:
+                break  # one at a time until the peer is in
         if pos:
             del buf[:pos]
         return out

@@ -33,9 +33,9 @@ from typing import Any, Callable
 
 from .errors import Status
 from .protocol import (  # noqa: F401 (the frame codec: re-exported for the runtime)
-    BODY, ENVELOPE, EXT_TYPED, HEADER, MAX_FRAME, FrameDecoder, FrameError, Message,
-    ReplyCallback, Typed, frame_of, pack, pack_parts, pack_payload, packb, reply, unpack_body,
-    unpack_payload, unpackb,
+    BODY, ENVELOPE, EXT_TYPED, HANDSHAKE_FRAME, HEADER, MAX_FRAME, FrameDecoder, FrameError,
+    Message, ReplyCallback, Typed, frame_of, pack, pack_parts, pack_payload, packb, reply,
+    unpack_body, unpack_payload, unpackb,
 )
 
 log = logging.getLogger("pydvm.wire")
@@ -175,6 +175,8 @@ class Channel(Requests, asyncio.Protocol):
         self.write_paused = False
         self._drain_waiters: list[Callable[[], None]] = []
         self._decoder = FrameDecoder(max_frame)
+        #: the listening side's door while this connection is a stranger's (see gate).
+        self.door: Any = None
         self._init_requests()
         self._closed_waiter: asyncio.Future | None = None
         #: time.monotonic() of the last bytes received (for heartbeats).
@@ -197,15 +199,37 @@ class Channel(Requests, asyncio.Protocol):
         if self.closed:
             return
         self.last_rx = time.monotonic()
-        try:
-            messages = self._decoder.feed(data)
-            bad = None
-        except FrameError as exc:
-            messages, bad = exc.messages, exc
-        self._dispatch(messages)
-        if bad is not None and not self.closed:
-            self.send_error(Status.ERR_BAD_PARAM, str(bad))
-            self.close(f"protocol error: {bad}", error=True)
+        decoder = self._decoder
+        while True:
+            try:
+                messages = decoder.feed(data)
+                bad = None
+            except FrameError as exc:
+                messages, bad = exc.messages, exc
+            self._dispatch(messages)
+            if bad is not None and not self.closed:
+                self.send_error(Status.ERR_BAD_PARAM, str(bad))
+                self.close(f"protocol error: {bad}", error=True)
+                return
+            if decoder.handshake is None or not messages or self.closed:
+                return
+            # Gated (a stranger's connection): one frame at a time, until the
+            # handshake gave the peer its session.
+            if self.session is not None:
+                decoder.handshake = None
+                if self.door is not None:
+                    door, self.door = self.door, None
+                    door.admitted(self)
+            data = b""
+
+    def gate(self, limit: int, door: Any = None) -> None:
+        """Read at most ``limit`` bytes a frame, one frame at a time, until
+        the peer has a session (its handshake was accepted): what a listening
+        socket does for a peer it does not know yet.  ``door`` (the process's
+        :class:`~pydvm.runtime.door.Door`) hears ``admitted(ch)`` then, and
+        ``forget(ch)`` when the connection ends."""
+        self._decoder.handshake = limit
+        self.door = door
 
     def _dispatch(self, messages: list[Message]) -> None:
         for msg in messages:
@@ -296,6 +320,9 @@ class Channel(Requests, asyncio.Protocol):
         if not self.closed:
             self.closed = True
             self.close_reason = reason
+        if self.door is not None:
+            door, self.door = self.door, None
+            door.forget(self)
         self.write_paused = False
         self.resume_writing()  # nothing will be read any more: release every waiter
         self._fail_pending(reason)

@@ -128,11 +128,14 @@ class Dvm:
 
 
 def start_dvm(tmp: Path, hosts: str = "a,b,c", mca: dict[str, str] | None = None,
-              extra: list[str] | None = None, state_dir: Path | None = None) -> Dvm:
+              extra: list[str] | None = None, state_dir: Path | None = None,
+              preexec: Callable[[], None] | None = None) -> Dvm:
     """Start a persistent DVM with ``local`` daemons named by ``hosts``.
 
     ``state_dir`` (default ``tmp/state``) holds the DVM's credentials; DVMs
     that must reach each other (a relay and its data server) share one.
+    ``preexec`` runs in the ``pydvm start`` process before it starts (e.g.
+    lowering a resource limit, which the master and daemons inherit).
     """
     env = dict(os.environ)
     env["PYDVM_STATE_DIR"] = str(state_dir or tmp / "state")
@@ -143,7 +146,8 @@ def start_dvm(tmp: Path, hosts: str = "a,b,c", mca: dict[str, str] | None = None
     for k, v in (mca or {}).items():
         args += ["--mca", k, str(v)]
     args += extra or []
-    p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=CMD_TIMEOUT)
+    p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=CMD_TIMEOUT,
+                       preexec_fn=preexec)
     if p.returncode != 0:
         raise AssertionError(f"pydvm start failed ({p.returncode}): {p.stderr}")
     uri = p.stdout.strip().splitlines()[-1]

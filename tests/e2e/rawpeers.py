@@ -157,14 +157,16 @@ def oversized_header() -> bytes:
     return HEADER.pack(MAX_FRAME + 1)
 
 
-def assert_only_error_frames(msgs: list[dict], *, limit_named: bool = False) -> None:
-    """What a peer gets before a protocol-error close: at most "error" frames (BAD_PARAM)."""
+def assert_only_error_frames(msgs: list[dict], *, limit_named: int = 0) -> None:
+    """What a peer gets before a protocol-error close: at most "error" frames
+    (BAD_PARAM), naming the frame limit ``limit_named`` if given (MAX_FRAME;
+    HANDSHAKE_FRAME before a handshake)."""
     for m in msgs:
         assert m.get("t") == "error", m
         assert m.get("status") == BAD_PARAM, m
         assert m.get("msg"), m
         if limit_named:
-            assert str(MAX_FRAME) in m["msg"], m
+            assert str(limit_named) in m["msg"], m
 
 
 # ---------------------------------------------------------------------------

@@ -52,7 +52,7 @@ from rawpeers import (
 
 from pydvm.runtime import master as master_mod
 from pydvm.runtime.auth import mac
-from pydvm.wire import MAX_FRAME, FrameDecoder, pack
+from pydvm.wire import HANDSHAKE_FRAME, MAX_FRAME, FrameDecoder, pack
 
 pytestmark = pytest.mark.e2e
 
@@ -116,16 +116,18 @@ def test_truncated_frame_on_client_socket_is_logged_and_closed(dvm, held):
 
 
 def test_oversized_frame_header_on_client_socket_is_refused_before_the_body(dvm, held):
-    """A header announcing more than MAX_FRAME is refused at once, naming the limit, and closed."""
+    """A header announcing more than the limit (HANDSHAKE_FRAME before hello,
+    MAX_FRAME after) is refused at once, naming the limit, and closed."""
     logs = LogCheck(dvm)
-    for peer in (Peer.unix(held.server), client(held)):
+    for peer, limit in ((Peer.unix(held.server), HANDSHAKE_FRAME), (client(held), MAX_FRAME)):
         peer.send_raw(oversized_header())   # and no body at all
         msgs = peer.expect_closed()
         assert msgs, "no error frame before the close"
-        assert_only_error_frames(msgs, limit_named=True)
+        assert_only_error_frames(msgs, limit_named=limit)
         peer.close()
-    for who, label in ((BEFORE_HELLO, "before hello"), (greeted_name(held), "after hello")):
-        logs.expect(held.node, who + rf"closed: protocol error: .*exceeds the limit of {MAX_FRAME}",
+    for who, label, limit in ((BEFORE_HELLO, "before hello", HANDSHAKE_FRAME),
+                              (greeted_name(held), "after hello", MAX_FRAME)):
+        logs.expect(held.node, who + rf"closed: protocol error: .*exceeds the limit of {limit}",
                     label=label)
     assert_others_still_served(dvm, held)
     logs.check()
@@ -437,20 +439,22 @@ def test_unknown_message_from_tool_gets_bad_param_and_connection_stays_usable(dv
 
 
 def test_oversized_frame_on_master_port_closes_only_that_connection(dvm, held):
-    """A header over MAX_FRAME, before or after the handshake, is refused naming the limit, closed and logged."""
+    """A header over the limit (HANDSHAKE_FRAME before the handshake,
+    MAX_FRAME after), is refused naming the limit, closed and logged."""
     logs = LogCheck(dvm)
     bystander = tool(dvm)
-    for when, connect in [("before the handshake", lambda: master_peer(dvm)[0]),
-                          ("as a tool", lambda: tool(dvm))]:
+    for when, connect, limit in [
+            ("before the handshake", lambda: master_peer(dvm)[0], HANDSHAKE_FRAME),
+            ("as a tool", lambda: tool(dvm), MAX_FRAME)]:
         peer = connect()
         who = peer.log_name + ": " if when.startswith("before") else TOOL
         peer.send_raw(oversized_header())
         msgs = peer.expect_closed()
         assert msgs, f"{when}: no error frame before the close"
-        assert_only_error_frames(msgs, limit_named=True)
+        assert_only_error_frames(msgs, limit_named=limit)
         peer.close()
         assert bystander.call({"t": "info"})["status"] == 0
-        logs.expect("master", who + rf".*exceeds the limit of {MAX_FRAME}", label=when)
+        logs.expect("master", who + rf".*exceeds the limit of {limit}", label=when)
     bystander.close()
     assert_others_still_served(dvm, held)
     logs.check()

@@ -33,7 +33,9 @@ is predicted from the input alone, decoded locally with the DVM's own
   waits may stay unanswered (it is parked) but is answered at most once;
 * a refused first message (no hello, a hello for no process, any message
   before a valid handshake) is answered and the connection closed;
-* a connection left inside a frame waits for more and is closed at EOF.
+* a connection left inside a frame waits for more and is closed at EOF;
+* before hello / the handshake a frame is read alone and may be at most
+  ``HANDSHAKE_FRAME`` bytes: a longer one is a frame error.
 
 At the end the DVM processes are alive, no log in the log directory holds a
 traceback, the stores hold no item but those whose publish was answered
@@ -61,7 +63,7 @@ from rawpeers import CRASH_PATTERNS, HeldJob, Peer, master_uri
 from pydvm.enums import Range
 from pydvm.runtime import dataops
 from pydvm.runtime.auth import mac
-from pydvm.wire import HEADER, MAX_FRAME, FrameDecoder, FrameError, pack
+from pydvm.wire import HANDSHAKE_FRAME, HEADER, MAX_FRAME, FrameDecoder, FrameError, pack
 
 pytestmark = pytest.mark.e2e
 
@@ -470,12 +472,7 @@ class Prediction:
 
     @classmethod
     def of(cls, kind: str, data: bytes, held: HeldJob) -> "Prediction":
-        dec = FrameDecoder()
-        bad = False
-        try:
-            msgs = dec.feed(data)
-        except FrameError as exc:
-            msgs, bad = exc.messages, True
+        msgs, bad, dec = _decode_as_dvm(kind, data, held)
         p = cls(msgs, pending=0 if bad else dec.pending_bytes)
         p.types = {m["t"] for m in msgs}
         state = {"daemon-before-hello": "hello", "daemon-after-hello": "client",
@@ -535,6 +532,35 @@ class Prediction:
 
     def expect(self, rid, outcome: str) -> None:
         self.outcome.setdefault(idkey(rid), set()).add(outcome)
+
+
+def _valid_hello(m: dict, held: HeldJob) -> bool:
+    return (m["t"] == "hello" and isinstance(m.get("nspace"), str)
+            and m.get("nspace") == held.nspace and is_int(m.get("rank"))
+            and m.get("rank") == held.rank)
+
+
+def _decode_as_dvm(kind: str, data: bytes, held: HeldJob):
+    """The messages the DVM reads of ``data``, whether it met a frame error,
+    and the decoder: before the handshake a frame may be at most
+    HANDSHAKE_FRAME bytes and is read alone; only a valid hello lets the
+    daemon read on (a refused first message closes the connection)."""
+    gated = kind in ("daemon-before-hello", "master-before-handshake")
+    dec = FrameDecoder(handshake=HANDSHAKE_FRAME if gated else None)
+    msgs: list = []
+    chunk = data
+    while True:
+        try:
+            got = dec.feed(chunk)
+        except FrameError as exc:
+            return msgs + exc.messages, True, dec
+        msgs += got
+        if dec.handshake is None or not got:
+            return msgs, False, dec
+        if kind != "daemon-before-hello" or not _valid_hello(got[0], held):
+            return msgs, False, dec  # refused: nothing after it is read
+        dec.handshake = None
+        chunk = b""
 
 
 def describe(kind: str, data: bytes, p: Prediction, got: list, why: str) -> str:

@@ -66,7 +66,9 @@ def test_run_and_the_in_job_commands_load_neither_asyncio_argparse_store_nor_run
 
 def test_sigterm_to_run_kills_the_job_and_exits_143(dvm):
     """SIGTERM, like Ctrl-C, is passed on as a kill of the job; run waits for
-    its end and exits 128 + 15, quietly (it was asked to)."""
+    its end (1 s at most) and exits 128 + 15, quietly (it was asked to) --
+    or, on a machine so loaded the end takes longer, with the one line
+    saying it did not wait."""
     bg = dvm.run_bg("--host", "b", "-n", "1", sys.executable, "-c",
                     "import os, time; print('PID', os.getpid(), flush=True); time.sleep(120)")
     out = LineReader(bg.stdout)
@@ -79,7 +81,8 @@ def test_sigterm_to_run_kills_the_job_and_exits_143(dvm):
             bg.kill()
             bg.wait(10)
     err = bg.stderr.read()
-    assert rc == 143 and err == "", (rc, err)
+    assert rc == 143, (rc, err)
+    assert err == "" or err.startswith("pydvm run: SIGTERM: ") and err.count("\n") == 1, err
     wait_for(lambda: not pid_alive(pid), timeout=15, what=f"job process {pid} to be gone")
 
 

@@ -146,6 +146,14 @@ def cmd_info(a) -> int:
             if u:
                 print(f"  direct data socket (same-host nodes): {u['path']}; "
                       f"{u['accepted']} connections accepted there")
+        fds = r.get("descriptors")
+        if fds:
+            print(f"  descriptors: {fds['open']} open of {fds['limit']} (hard limit "
+                  f"{fds['hard']}, {fds['reserve']} kept for authenticated peers); "
+                  f"{fds['unauthenticated']} unauthenticated connections"
+                  + (", AT THE LIMIT" if fds["at_limit"] else "")
+                  + f"; {fds['closed_at_limit']} closed at the limit, "
+                  f"{fds['accept_failed']} accepts failed")
         _print_pmix(r.get("pmix"))
         rows = [(k, v[0], v[1], v[2]) for k, v in r["params"].items()]
     else:

@@ -166,7 +166,7 @@ async def _one_shot(opts: dict, resolved) -> int:
     """Run one job on a private DVM on this machine, then take it down."""
     from .dvms import one_shot_warning
     from .start import _bind
-    from ..runtime.launch import setup_logging
+    from ..runtime.logs import setup_logging
     from ..runtime.master import Master, StartError
     from .tool import ToolError, run_job
 
@@ -186,6 +186,8 @@ async def _one_shot(opts: dict, resolved) -> int:
     try:
         code = await run_job(uri, request=build_request(opts), output=job_output(opts),
                              forward_stdin=opts["stdin"] is not None)
+        if master.jobs:
+            return code  # interrupted, not waiting: see below
         warning = await one_shot_warning(uri)
         if warning and not opts["quiet"]:
             sys.stderr.write(f"{warning}\n")
@@ -193,5 +195,11 @@ async def _one_shot(opts: dict, resolved) -> int:
     except ToolError as exc:
         return fail(str(exc))
     finally:
-        await master.stop()
+        if not master.jobs:
+            await master.stop()
+        # else a signal ended the run before its job ended (processes that
+        # ignore SIGTERM) and we exit now, which ends the rest: the head
+        # node's processes have SIGKILL as their parent-death signal (and the
+        # guardian kills their groups), a daemon that loses its master ends
+        # its processes within a second (SIGTERM, then SIGKILL).
 

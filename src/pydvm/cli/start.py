@@ -145,7 +145,7 @@ def cmd_start(a) -> int:
 async def _serve(a, hosts, launcher, resolved, ready_fd: int | None) -> int:
     import signal
 
-    from ..runtime.launch import setup_logging
+    from ..runtime.logs import setup_logging
     from ..runtime.master import Master, StartError
 
     setup_logging("master", a.log_dir, resolved["prte_data_server_verbose"].value)
@@ -230,7 +230,7 @@ def _daemonize(a, hosts, launcher, resolved) -> int:
 
 def cmd_daemon(a) -> int:
     from ..runtime.daemon import run_daemon
-    from ..runtime.launch import setup_logging
+    from ..runtime.logs import setup_logging
 
     from ..runtime.guard import Guardian
 

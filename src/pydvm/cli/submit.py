@@ -27,11 +27,17 @@ is read -- so nothing a peer sends before it is authenticated ever runs
 be waited for: its nonce is what the MAC answers.
 
 One ``poll`` waits for the socket, our stdin (when rank 0 may take more)
-and the signal wake-up pipe: SIGINT or SIGTERM asks the master to kill the
-job (``kill_job``), then the tool waits for the job's end and exits with
-128 + the signal's number.  Connecting and waiting for the challenge watch
-the same pipe: a signal then ends the tool before anything is submitted.  A stdout whose reader went away (``pydvm run
-... | head``) ends the job the same way, quietly, with 141.
+and the signal wake-up pipe: SIGINT, SIGTERM or SIGHUP asks the master to
+kill the job (``kill_job``) and the tool exits with 128 + the signal's
+number once the job has ended (its report printed) -- after SIGTERM or
+SIGHUP, a batch system's signals, at most
+:data:`~pydvm.cli.toolcommon.SIGNAL_EXIT` seconds later, before the
+system's SIGKILL, even when the processes ignore SIGTERM: the DVM then ends
+them itself, with SIGKILL after its kill grace.  A second signal exits at
+once.  Connecting and waiting for the challenge watch the same pipe: a
+signal then ends the tool before anything is submitted.  A stdout whose
+reader went away (``pydvm run ... | head``) ends the job the same way,
+quietly, with 141.
 """
 
 from __future__ import annotations
@@ -48,12 +54,17 @@ from .._blocking import BlockingChannel
 from ..errors import Status
 from ..protocol import (HANDSHAKE_TIMEOUT, DvmUri, FrameError, UriError, mac, pack, read_secret,
                        tool_socket_name)
-from .toolcommon import (SIGPIPE, DvmUnreachable, JobOutput, StdinSource, ToolError,
-                          job_exit, run_request, stdin_kind)
+from .toolcommon import (SIGNAL_EXIT, SIGPIPE, DvmUnreachable, JobOutput, StdinSource,
+                          ToolError, gave_up, job_exit, run_request, stdin_kind)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+#: The signals after which the tool waits at most SIGNAL_EXIT seconds for
+#: the job's end (SIGINT, Ctrl-C, waits for it and its report, as before: a
+#: second one exits at once).
+BOUNDED = (_signal.SIGTERM, _signal.SIGHUP)
 
 #: Request ids of the two requests a run makes.
 AUTH_ID, RUN_ID = 1, 2
@@ -145,11 +156,11 @@ def _connect_socket(uri: DvmUri, signals: "_Signals") -> tuple[Any, bytes | None
 
 
 class _Signals:
-    """SIGINT and SIGTERM, caught and reported through a pipe that ``poll``
+    """SIGINT, SIGTERM and SIGHUP, caught and reported through a pipe that ``poll``
     watches (``signal.set_wakeup_fd``): a signal wakes the loop, and is
     handled there, between messages -- never in the middle of one."""
 
-    CAUGHT = (_signal.SIGINT, _signal.SIGTERM)
+    CAUGHT = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)
 
     def __init__(self) -> None:
         self.rfd, self._wfd = os.pipe()
@@ -199,10 +210,12 @@ def run_job(uri: DvmUri, apps: list[dict] | None = None, session: int | None = N
     closed or /dev/null: rank 0 then reads /dev/null); return its exit
     status.
 
-    Ctrl-C (SIGINT) or SIGTERM asks the master to kill the job; the tool then
-    waits for the job's end and exits with 128 + the signal number (one
-    that comes while connecting -- before anything is submitted -- ends the
-    tool at once, with the same status).  When the job has ended, the processes that failed and who ended it (if it was
+    Ctrl-C (SIGINT), SIGTERM or SIGHUP asks the master to kill the job; the
+    tool then waits for the job's end -- after SIGTERM or SIGHUP at most
+    :data:`SIGNAL_EXIT` seconds, after a second signal not at all -- and
+    exits with 128 + the signal number (one that comes while connecting --
+    before anything is submitted -- ends the tool at once, with the same
+    status).  When the job has ended, the processes that failed and who ended it (if it was
     killed) are reported on stderr (:func:`pydvm.cli.formatting.job_end_lines`).
     ``abort_on_failure``: True, the master kills the rest of the job at the
     first failure; False, never; None, as ``mpirun`` would for an MPI job
@@ -238,6 +251,8 @@ class _Run:
         self.name = ""
         self.nspace: str | None = None
         self.signum: int | None = None
+        #: time.monotonic() by which we exit, once a signal came.
+        self.exit_by: float | None = None
         self.welcomed = False
         self.result: dict | None = None
         self.stdin: StdinSource | None = None
@@ -345,12 +360,16 @@ class _Run:
             elif not want_poll and polled_stdin is not None:
                 poller.unregister(polled_stdin)
                 polled_stdin = None
-            if not self.welcomed:
-                left = max(0.0, welcome_by - time.monotonic())
-                timeout = left if timeout is None else min(timeout, left)
+            for by in (None if self.welcomed else welcome_by, self.exit_by):
+                if by is not None:
+                    left = max(0.0, by - time.monotonic())
+                    timeout = left if timeout is None else min(timeout, left)
             events = poller.poll(None if timeout is None else timeout * 1000)
             for signum in self.signals.pending():
                 self._interrupted(signum)
+            if self.exit_by is not None and time.monotonic() >= self.exit_by:
+                self.result = gave_up(RUN_ID, self.nspace, self.signum)
+                return
             ready = dict(events)
             if sock_fd in ready:
                 try:
@@ -422,8 +441,12 @@ class _Run:
 
     def _interrupted(self, signum: int) -> None:
         if self.signum is not None:
+            if signum != SIGPIPE:
+                self.exit_by = time.monotonic()  # a second signal: exit now
             return
         self.signum = signum
+        if signum in BOUNDED:  # a batch system's: its SIGKILL follows
+            self.exit_by = time.monotonic() + SIGNAL_EXIT
         if self.stdin is not None:
             self.stdin.stop()
         if self.nspace is not None:

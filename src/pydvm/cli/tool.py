@@ -17,7 +17,8 @@ from typing import Any
 
 from ..runtime.auth import DvmUri, UriError, connect, read_secret, tool_socket_path
 from .toolcommon import (DvmUnreachable, JobOutput, StdinSource, ToolError,  # noqa: F401
-                          job_exit, resolve_uri, run_request, stdin_kind, tag_lines)
+                          gave_up, job_exit, resolve_uri, run_request, stdin_kind, tag_lines)
+from .toolcommon import SIGNAL_EXIT
 from .toolcommon import silence as _silence  # noqa: F401 (re-exported)
 from .toolcommon import status_name as _status_name
 from ..wire import Channel, Message
@@ -176,23 +177,45 @@ async def run_job(uri: DvmUri, apps: list[dict] | None = None, session: int | No
     kind = stdin_kind(0) if forward_stdin else None
     feeder = StdinForwarder(ch, kind) if kind else None
 
+    bounded = loop.create_future()  # SIGTERM or SIGHUP: wait SIGNAL_EXIT at most
+    again = loop.create_future()  # a second signal: stop waiting at once
+
     def interrupted(signum: int) -> None:
         if state["signal"] is not None:
+            if signum != signal.SIGPIPE and not again.done():
+                again.set_result(signum)
             return
         state["signal"] = signum
+        if signum in (signal.SIGTERM, signal.SIGHUP):
+            bounded.set_result(signum)
         if feeder is not None:
             feeder.stop()
         if state["nspace"] is not None:
             ch.send({"t": "kill_job", "id": 0, "nspace": state["nspace"], "signal": int(signum)})
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in CAUGHT:
         loop.add_signal_handler(sig, interrupted, sig)
+    job = asyncio.ensure_future(ch.call(dict(request, stdin=feeder is not None)))
     try:
-        r = await ch.call(dict(request, stdin=feeder is not None))
+        await asyncio.wait([job, bounded, again], return_when=asyncio.FIRST_COMPLETED)
+        if not job.done() and not again.done():  # the job's end, SIGNAL_EXIT at most
+            await asyncio.wait([job, again], timeout=SIGNAL_EXIT,
+                               return_when=asyncio.FIRST_COMPLETED)
+        if job.done():
+            r = job.result()
+        else:
+            job.cancel()
+            r = gave_up(0, state["nspace"], state["signal"])
     finally:
+        if not job.done():
+            job.cancel()
         if feeder is not None:
             feeder.stop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in CAUGHT:
             loop.remove_signal_handler(sig)
         ch.close("done")
     return job_exit(r, state["signal"], output)
+
+
+#: The signals that end a ``pydvm run`` (and its job): 128 + the number.
+CAUGHT = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

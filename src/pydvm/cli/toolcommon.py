@@ -24,6 +24,22 @@ if TYPE_CHECKING:
 #: away exits with, 128 + this (the signal module is not needed for it).
 SIGPIPE = 13
 
+#: After SIGTERM or SIGHUP, how long a ``pydvm run`` waits for its job's
+#: end (the report) before it exits anyway with 128 + the signal: a batch
+#: system sends SIGKILL some seconds after SIGTERM, and processes that
+#: ignore SIGTERM are ended by the DVM itself (SIGKILL after its kill grace).
+#: After Ctrl-C (SIGINT) it waits for the end; a second signal exits at once.
+SIGNAL_EXIT = 1.0
+
+_SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 15: "SIGTERM"}
+
+
+def gave_up(rid: int, nspace: "str | None", signum: "int | None") -> dict:
+    """The reply a ``pydvm run`` makes up when it stops waiting for a job a
+    signal ended (:data:`SIGNAL_EXIT`); :func:`job_exit` reports it."""
+    return {"t": "reply", "id": rid, "status": 0, "gave_up": True, "nspace": nspace,
+            "signal": signum}
+
 #: How to start a DVM, as every "no DVM here" message says it.
 START_HINT = "export PYDVM_URI=$(pydvm start --daemonize)"
 
@@ -225,6 +241,18 @@ def job_exit(r: dict, signum: int | None, output: JobOutput) -> int:
         return 1
     code = 128 + signum if signum is not None else int(r.get("exit") or 0)
     output.close()
+    if r.get("gave_up"):
+        name = _SIGNAL_NAMES.get(signum or 0, f"signal {signum}")
+        job = r.get("nspace") or "the job"
+        if 2 not in output.closed:
+            try:
+                sys.stderr.write(f"pydvm run: {name}: {job} was told to end; not waiting for "
+                                 "it: the DVM ends processes that outlive SIGTERM with SIGKILL "
+                                 "after its kill grace\n")
+                sys.stderr.flush()
+            except (BrokenPipeError, OSError):
+                pass
+        return code
     if output.quiet or not r.get("failures") and not r.get("failed") and (
             not r.get("msg") or signum is not None):
         return code  # nothing to report (the usual end: not worth an import)

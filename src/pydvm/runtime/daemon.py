@@ -20,6 +20,7 @@ import signal
 from ..wire import Channel, heartbeat
 from .auth import DvmUri, connect
 from .guard import Guardian
+from .logs import store_verbosity
 from .node import NodeServer
 
 log = logging.getLogger("pydvm.daemon")
@@ -42,6 +43,8 @@ class Daemon:
             fields={"node": self.node})
         self.server = NodeServer(self.node, self.master, welcome, guardian=self.guardian,
                                  vouch=(self.secret, str(self.uri)))
+        # The DVM's parameters arrive with the welcome: the store's trace too.
+        store_verbosity(self.server.values["prte_data_server_verbose"])
         await self.server.start()
         # SIGTERM (Slurm ending the allocation or the step, an admin): end the
         # node's processes and leave, as when the master is lost.

@@ -50,7 +50,6 @@ handshake; the gate hears of a process's end as a
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import shutil
@@ -100,7 +99,7 @@ class DirectGate(ProcessListener):
         self.unix_accepted = 0
         #: the direct-data Unix socket's directory and server (None: not open).
         self._dir: Path | None = None
-        self._server: asyncio.AbstractServer | None = None
+        self._server: Any = None
 
     @property
     def enabled(self) -> bool:
@@ -114,12 +113,14 @@ class DirectGate(ProcessListener):
     # the Unix socket
     # ------------------------------------------------------------------
 
-    async def open_socket(self, factory: Callable[[], Any]) -> None:
-        """Listen on the direct-data Unix socket (same-host clients)."""
+    async def open_socket(self, listen: Callable[[str], Any]) -> None:
+        """Listen on the direct-data Unix socket (same-host clients):
+        ``listen(path)`` opens it (the master's door) and returns what has
+        ``close()``."""
         self._dir = make_socket_dir(self.dvmid, "master", self.multi_user)
         self._guardian().remove_on_exit(str(self._dir))  # even after a SIGKILL
         path = self._path()
-        self._server = await asyncio.get_running_loop().create_unix_server(factory, path)
+        self._server = listen(path)
         # Multi-user: every user's processes connect; who they are is the
         # credential, checked against SO_PEERCRED.
         os.chmod(path, 0o666 if self.multi_user else 0o600)

@@ -32,7 +32,7 @@ writes is lost once it runs.  srun runs with ``--label``: each task line
 starts with the task number, and srun's own ``srun: error: NODE: task T:
 ...`` lines say which node a task ran on and how it ended.
 
-Where the daemons' logs go (:func:`setup_logging`): ``LOG_DIR/NODE.log``
+Where the daemons' logs go (:func:`pydvm.runtime.logs.setup_logging`): ``LOG_DIR/NODE.log``
 when the master was given a log directory (``--log-dir``, or the per-DVM
 default of a ``--daemonize``'d DVM, :func:`default_log_dir`), else stderr.
 """
@@ -51,6 +51,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .logs import setup_logging  # noqa: F401 (its old home: re-exported)
 
 LAUNCHERS = ("local", "ssh", "slurm")
 #: Lines of a daemon's standard error kept for the start-up error.
@@ -437,37 +439,3 @@ def default_log_dir(dvmid: str) -> Path:
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(d, 0o700)
     return d
-
-
-def setup_logging(name: str, log_dir: str | None, verbose: int = 0) -> None:
-    """Log to ``LOG_DIR/NAME.log`` if given, else to stderr.
-
-    A log directory that cannot be created or written falls back to stderr
-    with a warning (a daemon whose node cannot see the master's directory).
-    The store's trace (``pydvm.store`` at INFO) is shown when
-    ``prte_data_server_verbose`` is above 0.
-    """
-    root = logging.getLogger("pydvm")
-    for h in list(root.handlers):
-        root.removeHandler(h)
-    handler: logging.Handler
-    problem = ""
-    if log_dir:
-        try:
-            Path(log_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
-            handler = logging.FileHandler(os.path.join(log_dir, f"{name}.log"))
-        except OSError as exc:
-            problem = f"cannot log to {log_dir} ({exc}); logging to stderr"
-            handler = logging.StreamHandler(sys.stderr)
-    else:
-        handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(
-        f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s"))
-    root.addHandler(handler)
-    root.setLevel(logging.WARNING)
-    root.propagate = False
-    logging.getLogger("pydvm.store").setLevel(logging.INFO if verbose > 0 else logging.WARNING)
-    if os.environ.get("PYDVM_DEBUG"):
-        root.setLevel(logging.DEBUG)
-    if problem:
-        root.warning("%s", problem)

@@ -72,6 +72,7 @@ from .credential import ROLE as DIRECT_ROLE
 from .dataops import DATA_OPS
 from .dataservice import DataService, MasterRouter
 from .direct import DirectGate
+from .door import Door, Listener
 from .guard import Guardian
 from .jobs import HostSpec, JobRecord, SessionRecord
 from .jobstreams import JobStreams
@@ -188,8 +189,10 @@ class Master:
         self.bind = bind
         self.log_dir = log_dir
         self.uri: DvmUri | None = None
-        self._server: asyncio.AbstractServer | None = None
-        self._tool_server: asyncio.AbstractServer | None = None
+        #: the front door (door.py): every listening socket, the strangers on them.
+        self.door: Door | None = None
+        self._server: Listener | None = None
+        self._tool_server: Listener | None = None
         self._stopping = False
         self._stopped = asyncio.Event()
         self._peers: set[Channel] = set()
@@ -282,20 +285,21 @@ class Master:
         loop = asyncio.get_running_loop()
         poll_after_messages(loop, self.values["pydvm_master_poll_us"])
         self.data.open(loop)
+        self.door = door = Door("master")
         try:
             try:
-                self._server = await loop.create_server(lambda: _PeerChannel(self), self.bind,
-                                                        self.port, reuse_address=True)
+                self._server = door.listen_tcp(lambda: _PeerChannel(self), self.bind, self.port)
             except OSError as exc:
                 raise StartError(f"cannot listen on {self.bind}: {exc}") from None
-            port = self._server.sockets[0].getsockname()[1]
+            port = self._server.sock.getsockname()[1]
             host = self.bind if self.bind not in ("0.0.0.0", "::") else socket.gethostname()
             self.uri = DvmUri(host, port, self.dvmid)
             self._lock.publish(self.secret, self.uri, list(self.nodes.records))
             if self.multi_user:
                 await self._open_tool_socket()
             if self.direct.enabled:
-                await self.direct.open_socket(lambda: _PeerChannel(self, unix="direct"))
+                await self.direct.open_socket(
+                    lambda path: door.listen_unix(lambda: _PeerChannel(self, unix="direct"), path))
             if self.metrics_address is not None:
                 try:
                     self.metrics = MetricsServer.start(self, *self.metrics_address)
@@ -329,9 +333,9 @@ class Master:
         except FileExistsError:
             raise StartError(f"{path.parent} already exists; refusing to serve tools there")
         os.chmod(path.parent, 0o711)
-        loop = asyncio.get_running_loop()
-        self._tool_server = await loop.create_unix_server(
-            lambda: _PeerChannel(self, unix="tool"), str(path))
+        assert self.door is not None
+        self._tool_server = self.door.listen_unix(lambda: _PeerChannel(self, unix="tool"),
+                                                  str(path))
         os.chmod(path, 0o666)  # any local user; identity comes from SO_PEERCRED
 
     def guardian(self) -> Guardian:
@@ -378,6 +382,8 @@ class Master:
             self._tool_server.close()
             shutil.rmtree(tool_socket_path(self.dvmid).parent, ignore_errors=True)
         self.direct.close_socket()
+        if self.door is not None:
+            self.door.close()
         for ch in list(self._peers):
             if not isinstance(ch.session, ToolSession):
                 ch.close("DVM stopped")
@@ -419,6 +425,7 @@ class Master:
             "direct": self.direct.stats(),
             "direct_unix": self.direct.socket_info(),
             "metrics": self.metrics.url if self.metrics is not None else None,
+            "descriptors": self.door.info() if self.door is not None else None,
             "pmix": {"master": list(pmix_status()), "nodes": self.nodes.pmix_report()},
         }
 

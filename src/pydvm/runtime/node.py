@@ -84,6 +84,7 @@ from ..store import DataStore, MonotonicClock, StoreParams
 from ..wire import Channel, Message, peer_credentials, refuse, reply
 from . import dataops, jobproc, ompienv
 from .cpubind import NodeBinding
+from .door import Door, Listener
 from .credential import ENV as credential_env
 from .credential import Voucher
 from .guard import Guardian, group_alive
@@ -173,7 +174,7 @@ class NodeServer:
         #: directory per job (made on the first such job; see job_dir).
         self.shm_dir: Path | None = None
         self.socket_path = ""
-        self._server: asyncio.AbstractServer | None = None
+        self._server: Listener | None = None
         self.done = asyncio.Event()
         self._clients: set[ClientSession] = set()
         #: uids whose first node-store item the last request stored, to be
@@ -216,7 +217,7 @@ class NodeServer:
             on_holder=self._holder_changed if self.voucher is not None else None,
         )
         self._make_socket_dir()
-        self._server = await loop.create_unix_server(
+        self._server = Door(f"node {self.name}").listen_unix(
             lambda: Channel(self._on_client_hello, self._on_client_closed, name="client"),
             self.socket_path)
         os.chmod(self.socket_path, 0o666 if self.multi_user else 0o700)
