@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from . import binding
+from .guard import pid_alive
 from .topology import Topology, format_cpu_list, read
 
 
@@ -98,7 +99,7 @@ class SharedLoad:
                 continue
             path = os.path.join(self.dir, name)
             pid = name.split("-", 1)[0]
-            if not pid.isdigit() or not _alive(int(pid)):
+            if not pid.isdigit() or not pid_alive(int(pid)):
                 _unlink(path)
                 continue
             try:
@@ -123,16 +124,6 @@ class SharedLoad:
             os.replace(tmp, path)
         except OSError:
             pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _unlink(path: str) -> None:

@@ -31,6 +31,17 @@ import shutil
 import signal
 
 
+def pid_alive(pid: int) -> bool:
+    """True while process ``pid`` exists (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def group_alive(pgid: int) -> bool:
     """True while the process group has at least one member."""
     try:
