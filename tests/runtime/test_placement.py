@@ -398,8 +398,9 @@ def test_same_hosts_as_mpirun(slots, apps, placement):
     # out: mpirun 4.1 then asks for one rank per slot and refuses when the
     # ppr places fewer -- pydvm places N per core (test below pins it)
     sizes: list[int | None] = [None if per_node and n % 2 else n for n in apps]
-    if placement.get("map_by") == "ppr" and len(apps) > 1 and (
-            placement["ppr"][1] != "node" or any(n is not None for n in sizes[1:])):
+    if (placement.get("map_by") == "ppr" or placement.get("npernode")) and len(apps) > 1 and (
+            placement.get("ppr", [0, "node"])[1] != "node"
+            or any(n is not None for n in sizes[1:])):
         # MPMD apps of ppr with -n: mpirun 4.1 starts each later app's count
         # over from the first host (ppr:2:node on a:1,b:2, apps of 4 and 2:
         # the second on a, a) and counts the objects earlier apps used in a
