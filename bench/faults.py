@@ -65,6 +65,17 @@ class Row:
         self.case, self.done, self.measured, self.held = case, done, "", False
 
 
+
+def seconds_until_gone(pids, since: float, timeout: float = 20) -> float | None:
+    """Seconds from ``since`` until none of ``pids`` runs; None if some
+    still do after ``timeout``."""
+    try:
+        wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=timeout,
+                 what="the processes to end")
+    except AssertionError:
+        return None
+    return time.monotonic() - since
+
 def rss(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -303,13 +314,7 @@ def case_frozen_daemon(tmp: Path) -> Row:
         lost = time.monotonic() - t0
         job.communicate(timeout=30)
         os.kill(bpid, signal.SIGCONT)
-        t1 = time.monotonic()
-        try:
-            wait_for(lambda: not any(pid_alive(p) for p in left), timeout=20,
-                     what="b's daemon and job to exit")
-            gone = time.monotonic() - t1
-        except AssertionError:
-            gone = None
+        gone = seconds_until_gone(left, time.monotonic())
         still = dvm.run("--host", "a", "-n", "1", "echo", "ok")
         refused = dvm.run("--host", "b", "-n", "1", "true")
         row.measured = (f"lost after {lost:.1f} s; run exited {job.returncode}; after SIGCONT "
@@ -496,12 +501,7 @@ def case_sigterm_run(tmp: Path) -> Row:
         t0 = time.monotonic()
         proc.communicate(timeout=30)
         took = time.monotonic() - t0
-        try:
-            wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=20,
-                     what="the job's processes to end")
-            gone = time.monotonic() - t0
-        except AssertionError:
-            gone = None
+        gone = seconds_until_gone(pids, t0)
         row.measured = (f"exit {proc.returncode} after {took:.2f} s; job processes "
                         + (f"gone {gone:.2f} s after the signal" if gone is not None
                            else "still there"))
