@@ -75,6 +75,12 @@ log = logging.getLogger("pydvm.master")
 FAILURE_REPORT_LIMIT = 20
 
 
+def _str_map(value: Any) -> bool:
+    """Whether ``value`` is an environment: a map of str to str."""
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
 def failure_report(job: JobRecord) -> dict[str, Any]:
     """The fields of a run's final reply that say why the job failed.
 
@@ -303,8 +309,7 @@ class ProcessTable(NodeListener):
             raise ValueError("a job needs at least one app context")
         env = msg.get("env") or {}
         cwd = msg.get("cwd") or "/"
-        if not isinstance(env, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        if not _str_map(env):
             raise ValueError("env must map str to str")
         session_nodes = {h.name: h for h in session.hosts}
         specs = []
@@ -349,8 +354,7 @@ class ProcessTable(NodeListener):
                 down = ", ".join(h.name for h in hs)
                 raise ValueError(f"app {i}: node(s) not available: {down}")
             app_env, app_cwd = app.get("env"), app.get("cwd")
-            if app_env is not None and not (isinstance(app_env, dict) and all(
-                    isinstance(k, str) and isinstance(v, str) for k, v in app_env.items())):
+            if app_env is not None and not _str_map(app_env):
                 raise ValueError(f"app {i}: env must map str to str")
             if app_cwd is not None and not isinstance(app_cwd, str):
                 raise ValueError(f"app {i}: cwd must be a str")
