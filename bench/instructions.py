@@ -40,9 +40,9 @@ OPS = ("publish", "lookup", "unpublish")
 #: has the answer written before each call.
 CLIENT_PROG = r'''
 import socket, sys, threading
-from pydvm import _direct
-from pydvm._mux import Mux
-from pydvm.client import Client
+from pydvm.client import direct as _direct
+from pydvm.client.mux import Mux
+from pydvm.client.data import Client
 from pydvm.errors import UnreachableError
 from pydvm.wire import BlockingChannel, pack
 

@@ -1,10 +1,10 @@
-"""What a lookup's answer turns into for the caller (pydvm._proto.lookup_result):
+"""What a lookup's answer turns into for the caller (pydvm.client.proto.lookup_result):
 values, Found records, publishers, the PMIx type names, partial answers."""
 
 import pytest
 
 from pydvm import Typed
-from pydvm._proto import Found, LookupResult, lookup_result
+from pydvm.client.proto import Found, LookupResult, lookup_result
 from pydvm.errors import NotFoundError, Status
 
 ROWS = [["addr", "tcp://10.0.0.1:5", "job-a", 3],

@@ -1,4 +1,4 @@
-"""The blocking client's multiplexer (pydvm._mux) over a real socket pair.
+"""The blocking client's multiplexer (pydvm.client.mux) over a real socket pair.
 
 The far end is a thread of this test playing the server: it reads frames
 and answers them when and in the order the test says.
@@ -12,8 +12,8 @@ import threading
 
 import pytest
 
-from pydvm import _mux
-from pydvm._mux import Mux
+from pydvm.client import mux as _mux
+from pydvm.client.mux import Mux
 from pydvm.errors import DuplicateKeyError, UnreachableError
 from pydvm.wire import BlockingChannel, reply
 

@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 #: Loaded on first use: the command line imports this package for its
 #: version and protocol, and ``pydvm run`` never needs the client.
-_LAZY = {"Client": "client", "Found": "_proto", "LookupResult": "_proto"}
+_LAZY = {"Client": "client", "Found": "client", "LookupResult": "client"}
 
 
 def __getattr__(name: str):

@@ -6,7 +6,7 @@ the PMIx ones (SPEC section 8) so that the wire and the logs read like PMIx.
 The client libraries turn a non-success status into one exception class per
 status, all derived from :class:`PMIxError`.  A partial lookup is not an
 error: it comes back as a result whose ``status`` is
-``Status.ERR_PARTIAL_SUCCESS`` (see :class:`pydvm.client.LookupResult`).
+``Status.ERR_PARTIAL_SUCCESS`` (see :class:`pydvm.LookupResult`).
 """
 
 from __future__ import annotations

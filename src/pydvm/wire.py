@@ -519,6 +519,6 @@ def stop_polling() -> None:
     _loop_poll = None
 
 
-from ._blocking import (  # noqa: E402,F401 (the blocking client channel)
+from .client.channel import (  # noqa: E402,F401 (the blocking client channel)
     CLIENT_SPIN_US_DEFAULT, SPIN_BACKOFF_MAX, BlockingChannel, _client_spin,
 )

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from dvmkit import LineReader, finish, job_script, lines, pid_alive, wait_for
-from pydvm import _direct
+from pydvm.client import direct as _direct
 from pydvm.errors import PMIxError, Status
 from pydvm.runtime.auth import DvmUri
 from pydvm.runtime.credential import Credential, Voucher

@@ -16,7 +16,7 @@ A, B = "pdvmtesta", "pdvmtestb"
 
 PROBE = """
 import sys
-from pydvm import _direct
+from pydvm.client import direct as _direct
 from pydvm.errors import PMIxError
 from pydvm.runtime.auth import DvmUri
 from pydvm.runtime.credential import Credential

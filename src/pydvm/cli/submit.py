@@ -50,7 +50,7 @@ import _signal  # the C module: ``signal`` wraps it in enums, which costs an imp
 import _socket
 
 from .. import _trace
-from .._blocking import BlockingChannel
+from ..client.channel import BlockingChannel
 from ..errors import Status
 from ..protocol import (HANDSHAKE_TIMEOUT, DvmUri, FrameError, UriError, mac, pack, read_secret,
                        tool_socket_name)

@@ -1,7 +1,7 @@
 """The direct-data credential: a daemon vouches for a process it launched.
 
 A client on a daemon's node may send its master-store requests straight to
-the master (:mod:`pydvm.runtime.direct`, :mod:`pydvm._direct`).  The master
+the master (:mod:`pydvm.runtime.direct`, :mod:`pydvm.client.direct`).  The master
 cannot read that client's peer credentials over TCP, so the daemon that
 launched the process vouches for it, once, at launch, without a round trip:
 

@@ -19,14 +19,14 @@ store serves (every range but LOCAL) straight to the master, on one
 connection (TCP, or a Unix socket on the master's own machine) opened on
 the first such request, with the credential its
 daemon gave the process at launch (``pydvm_direct_data``; see
-:mod:`pydvm._direct`): one hop instead of two.
+:mod:`pydvm.client.direct`): one hop instead of two.
 
 Errors come back as exceptions, one class per PMIx status (see
 :mod:`pydvm.errors`); a lookup that found only some keys returns a
 :class:`LookupResult` whose ``status`` is ``Status.ERR_PARTIAL_SUCCESS``.
 
 One client may be shared by all the threads of a process: each call sends
-its request at once and waits for its own answer (:mod:`pydvm._mux`), so a
+its request at once and waits for its own answer (:mod:`pydvm.client.mux`), so a
 lookup waiting in one thread holds up no other thread's requests.
 """
 
@@ -35,13 +35,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping
 
-from . import _direct, _proto
-from ._mux import Mux
-from ._proto import Found, LookupResult
-from .enums import Persistence, Range
-from .errors import UnreachableError
-from ._blocking import BlockingChannel
-from .protocol import Message
+from . import direct as _direct, proto as _proto
+from .mux import Mux
+from .proto import Found, LookupResult
+from ..enums import Persistence, Range
+from ..errors import UnreachableError
+from .channel import BlockingChannel
+from ..protocol import Message
 
 TYPE_CHECKING = False  # (not typing's: importing typing costs every job process)
 if TYPE_CHECKING:  # for type checkers and the API reference only

@@ -36,9 +36,9 @@ import itertools
 import threading
 from collections.abc import Callable
 
-from .errors import PMIxError, Status, error_for
-from ._blocking import BlockingChannel
-from .protocol import FrameError, Message
+from ..errors import PMIxError, Status, error_for
+from .channel import BlockingChannel
+from ..protocol import FrameError, Message
 
 #: Requests sent without waiting (:meth:`Mux.post`) that may be unanswered
 #: at once; a post beyond it first waits for the oldest answers.  Keeps

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import os
 
-from ._blocking import BlockingChannel
-from .errors import PMIxError, Status, UnreachableError, error_for
-from .protocol import MASTER, NODE, Credential, DvmUri, Message, UriError, stores_for, \
+from .channel import BlockingChannel
+from ..errors import PMIxError, Status, UnreachableError, error_for
+from ..protocol import MASTER, NODE, Credential, DvmUri, Message, UriError, stores_for, \
     token_from_env
 
 TYPE_CHECKING = False  # (not typing's: importing typing costs every job process)
@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # for type checkers and the API reference only
     import socket
     from typing import Any
 
-    from .wire import Channel
+    from ..wire import Channel
 
 
 class _LazyLog:
@@ -159,7 +159,7 @@ async def open_async(info: DirectInfo) -> "Channel | None":
     """:func:`open_blocking` for the asyncio client."""
     import asyncio
 
-    from .wire import Channel
+    from ..wire import Channel
     if info.problem:
         raise error_for(Status.ERR_NO_PERMISSIONS, info.problem)
     loop = asyncio.get_running_loop()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator, Mapping
 
-from .enums import Persistence, Range
-from .errors import BadParamError, Status, UnreachableError, error_for
-from .protocol import DEFAULT_TYPES, TYPE_NAMES, Message, Typed
+from ..enums import Persistence, Range
+from ..errors import BadParamError, Status, UnreachableError, error_for
+from ..protocol import DEFAULT_TYPES, TYPE_NAMES, Message, Typed
 
 TYPE_CHECKING = False  # (not typing's: importing typing costs every job process)
 if TYPE_CHECKING:  # for type checkers and the API reference only

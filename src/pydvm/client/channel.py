@@ -10,7 +10,7 @@ TYPE_CHECKING = False  # (not typing's: importing typing costs every job process
 if TYPE_CHECKING:  # for type checkers and the API reference only
     import socket
 
-from .protocol import MAX_FRAME, FrameDecoder, Message, pack
+from ..protocol import MAX_FRAME, FrameDecoder, Message, pack
 
 #: How long (µs) a blocking client polls for a reply before it sleeps in
 #: ``recv`` (``PYDVM_CLIENT_SPIN_US``; 0: sleep at once).  On a virtual
@@ -43,7 +43,7 @@ class BlockingChannel:
     """A framed connection for synchronous code (the blocking client).
 
     Not thread-safe by itself: one thread sends at a time and one reads at
-    a time (the client's :class:`pydvm._mux.Mux` sees to both).
+    a time (the client's :class:`pydvm.client.mux.Mux` sees to both).
     """
 
     def __init__(self, sock: socket.socket, max_frame: int = MAX_FRAME) -> None:

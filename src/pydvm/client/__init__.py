@@ -1,0 +1,43 @@
+"""The client side of pydvm: what a program uses to talk to a DVM.
+
+One door for everything a job process or a workflow program imports:
+
+* :class:`Client` (``data.py``) -- the blocking data-store client of a job
+  process (``publish``, ``lookup``, ``unpublish``...); the asyncio twin is
+  :class:`pydvm.aio.Client` (``aio.py``);
+* ``proto.py`` -- request building and reply reading both clients share;
+* ``mux.py`` -- several threads' requests on one blocking connection;
+* ``channel.py`` -- the blocking framed connection (also what ``pydvm run``
+  talks to the master over);
+* ``direct.py`` -- the direct data path to the master store.
+
+Nothing here loads the runtime, and nothing is imported before it is
+asked for: ``pydvm run`` takes the blocking channel alone.
+"""
+
+from __future__ import annotations
+
+#: Public names and the module each lives in (loaded on first use).
+_LAZY = {
+    "Client": "data",
+    "Found": "proto",
+    "LookupResult": "proto",
+}
+
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'pydvm.client' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = sorted(_LAZY)
