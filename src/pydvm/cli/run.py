@@ -62,6 +62,8 @@ def build_request(opts: dict[str, Any]) -> dict[str, Any]:
         req["timeout"] = opts["timeout"]
     if opts["stdin"]:
         req["stdin_rank"] = opts["stdin"]
+    if opts.get("queue") is not None:
+        req["queue"] = opts["queue"]
     return req
 
 
