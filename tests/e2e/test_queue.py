@@ -54,6 +54,11 @@ class Inbox:
             if pred(m):
                 return m
 
+    def call(self, msg: dict) -> dict:
+        """Send a request; its reply (what comes before it is kept)."""
+        self.peer.send(msg)
+        return self.first("reply", msg["id"])
+
     def first(self, t: str, ref) -> dict:
         key = "id" if t == "reply" else "ref"
         return self.until(lambda m: m.get("t") == t and m.get(key) == ref, f"{t} of {ref}")
