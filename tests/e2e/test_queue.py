@@ -272,3 +272,46 @@ def test_run_many_answers_every_job_and_refuses_a_malformed_one_alone(make_dvm, 
     bad = tool(dvm)
     too_many = bad.call({"t": "run_many", "jobs": [{"id": i} for i in range(10_001)]})
     assert too_many["status"] == BAD_PARAM and "at most 10000" in too_many["msg"]
+
+
+def test_jobs_submitted_together_reach_each_node_in_one_launch_message(make_dvm, monkeypatch):
+    """50 jobs of one rank per node in one run_many: every node is sent one
+    message carrying its 50 shares (its log says so), not 50 launches."""
+    monkeypatch.setenv("PYDVM_DEBUG", "1")
+    dvm = make_dvm("a,b,c")
+    t = Inbox(tool(dvm))
+    specs = [{"id": 100 + i, "apps": [{"argv": ["true"], "n": 3}], "env": dict(os.environ),
+              "cwd": "/", "placement": {"map_by": "node"}} for i in range(50)]
+    r = t.call({"t": "run_many", "id": 1, "jobs": specs})
+    assert [s for _, s, _ in r["results"]] == [0] * 50
+    for i in range(50):
+        assert t.first("reply", 100 + i)["exit"] == 0
+    for node in "abc":
+        said = [ln for ln in dvm.log(node).splitlines() if "in one message" in ln]
+        assert len(said) == 1 and f"{node}: 50 jobs' launches in one message" in said[0], said
+
+
+def test_a_lost_node_ends_the_queued_jobs_laid_out_on_it_and_no_other(make_dvm, tmp_path):
+    import signal
+
+    dvm = make_dvm("a:1,b:1")
+    t = Inbox(tool(dvm))
+    go = tmp_path / "go"
+
+    def on(rid, hosts, n=1, argv=None):
+        return run_msg(rid, argv or hold(go)) | {"apps": [{"argv": argv or hold(go), "n": n,
+                                                           "hosts": [[h, 1] for h in hosts]}]}
+    t.peer.send(on(1, "a"))
+    t.first("started", 1)
+    t.peer.send(on(2, "ab", n=2))
+    t.first("queued", 2)
+    t.peer.send(on(3, "a", argv=["true"]))
+    ns3 = t.first("queued", 3)["nspace"]
+    os.kill(dvm.daemon_pids["b"], signal.SIGKILL)
+    r = t.first("reply", 2)
+    assert r["status"] == 0 and r["exit"] == 255, r
+    assert r["msg"].startswith("node b was lost while the job was queued"), r["msg"]
+    assert ps(dvm)[ns3] == "queued"
+    go.touch()
+    assert t.first("reply", 1)["exit"] == 0
+    assert t.first("reply", 3)["exit"] == 0

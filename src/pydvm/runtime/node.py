@@ -438,6 +438,7 @@ class NodeServer:
         ``launch`` without its type), answered once with ``results``, one
         answer per launch in order, when every share has started or failed."""
         shares = msg.get("launches") if isinstance(msg.get("launches"), list) else []
+        log.debug("%s: %d jobs' launches in one message", self.name, len(shares))
         out = await asyncio.gather(*[self._start_share(m if isinstance(m, dict) else {})
                                      for m in shares], return_exceptions=True)
         self.uplink.send(reply(msg.get("id"), Status.SUCCESS, results=[
