@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
 import pytest
@@ -206,6 +207,13 @@ def test_pydvm_run_queue_waits_shows_in_ps_and_is_killed_while_queued(make_dvm, 
     err = waiting.stderr.read()
     assert "killed while queued by 'pydvm kill'" in err, err
     assert "ran" not in waiting.stdout.read()
+    # Ctrl-C on a queued pydvm run takes its job off the queue.
+    again = dvm.run_bg("--queue", "-n", "1", sys.executable, "-c", "print('ran')")
+    ns = wait_for(lambda: next((n for n, s in ps(dvm).items() if s == "queued"), None),
+                  what="the job queued")
+    again.send_signal(signal.SIGINT)
+    assert finish(again, 30) == 130
+    assert ns not in ps(dvm) and "ran" not in again.stdout.read()
     go.touch()
     assert finish(first, 30) == 0
 
@@ -292,8 +300,6 @@ def test_jobs_submitted_together_reach_each_node_in_one_launch_message(make_dvm,
 
 
 def test_a_lost_node_ends_the_queued_jobs_laid_out_on_it_and_no_other(make_dvm, tmp_path):
-    import signal
-
     dvm = make_dvm("a:1,b:1")
     t = Inbox(tool(dvm))
     go = tmp_path / "go"

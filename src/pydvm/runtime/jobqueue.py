@@ -104,6 +104,11 @@ class JobQueue(ProcessListener, NodeListener):
         #: nspace -> its ranks per node: started by the queue, not yet in
         #: the process table (its launch task has not run yet).
         self._reserved: dict[str, dict[str, int]] = {}
+        #: node -> ranks of ``_reserved`` there; node -> waiting jobs that
+        #: need it (both kept as those change, so a submission costs the
+        #: job's nodes, not the queue's length).
+        self._reserved_on: dict[str, int] = {}
+        self._wanted: dict[str, int] = {}
         self._listeners: list[QueueListener] = []
         self._pump_due = False
 
@@ -165,11 +170,11 @@ class JobQueue(ProcessListener, NodeListener):
         need = job.ranks_per_node()
         cap = {node: max(job.slots.get(node, 0), k) for node, k in need.items()}
         w = Waiting(tool, rid, job, per_node, need, cap)
-        blocked = {n for q in self._waiting.values() for n in q.need}
-        if blocked.isdisjoint(need) and self._fits(w):
+        if not any(n in self._wanted for n in need) and self._fits(w):
             self._start(w)
             return
         self._waiting[job.nspace] = w
+        _add(self._wanted, {n: 1 for n in need})
         position = len(self._waiting)
         tool.send({"t": "queued", "ref": rid, "nspace": job.nspace, "position": position})
         log.info("job %s queued at position %d (%d processes)", job.nspace, position, job.size)
@@ -180,26 +185,33 @@ class JobQueue(ProcessListener, NodeListener):
         for node, k in w.need.items():
             if not self._nodes.is_up(node):
                 return False
-            if self._used.get(node, 0) + self._reserved_on(node) + k > w.cap[node]:
+            if self._used.get(node, 0) + self._reserved_on.get(node, 0) + k > w.cap[node]:
                 return False
         return True
-
-    def _reserved_on(self, node: str) -> int:
-        if not self._reserved:
-            return 0
-        return sum(r.get(node, 0) for r in self._reserved.values())
 
     def _start(self, w: Waiting) -> None:
         ns = w.job.nspace
         self._reserved[ns] = w.need
+        _add(self._reserved_on, w.need)
         w.job.started = time.time()
 
         async def run() -> None:
             try:
                 await self._processes.run(w.tool, w.rid, w.job, w.per_node)
             finally:
-                self._reserved.pop(ns, None)  # never got into the table
+                self._unreserve(ns)  # if it never got into the table
         self._tasks.start(run(), (w.tool.channel, w.rid))
+
+    def _unreserve(self, ns: str) -> None:
+        need = self._reserved.pop(ns, None)
+        if need is not None:
+            _add(self._reserved_on, need, -1)
+
+    def _unwait(self, ns: str) -> Waiting | None:
+        w = self._waiting.pop(ns, None)
+        if w is not None:
+            _add(self._wanted, {n: 1 for n in w.need}, -1)
+        return w
 
     def _pump_soon(self) -> None:
         """Look for jobs to start once this turn of the loop is over (every
@@ -221,7 +233,7 @@ class JobQueue(ProcessListener, NodeListener):
                                                f"{w.job.session_id} was ended")
                 continue
             if blocked.isdisjoint(w.need) and self._fits(w):
-                del self._waiting[ns]
+                self._unwait(ns)
                 self._start(w)
             else:
                 blocked.update(w.need)
@@ -257,7 +269,7 @@ class JobQueue(ProcessListener, NodeListener):
 
     def _end(self, w: Waiting, exit: int, reason: str) -> None:
         job = w.job
-        self._waiting.pop(job.nspace, None)
+        self._unwait(job.nspace)
         log.info("queued job %s ended: %s", job.nspace, reason)
         w.tool.send(reply(w.rid, Status.SUCCESS, reason, nspace=job.nspace, exit=exit,
                           failures=[], failed=0, killed=0, apps=len(job.apps)))
@@ -269,7 +281,7 @@ class JobQueue(ProcessListener, NodeListener):
     # ------------------------------------------------------------------
 
     def job_started(self, job: JobRecord) -> None:
-        self._reserved.pop(job.nspace, None)
+        self._unreserve(job.nspace)
         for node, k in job.ranks_per_node().items():
             self._used[node] = self._used.get(node, 0) + k
 
@@ -296,3 +308,13 @@ class JobQueue(ProcessListener, NodeListener):
             self._end(w, LOST_STATUS, f"node {name} was lost while the job was queued "
                                       f"({reason}): it can no longer run as planned")
         self._pump_soon()
+
+
+def _add(counts: dict[str, int], by: dict[str, int], sign: int = 1) -> None:
+    """Add (``sign`` -1: take) ``by``'s counts to ``counts``, dropping zeros."""
+    for key, k in by.items():
+        v = counts.get(key, 0) + sign * k
+        if v > 0:
+            counts[key] = v
+        else:
+            counts.pop(key, None)
