@@ -62,7 +62,7 @@ from .replies import (InfoReply, LookupReply, ModexReply, OpReply, SpawnReply, _
                       _Reply, _StatusReply, handler_failed, task_done)
 from .requests import (Abort, App, ClientConnected, ClientFinalized, Connect,
                        DeregisterEvents, DirectModex, Disconnect, Fence, Group, Lookup,
-                       NotifyEvent, Publish, RegisterEvents, Request, Spawn, Unpublish)
+                       NotifyEvent, Publish, Query, RegisterEvents, Request, Spawn, Unpublish)
 from .values import (PmixValueError, Proc, Value, argv_at, build_info, check_key,
                      check_nspace, cstr, info_at, proc_at, proc_to_c, procs_at, validate,
                      PUBLISHABLE_TYPES)
@@ -214,6 +214,9 @@ class PmixServer:
                 raise PmixServerError(rc, "PMIx_server_init")
             if share_topology:
                 _open_topology(self.tmpdir)
+            from . import queries
+            #: the libpmix 4.2.2 attribute-query fix: installed, not needed, or why not
+            self.attribute_fix = queries.start(self)
         except BaseException:
             self._running = False
             self._remove_tmpdir()
@@ -449,6 +452,7 @@ class PmixServer:
             "deregister_events": self._up_deregister_events,
             "notify_event": self._up_notify_event,
             "group": self._up_group,
+            "query": self._up_query,
         }
         for name, fn in impls.items():
             slot, proto = L.UPCALL_TYPES[name]
@@ -677,6 +681,12 @@ class PmixServer:
         req = Group("destruct" if op == GROUP_DESTRUCT else "construct",
                     grp.decode("utf-8", "replace") if grp else "", procs_at(procs, nprocs),
                     lenient(directives, ndirs))
+        req.reply = InfoReply(self, cbfunc, cbdata, L.info_cbfunc_t, req.kind)
+        return self._post(req)
+
+    def _up_query(self, proct, queries, nqueries, cbfunc, cbdata):
+        from .queries import queries_at
+        req = Query(proc_at(proct), queries_at(queries, nqueries))
         req.reply = InfoReply(self, cbfunc, cbdata, L.info_cbfunc_t, req.kind)
         return self._post(req)
 
