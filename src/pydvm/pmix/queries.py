@@ -44,7 +44,7 @@ from typing import Callable
 from . import _lib as L
 from . import constants as C
 from .requests import QueryItem
-from .values import DataArray, RegAttr, Value, argv_at, cstr, info_at
+from .values import DataArray, RegAttr, Value, argv_at, build_info, cstr, info_at
 
 log = logging.getLogger("pydvm.pmix")
 
@@ -270,8 +270,9 @@ def install_attribute_fix(lib: L.Lib, answer: Callable[[int, int, int, int], int
         try:
             rc = _installed["answer"](queries, nqueries, cbfunc, cbdata)
         except Exception:
+            # never on to libpmix's broken path: the server answers the error
             log.exception("pmix query: answering an attribute query failed")
-            rc = None
+            return C.ERROR
         if rc is not None:
             return rc
         return _installed["real"](queries, nqueries, cbfunc, cbdata)
@@ -323,6 +324,7 @@ def start(server) -> str:
         if not server.running or not has_attribute_query(queries, n):
             return None
         status, items = attribute_answer(lib, queries_at(queries, n))
+        build_info(items, [])           # what cannot be carried raises before answering
         server.stats["requests"] += 1
         server.stats["answered_now"] += 1
         InfoReply(server, cbfunc, cbdata, L.info_cbfunc_t, "query")(status, items)

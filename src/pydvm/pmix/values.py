@@ -520,7 +520,7 @@ def _darray_to_c(arr: DataArray, da: L.pmix_data_array_t, keep: list) -> None:
         rows = (L.pmix_regattr_t * n)()
         for row, x in zip(rows, arr.items):
             row.name = _keep_str(x.name, keep)
-            row.string = check_key(x.string)
+            row.string = check_key(x.string) if x.string else b""
             row.type = int(x.type)
             lines = (ctypes.c_void_p * (len(x.description) + 1))()
             for i, line in enumerate(x.description):

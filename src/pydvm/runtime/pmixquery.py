@@ -44,6 +44,7 @@ import os
 from typing import Any
 
 from ..errors import Status
+from ..pmix import constants as PC
 from ..pmix import queries as Q
 from ..wire import Message, reply
 
@@ -102,7 +103,7 @@ def serve(host, req) -> None:
         except Exception as exc:  # never into the uplink's reader
             log.error("query answer cannot be given: %r", exc)
             if not req.reply.done:
-                req.reply.fail(Status.ERROR)
+                req.reply.fail(PC.ERROR)
     host.node.uplink.request({"t": "query", "uid": uid, "node": host.node.name,
                               "queries": wire}, answered)
 
@@ -183,7 +184,7 @@ class MasterQueries:
 
     async def _answer(self, key: str, quals: dict, uid: int, node: str) -> tuple[str, Any]:
         if key not in ANSWERED:
-            raise _Refused(Status.ERR_NOT_SUPPORTED, "not supported")
+            raise _Refused(PC.ERR_NOT_SUPPORTED, "not supported")
         if key == Q.NAMESPACES:
             return "str", ",".join(j.nspace for j in self.visible(uid))
         if key == Q.NAMESPACE_INFO:
@@ -193,7 +194,7 @@ class MasterQueries:
         if key == Q.JOB_STATUS:
             job = self._job(quals, uid)
             harmed = job.killed or job.failures or job.error
-            return "status", Status.ERROR if harmed else Status.SUCCESS
+            return "status", PC.ERROR if harmed else Status.SUCCESS
         if key == Q.JOB_SIZE:
             return "u32", self._job(quals, uid).size
         if key in (Q.NODE_LIST, Q.NUM_NODES):
