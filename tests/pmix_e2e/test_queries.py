@@ -22,8 +22,6 @@ import pytest
 from pmixkit import FAR, HEAD, NODES
 from dvmkit import LineReader, finish
 
-from pydvm.pmix.queries import HOST_FUNCTIONS_TABLE
-
 ALL_KEYS = ["pmix.qry.ns", "pmix.qry.nsinfo", "pmix.qry.nsinfo@self", "pmix.qry.jst@self",
             "pmix.qry.ptable@self", "pmix.qry.lptable@self", "pmix.job.size@self",
             "pmix.nlist", "pmix.nlist@self", "pmix.num.nodes", "pmix.num.nodes@self",
@@ -144,6 +142,7 @@ def test_query_client_gets_each_key_typed_as_pmix_says(pdvm, pmixcc):
 
 @pytest.mark.parametrize("node", sorted(NODES))
 def test_pattrs_host_functions_lists_what_the_host_serves(pdvm, tools, node):
+    from pydvm.pmix.queries import HOST_FUNCTIONS_TABLE
     p = pdvm.run("--host", NODES[node], "-n", "1", "pattrs", "--host-fns", timeout=60)
     assert p.returncode == 0, (p.stdout, p.stderr)
     lines = p.stderr.splitlines()
