@@ -138,6 +138,8 @@ class PmixServer:
         self._tokens = itertools.count(1)
         self._cfuncs: list = []
         self._module: L.pmix_server_module_t | None = None
+        #: libpmix 4.2.0-4.2.4's attribute-query fix (pmix/queries.py): set by start()
+        self.attribute_fix: str | None = None
         self._tasks: set[asyncio.Task] = set()
         self._release_c = L.release_cbfunc_t(self._release)
         self._dmodex_c = L.dmodex_response_fn_t(self._dmodex_response)
@@ -215,8 +217,7 @@ class PmixServer:
             if share_topology:
                 _open_topology(self.tmpdir)
             from . import queries
-            #: the libpmix 4.2.2 attribute-query fix: installed, not needed, or why not
-            self.attribute_fix = queries.start(self)
+            self.attribute_fix = queries.start(self)   # installed, not needed, or why not
         except BaseException:
             self._running = False
             self._remove_tmpdir()
