@@ -174,7 +174,7 @@ def register_host_attributes(lib: L.Lib) -> None:
         keep = [ctypes.create_string_buffer(a.encode()) for a in attrs or ("NONE",)]
         argv = (ctypes.c_void_p * (len(keep) + 1))(*[ctypes.addressof(b) for b in keep])
         rc = lib.register_attributes(fn.encode(), ctypes.addressof(argv))
-        if rc not in (C.SUCCESS, -61):  # -61: PMIX_ERR_REPEAT_ATTR_REGISTRATION
+        if rc not in (C.SUCCESS, -171):  # PMIX_ERR_REPEAT_ATTR_REGISTRATION (a second server)
             log.info("PMIx_Register_attributes(%s): %s", fn, C.status_name(rc))
 
 
