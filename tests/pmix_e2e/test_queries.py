@@ -65,16 +65,21 @@ def test_pps_prints_the_jobs_namespace(pdvm, tools, node, opts):
 
 
 def _parse(out: str):
+    """pmix_query's lines, each attributed to the query its rank last printed."""
     me = {}
     answers: dict[str, list] = {}
-    current = None
-    for ln in out.splitlines():
+    currents: dict[str, list] = {}
+    for line in out.splitlines():
+        who, _, ln = line.partition(" ")
+        if not re.fullmatch(r"R\d+", who):
+            continue
+        current = currents.get(who)
         f = dict(kv.split("=", 1) for kv in ln.split()[1:] if "=" in kv)
         if ln.startswith("ME "):
             me[int(f["rank"])] = (f["nspace"], int(f["pid"]))
         elif ln.startswith("QUERY "):
-            current = [f["key"], int(f["status"]), []]
-            answers.setdefault(f["key"], []).append(current)
+            currents[who] = [f["key"], int(f["status"]), []]
+            answers.setdefault(f["key"], []).append(currents[who])
         elif ln.startswith(("VALUE ", "PROC ", "NSINFO ")):
             kind = ln.split()[0]
             rest = ln.split(" value=", 1)[1] if kind == "VALUE" else None
@@ -90,6 +95,7 @@ def test_query_client_gets_each_key_typed_as_pmix_says(pdvm, pmixcc):
                  timeout=90)
     assert p.returncode == 0, (p.stdout, p.stderr)   # 3: a value of the wrong type
     assert "BADTYPE" not in p.stdout
+    assert p.stdout.count("FENCE status=0") == 2, p.stdout
     me, answers = _parse(p.stdout)
     assert set(me) == {0, 1}
     ns = me[0][0]

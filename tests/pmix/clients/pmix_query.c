@@ -2,14 +2,15 @@
  *
  *   pmix_query KEY[@NSPACE] ...     (NSPACE "self": this process's namespace)
  *
- * Prints, per query:
+ * Prints (each line after "R<rank> "), per query:
  *   QUERY key=K status=S n=N
  *   VALUE key=K type=T value=V          (string, integer types, status)
  *   NSINFO key=K nspace=NS cmd=CMD      (one per namespace)
  *   PROC key=K nspace=NS rank=R host=H exe=E pid=P exit=X state=S
  * and checks each answered value's type against the one pmix_common.h
  * (OpenPMIx 4.2.2) gives the key: a wrong type prints BADTYPE and makes the
- * program exit 3.  Also prints ME nspace=NS rank=R pid=P. */
+ * program exit 3.  Also prints ME nspace=NS rank=R pid=P, and FENCE status=S
+ * of the fence of the whole job it waits in before finalizing. */
 #include <pmix.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,10 @@
 #include <unistd.h>
 
 static int bad = 0;
+static unsigned myrank = 0;
+
+/* every line starts with the rank: the ranks' outputs interleave */
+#define OUT(...) (printf("R%u ", myrank), printf(__VA_ARGS__))
 
 static pmix_data_type_t expected(const char *key)
 {
@@ -39,30 +44,30 @@ static void show(const pmix_info_t *info)
     size_t i;
 
     if (v->type != expected(info->key)) {
-        printf("BADTYPE key=%s type=%s\n", info->key, PMIx_Data_type_string(v->type));
+        OUT("BADTYPE key=%s type=%s\n", info->key, PMIx_Data_type_string(v->type));
         bad = 1;
         return;
     }
     switch (v->type) {
     case PMIX_STRING:
-        printf("VALUE key=%s type=%d value=%s\n", info->key, v->type,
+        OUT("VALUE key=%s type=%d value=%s\n", info->key, v->type,
                v->data.string ? v->data.string : "(null)");
         break;
     case PMIX_UINT32:
-        printf("VALUE key=%s type=%d value=%u\n", info->key, v->type, v->data.uint32);
+        OUT("VALUE key=%s type=%d value=%u\n", info->key, v->type, v->data.uint32);
         break;
     case PMIX_SIZE:
-        printf("VALUE key=%s type=%d value=%zu\n", info->key, v->type, v->data.size);
+        OUT("VALUE key=%s type=%d value=%zu\n", info->key, v->type, v->data.size);
         break;
     case PMIX_STATUS:
-        printf("VALUE key=%s type=%d value=%d\n", info->key, v->type, v->data.status);
+        OUT("VALUE key=%s type=%d value=%d\n", info->key, v->type, v->data.status);
         break;
     case PMIX_DATA_ARRAY: {
         pmix_data_array_t *da = v->data.darray;
         if (da->type == PMIX_PROC_INFO) {
             pmix_proc_info_t *p = (pmix_proc_info_t *) da->array;
             for (i = 0; i < da->size; i++)
-                printf("PROC key=%s nspace=%s rank=%u host=%s exe=%s pid=%d exit=%d state=%d\n",
+                OUT("PROC key=%s nspace=%s rank=%u host=%s exe=%s pid=%d exit=%d state=%d\n",
                        info->key, p[i].proc.nspace, p[i].proc.rank, p[i].hostname,
                        p[i].executable_name, (int) p[i].pid, p[i].exit_code, (int) p[i].state);
         } else if (da->type == PMIX_INFO && !strcmp(info->key, PMIX_QUERY_NAMESPACE_INFO)) {
@@ -76,16 +81,16 @@ static void show(const pmix_info_t *info)
                     if (PMIX_CHECK_KEY(&f[k], PMIX_NSPACE)) ns = f[k].value.data.string;
                     if (PMIX_CHECK_KEY(&f[k], PMIX_CMD_LINE)) cmd = f[k].value.data.string;
                 }
-                printf("NSINFO key=%s nspace=%s cmd=%s\n", info->key, ns, cmd);
+                OUT("NSINFO key=%s nspace=%s cmd=%s\n", info->key, ns, cmd);
             }
         } else {
-            printf("BADTYPE key=%s array of %s\n", info->key, PMIx_Data_type_string(da->type));
+            OUT("BADTYPE key=%s array of %s\n", info->key, PMIx_Data_type_string(da->type));
             bad = 1;
         }
         break;
     }
     default:
-        printf("BADTYPE key=%s type=%s\n", info->key, PMIx_Data_type_string(v->type));
+        OUT("BADTYPE key=%s type=%s\n", info->key, PMIx_Data_type_string(v->type));
         bad = 1;
     }
 }
@@ -98,10 +103,12 @@ int main(int argc, char **argv)
 
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (PMIX_SUCCESS != (rc = PMIx_Init(&me, NULL, 0))) {
-        printf("INIT status=%d\n", rc);
+        myrank = 0;
+        OUT("INIT status=%d\n", rc);
         return 1;
     }
-    printf("ME nspace=%s rank=%u pid=%d\n", me.nspace, me.rank, (int) getpid());
+    myrank = me.rank;
+    OUT("ME nspace=%s rank=%u pid=%d\n", me.nspace, me.rank, (int) getpid());
     for (a = 1; a < argc; a++) {
         pmix_query_t *q;
         pmix_info_t *results = NULL;
@@ -119,13 +126,17 @@ int main(int argc, char **argv)
         }
         PMIX_ARGV_APPEND(rc, q->keys, key);
         rc = PMIx_Query_info(q, 1, &results, &nresults);
-        printf("QUERY key=%s status=%d n=%zu\n", key, rc, nresults);
+        OUT("QUERY key=%s status=%d n=%zu\n", key, rc, nresults);
         for (i = 0; i < nresults; i++)
             show(&results[i]);
         if (results != NULL)
             PMIX_INFO_FREE(results, nresults);
         PMIX_QUERY_FREE(q, 1);
     }
+    /* every rank stays until all have asked: a process table then shows
+     * them all running */
+    rc = PMIx_Fence(NULL, 0, NULL, 0);
+    OUT("FENCE status=%d\n", rc);
     PMIx_Finalize(NULL, 0);
     return bad ? 3 : 0;
 }
