@@ -234,3 +234,29 @@ def test_a_users_pmix_server_goes_when_idle_and_comes_back_with_the_next_job(
         assert second != first
     finally:
         assert bg.wait(timeout=60) == 0
+
+
+def test_pmix_queries_answer_only_about_the_askers_jobs(mudvm, users):
+    """``pps`` in B's job lists B's namespace and not A's running job; in
+    root's job, both (libpmix 4.2 does not name the asker: the agent relaying
+    the query does, runtime/pmixquery.py)."""
+    if not shutil.which("pps"):
+        pytest.skip("pps not installed (apt-get install libpmix-bin)")
+    bg = mudvm.popen_as("pdvmtesta", "run", "--pmix", "--host", "a", "-n", "1", "sh", "-c",
+                        'echo "NS=$PMIX_NAMESPACE"; exec sleep 600')
+    a_ns = _read_until(bg, "NS=").split("NS=", 1)[1].split()[0]
+    try:
+        show = 'echo "NS=$PMIX_NAMESPACE"; exec pps'
+        for user in ("pdvmtestb", None):
+            p = mudvm.as_user(user, "run", "--pmix", "--host", "a", "-n", "1", "sh", "-c",
+                              show)
+            assert p.returncode == 0, p.stdout + p.stderr
+            own = re.search(r"NS=(\S+)", p.stdout).group(1)
+            m = re.search(r"^Active nspaces: (.*)$", p.stderr, re.M)
+            assert m, p.stderr
+            seen = set(m.group(1).split(","))
+            assert seen == ({own} if user else {own, a_ns}), (user, seen)
+    finally:
+        if bg.poll() is None:
+            mudvm.as_user(None, "kill", a_ns)
+        bg.wait(timeout=60)

@@ -65,6 +65,10 @@ def describe(req) -> dict:
         d["directives"] = {k: jv(v) for k, v in req.directives.items()}
     if hasattr(req, "data"):
         d["ndata"] = len(req.data)
+    if hasattr(req, "queries"):
+        d["server"] = str(req.server)
+        d["queries"] = [{"keys": q.keys, "qualifiers": {k: jv(v) for k, v in q.qualifiers.items()}}
+                        for q in req.queries]
     if hasattr(req, "apps"):
         d["apps"] = [{"cmd": a.cmd, "argv": a.argv, "env": a.env, "cwd": a.cwd,
                       "maxprocs": a.maxprocs} for a in req.apps]
@@ -212,6 +216,21 @@ class DictHost(Handler):
     def abort(self, req):
         req.reply(C.SUCCESS)
 
+    def query(self, req):
+        """pmix.qry.ns: "a,b"; pmix.qry.ptable: one row for the qualifier's
+        namespace; anything else is not supported."""
+        from pydvm.pmix.values import DataArray, ProcInfo
+        items = []
+        for q in req.queries:
+            for key in q.keys:
+                if key == "pmix.qry.ns":
+                    items.append((key, Value("a,b", C.STRING)))
+                elif key == "pmix.qry.ptable":
+                    ns = q.qualifiers["pmix.nspace"].value
+                    row = ProcInfo(Proc(ns, 7), "nodeX", "/bin/prog", 4242, 3, 20)
+                    items.append((key, Value(DataArray(38, (row,)), C.DATA_ARRAY)))
+        req.reply(C.SUCCESS if items else C.ERR_NOT_SUPPORTED, items)
+
 
 async def run(spec: dict) -> dict:
     loop = asyncio.get_running_loop()
@@ -272,6 +291,7 @@ async def run(spec: dict) -> dict:
         report["parked"] = len(host.parked)
         report["now"] = host.now
         report["stats"] = dict(server.stats)
+        report["attribute_fix"] = getattr(server, "attribute_fix", None)
         report["pending_replies"] = server.pending_replies
         for req, timer in host.parked:
             if timer:

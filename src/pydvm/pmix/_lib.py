@@ -136,10 +136,34 @@ class pmix_app_t(ctypes.Structure):
                 ("ninfo", ctypes.c_size_t)]
 
 
+class pmix_query_t(ctypes.Structure):
+    _fields_ = [("keys", ctypes.c_void_p), ("qualifiers", ctypes.c_void_p),
+                ("nqual", ctypes.c_size_t)]
+
+
+class pmix_proc_info_t(ctypes.Structure):
+    _fields_ = [("proc", pmix_proc_t), ("hostname", ctypes.c_void_p),
+                ("executable_name", ctypes.c_void_p), ("pid", ctypes.c_int32),
+                ("exit_code", ctypes.c_int), ("state", ctypes.c_uint8)]
+
+
+class pmix_regattr_t(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_void_p), ("string", KEY_T), ("type", pmix_data_type_t),
+                ("description", ctypes.c_void_p)]
+
+
+class regattr_input_t(ctypes.Structure):
+    """libpmix's own dictionary entry (``pmix_regattr_input_t``, 4.2 internal)."""
+    _fields_ = [("index", ctypes.c_uint32), ("name", ctypes.c_void_p),
+                ("string", ctypes.c_void_p), ("type", pmix_data_type_t),
+                ("description", ctypes.c_void_p)]
+
+
 def _check_sizes() -> None:
     # The figures gcc reports for PMIx 4.2.2 on x86_64 (sizeof / offsetof).
     expect = {pmix_proc_t: 260, pmix_value_t: 32, pmix_info_t: 552, pmix_pdata_t: 808,
-              pmix_app_t: 56, pmix_data_array_t: 24, pmix_byte_object_t: 16}
+              pmix_app_t: 56, pmix_data_array_t: 24, pmix_byte_object_t: 16,
+              pmix_query_t: 24, pmix_proc_info_t: 296, pmix_regattr_t: 536}
     for cls, size in expect.items():
         got = ctypes.sizeof(cls)
         if got != size:
@@ -187,6 +211,7 @@ UPCALL_TYPES: dict[str, tuple[int, object]] = {
     "deregister_events": (12, ctypes.CFUNCTYPE(pmix_status_t, _P, _S, _P, _P)),
     "notify_event": (14, ctypes.CFUNCTYPE(pmix_status_t, pmix_status_t, _P, ctypes.c_uint8,
                                           _P, _S, _P, _P)),
+    "query": (15, ctypes.CFUNCTYPE(pmix_status_t, _P, _P, _S, _P, _P)),
     "group": (25, ctypes.CFUNCTYPE(pmix_status_t, ctypes.c_int, ctypes.c_char_p, _P, _S, _P,
                                    _S, _P, _P)),
     "client_connected2": (27, ctypes.CFUNCTYPE(pmix_status_t, _P, _P, _P, _S, _P, _P)),
@@ -260,6 +285,14 @@ class Lib:
         self.error_string = _proto(f.PMIx_Error_string, ctypes.c_char_p, [pmix_status_t])
         self.notify_event = _proto(f.PMIx_Notify_event, pmix_status_t,
                                    [pmix_status_t, P, ctypes.c_uint8, P, S, op_cbfunc_t, P])
+        self.register_attributes = _proto(f.PMIx_Register_attributes, pmix_status_t,
+                                          [ctypes.c_char_p, P])
+        self.query_info_nb = _proto(f.PMIx_Query_info_nb, pmix_status_t, [P, S, P, P])
+        self.attribute_string = _proto(f.PMIx_Get_attribute_string, ctypes.c_char_p,
+                                       [ctypes.c_char_p])
+        # libpmix's dictionary of attributes (exported, not part of the API)
+        lookup = getattr(f, "pmix_attributes_lookup_term", None)
+        self.lookup_term = _proto(lookup, P, [ctypes.c_char_p]) if lookup else None
         self.libc = ctypes.CDLL(None)
         self.free = _proto(self.libc.free, None, [P])
         self.malloc = _proto(self.libc.malloc, P, [S])

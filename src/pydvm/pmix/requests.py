@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .values import Proc, Value
+from .values import Proc, ProcInfo, RegAttr, Value  # noqa: F401 (the agents' codec)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .replies import InfoReply, LookupReply, ModexReply, OpReply, SpawnReply
@@ -265,10 +265,36 @@ class Group(Request):
     kind = "group"
 
 
+@dataclass(eq=False)
+class QueryItem:
+    """One ``pmix_query_t``: its keys and its qualifiers."""
+
+    keys: list[str]
+    qualifiers: dict[str, Value]
+
+
+@dataclass(eq=False)
+class Query(Request):
+    """``PMIx_Query_info`` that libpmix could not answer from its own data.
+
+    libpmix 4.2 names no requester: ``server`` is the identity of the
+    server the query reached (its ``PMIX_SERVER_NSPACE`` and rank), so the
+    host can tell at most *whose server* was asked.  Answer with
+    ``(status, info)``: one ``(query key, Value)`` per answered key;
+    PMIX_QUERY_PARTIAL_SUCCESS when only some were, PMIX_ERR_NOT_SUPPORTED
+    (or NOT_FOUND) when none were.
+    """
+
+    server: Proc
+    queries: list[QueryItem]
+    reply: "InfoReply" = field(repr=False, default=None)
+    kind = "query"
+
+
 def info_dict(items) -> dict[str, Any]:
     return {k: v for k, v in items}
 
 
 REQUEST_TYPES = (ClientConnected, ClientFinalized, Abort, Fence, DirectModex, Publish,
                  Lookup, Unpublish, Spawn, Connect, Disconnect, RegisterEvents,
-                 DeregisterEvents, NotifyEvent, Group)
+                 DeregisterEvents, NotifyEvent, Group, Query)

@@ -62,7 +62,7 @@ from .replies import (InfoReply, LookupReply, ModexReply, OpReply, SpawnReply, _
                       _Reply, _StatusReply, handler_failed, task_done)
 from .requests import (Abort, App, ClientConnected, ClientFinalized, Connect,
                        DeregisterEvents, DirectModex, Disconnect, Fence, Group, Lookup,
-                       NotifyEvent, Publish, RegisterEvents, Request, Spawn, Unpublish)
+                       NotifyEvent, Publish, Query, RegisterEvents, Request, Spawn, Unpublish)
 from .values import (PmixValueError, Proc, Value, argv_at, build_info, check_key,
                      check_nspace, cstr, info_at, proc_at, proc_to_c, procs_at, validate,
                      PUBLISHABLE_TYPES)
@@ -138,6 +138,8 @@ class PmixServer:
         self._tokens = itertools.count(1)
         self._cfuncs: list = []
         self._module: L.pmix_server_module_t | None = None
+        #: libpmix 4.2.0-4.2.4's attribute-query fix (pmix/queries.py): set by start()
+        self.attribute_fix: str | None = None
         self._tasks: set[asyncio.Task] = set()
         self._release_c = L.release_cbfunc_t(self._release)
         self._dmodex_c = L.dmodex_response_fn_t(self._dmodex_response)
@@ -214,6 +216,8 @@ class PmixServer:
                 raise PmixServerError(rc, "PMIx_server_init")
             if share_topology:
                 _open_topology(self.tmpdir)
+            from . import queries
+            self.attribute_fix = queries.start(self)   # installed, not needed, or why not
         except BaseException:
             self._running = False
             self._remove_tmpdir()
@@ -449,6 +453,7 @@ class PmixServer:
             "deregister_events": self._up_deregister_events,
             "notify_event": self._up_notify_event,
             "group": self._up_group,
+            "query": self._up_query,
         }
         for name, fn in impls.items():
             slot, proto = L.UPCALL_TYPES[name]
@@ -677,6 +682,12 @@ class PmixServer:
         req = Group("destruct" if op == GROUP_DESTRUCT else "construct",
                     grp.decode("utf-8", "replace") if grp else "", procs_at(procs, nprocs),
                     lenient(directives, ndirs))
+        req.reply = InfoReply(self, cbfunc, cbdata, L.info_cbfunc_t, req.kind)
+        return self._post(req)
+
+    def _up_query(self, proct, queries, nqueries, cbfunc, cbdata):
+        from .queries import queries_at
+        req = Query(proc_at(proct), queries_at(queries, nqueries))
         req.reply = InfoReply(self, cbfunc, cbdata, L.info_cbfunc_t, req.kind)
         return self._post(req)
 

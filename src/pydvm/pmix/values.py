@@ -18,7 +18,10 @@ INT, UINT, SIZE, PID, STATUS,
 PROC_RANK, PERSIST, DATA_RANGE
 FLOAT, DOUBLE                         ``float``
 PROC                                  :class:`Proc`
-DATA_ARRAY                            :class:`DataArray`
+DATA_ARRAY                            :class:`DataArray`; its items may also
+                                      be :class:`ProcInfo` (PROC_INFO) and
+                                      :class:`RegAttr` (REGATTR), answers to
+                                      queries (host -> libpmix only)
 UNDEF                                 ``None``
 ====================================  ========================================
 
@@ -74,6 +77,31 @@ class DataArray:
 
     type: int
     items: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class ProcInfo:
+    """A ``pmix_proc_info_t``: one row of a process table (a query's answer).
+    ``state`` is a ``PMIX_PROC_STATE_*`` number."""
+
+    proc: Proc
+    hostname: str
+    executable: str
+    pid: int
+    exit_code: int
+    state: int
+
+
+@dataclass(frozen=True, slots=True)
+class RegAttr:
+    """A ``pmix_regattr_t``: an attribute a function supports -- its name
+    (``PMIX_RANGE``), its key string (``pmix.range``), its value's type and
+    a description, one line per item."""
+
+    name: str
+    string: str
+    type: int
+    description: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -479,6 +507,28 @@ def _darray_to_c(arr: DataArray, da: L.pmix_data_array_t, keep: list) -> None:
             strs[i] = ctypes.addressof(b)
         keep.append(strs)
         da.array = ctypes.addressof(strs)
+    elif et == C.PROC_INFO:
+        rows = (L.pmix_proc_info_t * n)()
+        for row, x in zip(rows, arr.items):
+            proc_to_c(x.proc, row.proc)
+            row.hostname = _keep_str(x.hostname, keep)
+            row.executable_name = _keep_str(x.executable, keep)
+            row.pid, row.exit_code, row.state = int(x.pid), int(x.exit_code), int(x.state)
+        keep.append(rows)
+        da.array = ctypes.addressof(rows)
+    elif et == C.REGATTR:
+        rows = (L.pmix_regattr_t * n)()
+        for row, x in zip(rows, arr.items):
+            row.name = _keep_str(x.name, keep)
+            row.string = check_key(x.string) if x.string else b""
+            row.type = int(x.type)
+            lines = (ctypes.c_void_p * (len(x.description) + 1))()
+            for i, line in enumerate(x.description):
+                lines[i] = _keep_str(line, keep)
+            keep.append(lines)
+            row.description = ctypes.addressof(lines)
+        keep.append(rows)
+        da.array = ctypes.addressof(rows)
     elif et in _INTS or et in (C.BOOL, C.FLOAT, C.DOUBLE):
         for x in arr.items:
             validate(Value(x, et))
@@ -488,6 +538,15 @@ def _darray_to_c(arr: DataArray, da: L.pmix_data_array_t, keep: list) -> None:
     else:
         raise PmixValueError(C.ERR_NOT_SUPPORTED,
                              f"data arrays of {C.type_name(et)} are not supported")
+
+
+def _keep_str(s: str | None, keep: list) -> int | None:
+    """A C string of ``s`` held in ``keep`` (NULL for None)."""
+    if s is None:
+        return None
+    buf = ctypes.create_string_buffer(_enc(s))
+    keep.append(buf)
+    return ctypes.addressof(buf)
 
 
 def proc_to_c(p: Proc, dest: L.pmix_proc_t) -> None:

@@ -20,6 +20,8 @@ in-process one), as a request the master answers exactly once::
                 goes to the parent's ``pydvm run`` (which waits for it)
     notify      {source, code, range, info} -> {}: a client's event, passed to
                 the other nodes in its range
+    query       {uid, node, queries} -> {results}: PMIx_Query_info, answered by
+                :class:`~pydvm.runtime.pmixquery.MasterQueries`
 
 A **collective** (fence, connect, disconnect) is identified by its kind and
 its participants (a rank of ``RANK_WILDCARD`` stands for the whole
@@ -62,7 +64,7 @@ log = logging.getLogger("pydvm.master")
 
 COLLECTIVES = frozenset({"fence", "connect", "disconnect", "group"})
 #: Every PMIx request a node's uplink sends the master (:meth:`Collectives.request`).
-PMIX_REQUESTS = COLLECTIVES | {"dmodex", "abort", "spawn", "notify"}
+PMIX_REQUESTS = COLLECTIVES | {"dmodex", "abort", "spawn", "notify", "query"}
 
 
 def _lost_status(key: tuple) -> int:
@@ -100,6 +102,8 @@ class Collectives(ProcessListener, NodeListener):
         self._pending: dict[tuple, Collective] = {}
         #: the last PMIx group context id handed out (unique in the DVM's life).
         self._next_ctxid = 0
+        from .pmixquery import MasterQueries
+        self._queries = MasterQueries(processes, nodes)
 
     def count(self) -> int:
         """Collectives in progress (``pydvm info``'s records)."""
@@ -124,6 +128,8 @@ class Collectives(ProcessListener, NodeListener):
                 self._tasks.start(self._spawn_job(daemon, msg), (daemon.channel, rid))
             elif t == "notify":
                 self._tasks.start(self._client_event(daemon, msg), (daemon.channel, rid))
+            elif t == "query":
+                self._tasks.start(self._queries.request(daemon, msg), (daemon.channel, rid))
         except (ValueError, TypeError, KeyError) as exc:
             daemon.send(reply(rid, Status.ERR_BAD_PARAM, f"malformed {t}: {exc}"))
 

@@ -696,6 +696,10 @@ class PmixHost:
         self._ask_master({"t": "spawn", "parent": [req.proc.nspace, req.proc.rank],
                           "apps": apps}, answered)
 
+    def _up_query(self, req) -> None:
+        from .pmixquery import serve
+        serve(self, req)
+
     # -- the master asks us ------------------------------------------------
 
     async def dmodex(self, msg: Message) -> Message:
