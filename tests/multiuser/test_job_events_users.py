@@ -40,7 +40,7 @@ def test_a_user_sees_only_their_own_jobs_events_and_root_sees_all(mudvm, users):
     try:
         # Both streams are live once they have shown a job of A's end.
         first = _run(mudvm, A)
-        wait_for(lambda: _ended(a, first) and _ended(root, first), timeout=30,
+        wait_for(lambda: _ended(a, first) and _ended(root, first), timeout=60,
                  what="both streams subscribed")
         theirs = _run(mudvm, B)
         mine = _run(mudvm, A)
