@@ -40,12 +40,12 @@ def test_a_user_sees_only_their_own_jobs_events_and_root_sees_all(mudvm, users):
     try:
         # Both streams are live once they have shown a job of A's end.
         first = _run(mudvm, A)
-        wait_for(lambda: _ended(a, first) and _ended(root, first), timeout=30,
+        wait_for(lambda: _ended(a, first) and _ended(root, first), timeout=60,
                  what="both streams subscribed")
         theirs = _run(mudvm, B)
         mine = _run(mudvm, A)
         wait_for(lambda: _ended(a, mine) and _ended(root, mine) and _ended(root, theirs),
-                 timeout=30, what="the jobs' ends")
+                 timeout=60, what="the jobs' ends")
         assert theirs not in _named(a), a.lines
         assert _named(a) == {first, mine}
         assert {first, mine, theirs} <= _named(root)
