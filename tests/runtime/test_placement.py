@@ -407,6 +407,14 @@ def test_same_hosts_as_mpirun(slots, apps, placement):
         # way pydvm does not follow; pydvm goes on where the last app ended
         # (docs/placement.md)
         sizes = sizes[:1]
+    if placement.get("span") and placement.get("map_by") not in (None, "slot", "node", "ppr") \
+            and len(sizes) > 1:
+        # MPMD apps of an object mapping with :SPAN: where the previous app
+        # filled the slots of the host it ended on, mpirun 4.1 may still put
+        # the next app's first ranks on that host's free objects (a:1,b:3,
+        # map-by core:span, apps of 1 and 3: a,b,b); pydvm goes on at the
+        # next host with a free slot (b,b,b; docs/placement.md)
+        sizes = sizes[:1]
     want, text = mpirun_map(mpirun_args(hs, sizes, placement))
     try:
         got = map_job([(n, hs) for n in sizes], placement)
