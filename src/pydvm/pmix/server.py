@@ -20,6 +20,13 @@ answer and queue it for the client) and the request never reaches the loop
 pydvm host takes its store lock without waiting and leaves the request to
 the loop when the loop holds it (:mod:`pydvm.runtime.storeguard`).
 
+Another choice, for a host that only relays: ``take_now``
+(:meth:`PmixServer.start`) is offered every upcall on the progress thread
+before it would be handed to the loop; taking it means the host has sent it
+on (a user's agent writes it to its node: :mod:`pydvm.runtime.agentlink`)
+and answers it later through its reply object, from whatever thread -- the
+loop's wake-up saved.  ``take_now`` must not block either.
+
 libpmix's progress thread is not a Python thread: each ctypes callback on it
 would get a Python thread state for that call only (made and destroyed per
 upcall, with an mmap and munmap of its frame stack on Python 3.11).  The
@@ -132,6 +139,7 @@ class PmixServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handler: Callable[[Request], Any] | None = None
         self._answer_now: Callable[[Request], bool] | None = None
+        self._take_now: Callable[[Request], bool] | None = None
         self._running = False
         self._pending: "weakref.WeakSet[_Reply]" = weakref.WeakSet()
         self._held: dict[int, Any] = {}
@@ -154,6 +162,7 @@ class PmixServer:
               handler: Callable[[Request], Any], *,
               extra_info: Iterable[tuple[str, Any]] = (),
               answer_now: Callable[[Request], bool] | None = None,
+              take_now: Callable[[Request], bool] | None = None,
               share_topology: bool = True) -> None:
         """Initialise libpmix as this process's server.
 
@@ -169,6 +178,13 @@ class PmixServer:
         loop as usual.  It must never block (no waiting for a lock, for I/O,
         for the loop) and must not touch what the loop owns except under
         the host's own lock (see "Threading model" above).
+
+        ``take_now(request)``, if given, is offered each upcall that would be
+        handed to the loop, on libpmix's progress thread: it returns True
+        once it has taken the request (it is answered later through
+        ``request.reply``, from any thread), False -- having done nothing --
+        to have it handed to the loop as usual.  It must never block
+        either; one that raises gets the upcall refused ``PMIX_ERROR``.
 
         ``share_topology``: the hardware topology libpmix reads when its
         server starts is handed to every client with its job data -- as
@@ -191,6 +207,7 @@ class PmixServer:
             self._loop = loop
             self._handler = handler
             self._answer_now = answer_now
+            self._take_now = take_now
             base = os.fspath(tmpdir) if tmpdir is not None else None
             if base:
                 os.makedirs(base, exist_ok=True)
@@ -458,9 +475,21 @@ class PmixServer:
         return mod
 
     def _post(self, req: Request) -> int:
-        """Hand ``req`` to the loop; the upcall's return value."""
+        """Hand ``req`` to the host's ``take_now``, or to the loop; the
+        upcall's return value."""
         self.stats["requests"] += 1
         req.reply._track()
+        take = self._take_now
+        if take is not None:
+            try:
+                if take(req):
+                    return C.SUCCESS
+            except BaseException as e:
+                # it may have been half sent: never handed on a second time
+                req.reply._disarm()
+                self.stats["handler_errors"] += 1
+                log.error("pmix %s take_now raised %r: PMIX_ERROR", req.kind, e)
+                return C.ERROR
         try:
             self._loop.call_soon_threadsafe(self._dispatch, req)
         except RuntimeError:                  # loop closed
