@@ -69,7 +69,7 @@ from ..pmix import constants as C
 from ..pmix.replies import handler_failed, task_done
 from ..wire import Channel, Message, reply
 from . import dataops
-from .pmixdata import DATA_KINDS, RelayedData, answer, data_request, relayed_request
+from .pmixdata import DATA_KINDS, RelayedData, relayed_request
 
 log = logging.getLogger("pydvm.pmix")
 
@@ -646,168 +646,8 @@ class UserServers:
 
 
 # ----------------------------------------------------------------------
-# agent side (a process of its own, running as the user)
+# agent side: the process itself is pydvm.runtime.pmixagent
 # ----------------------------------------------------------------------
-
-def give_answer(req, r: Message) -> None:
-    """Give libpmix the node's answer ``r`` to relayed upcall ``req``."""
-    if req.reply.done:
-        return
-    if "args" in r:
-        try:
-            req.reply(*decode(r["args"]))
-            return
-        except Exception as exc:
-            log.error("pmix %s: the node's answer cannot be given (%s)", req.kind, exc)
-            req.reply.fail(int(C.ERROR))
-            return
-    status = r.get("fail", r.get("status"))
-    req.reply.fail(int(status) if isinstance(status, int) and status != Status.SUCCESS
-                   else int(Status.ERR_UNREACH))
-
-
-class Agent:
-    """One user's libpmix server, relaying upcalls to its node."""
-
-    def __init__(self) -> None:
-        self.server = None
-        self.channel: Channel | None = None
-        self.link = None  # agentlink.UpcallLink, once connected
-        self.done: asyncio.Future | None = None
-
-    def on_message(self, ch: Channel, msg: Message) -> None:
-        t = msg.get("t")
-        if t == "reply" and self.link is not None:
-            req = self.link.take(msg.get("id"))
-            if req is not None:
-                if "args" in msg or "fail" in msg:
-                    give_answer(req, msg)
-                else:  # the store's reply map, to a data request relayed as the store's
-                    answer(req, msg, "pmix agent")
-                return
-        if t in ("reply", "error", "cancel"):
-            return  # a late answer; a call the node gave up on runs to its end
-        fn = getattr(self, "_do_" + str(t), None)
-        if fn is None:
-            ch.send(reply(msg.get("id"), Status.ERR_NOT_SUPPORTED, f"unknown command {t!r}"))
-            return
-        task = asyncio.ensure_future(self._run(fn, msg))
-        task.add_done_callback(lambda t: None)
-
-    async def _run(self, fn, msg: Message) -> None:
-        try:
-            fields = await fn(msg) or {}
-            out = reply(msg.get("id"), Status.SUCCESS, **fields)
-        except Exception as exc:
-            status = getattr(exc, "status", None)
-            out = reply(msg.get("id"), status if isinstance(status, int) else C.ERROR,
-                        f"{msg.get('t')}: {exc}")
-        if self.channel is not None and not self.channel.closed:
-            self.channel.send(out)
-
-    async def _do_start(self, msg: Message) -> dict:
-        from ..pmix import PmixServer, cleanup_stale
-        from ..pmix import constants as C
-        cleanup_stale(msg["tmpdir"])
-        server = PmixServer(max_value_size=int(msg["max_value_size"]), nspace=str(msg["nspace"]))
-        server.start(msg["tmpdir"], asyncio.get_running_loop(), self.forward,
-                     extra_info=[(C.HOSTNAME, str(msg["host"]))], take_now=self.take_now)
-        self.server = server
-        return {"tmpdir": server.tmpdir}
-
-    async def _do_register_nspace(self, msg: Message) -> None:
-        await self.server.register_nspace(str(msg["nspace"]), int(msg["nlocal"]),
-                                          [tuple(i) for i in decode(msg["info"])])
-
-    async def _do_deregister_nspace(self, msg: Message) -> None:
-        await self.server.deregister_nspace(str(msg["nspace"]))
-
-    async def _do_register_client(self, msg: Message) -> dict:
-        from ..pmix import Proc
-        proc = Proc(str(msg["nspace"]), int(msg["rank"]))
-        await self.server.register_client(proc, int(msg["uid"]), int(msg["gid"]))
-        return {"env": self.server.setup_fork(proc)}
-
-    async def _do_notify(self, msg: Message) -> None:
-        from ..pmix import PmixServerError
-        status = await self.server.notify_event(
-            int(msg["code"]), decode(msg["source"]), int(msg["range"]),
-            [tuple(i) for i in decode(msg["info"])], timeout=float(msg["timeout"]))
-        if status != Status.SUCCESS:
-            raise PmixServerError(status, "notify_event")
-
-    async def _do_dmodex(self, msg: Message) -> dict:
-        from ..pmix import PmixServerError, Proc
-        status, blob = await self.server.dmodex_request(Proc(str(msg["nspace"]),
-                                                             int(msg["rank"])))
-        if status != Status.SUCCESS:
-            raise PmixServerError(status, "direct modex")
-        return {"data": blob}
-
-    async def _do_stop(self, msg: Message) -> None:
-        if self.done is not None and not self.done.done():
-            asyncio.get_running_loop().call_soon(self.done.set_result, "stopped")
-
-    def take_now(self, req) -> bool:
-        """An upcall on libpmix's thread (the binding's ``take_now``): written
-        to the node from here (agentlink.py); False -- nothing sent -- when it
-        cannot be (the link is down, the request cannot be carried): then it
-        reaches :meth:`forward` on the loop, which answers it."""
-        link = self.link
-        if link is None:
-            return False
-        if req.kind in DATA_KINDS:
-            m = data_request(req, 0)
-            if m is not None:  # (None: a value the store cannot hold; the node refuses it)
-                del m["id"]
-                return link.send_upcall({"t": "data", "p": [req.proc.nspace, req.proc.rank],
-                                         "m": m}, req, True)
-        try:
-            body = {"t": "up", "req": encode_request(req)}
-        except TypeError:
-            return False
-        return link.send_upcall(body, req, not req.reply.notification)
-
-    def forward(self, req) -> None:
-        """An upcall on the loop (one :meth:`take_now` did not send): to the
-        node if it can go, else refused."""
-        try:
-            body = {"t": "up", "req": encode_request(req)}
-        except TypeError as exc:
-            log.error("pmix %s cannot be relayed (%s): refused", req.kind, exc)
-            req.reply.fail(int(Status.ERR_BAD_PARAM))
-            return
-        link = self.link
-        if not (link is not None and link.send_upcall(body, req, not req.reply.notification)):
-            if not req.reply.notification:
-                req.reply.fail(int(Status.ERR_UNREACH))
-
-    async def main(self, fd: int) -> None:
-        loop = asyncio.get_running_loop()
-        self.done = loop.create_future()
-
-        def closed(ch: Channel, reason: str) -> None:
-            for req in link.close():  # before the socket is closed
-                req.reply.fail(int(Status.ERR_UNREACH))
-            if not self.done.done():
-                self.done.set_result(reason)
-        from .agentlink import LinkChannel, UpcallLink
-        sock = socket.socket(fileno=fd)
-        link = UpcallLink(loop, sock)
-
-        def channel() -> LinkChannel:
-            ch = LinkChannel(self.on_message, closed, name="node")
-            ch.link = link
-            return ch
-        _, self.channel = await loop.create_unix_connection(channel, sock=sock)
-        self.link = link
-        reason = await self.done
-        if self.server is not None:
-            self.server.finalize()
-            self.server = None
-        self.channel.close(str(reason))
-        log.debug("PMIx agent of uid %d done: %s", os.getuid(), reason)
-
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -817,7 +657,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=os.environ.get("PYDVM_AGENT_LOG", "WARNING"),
                         format=f"pydvm pmix agent uid {os.getuid()}: %(levelname)s %(message)s")
-    asyncio.run(Agent().main(int(argv[0])))
+    from .pmixagent import run
+    run(int(argv[0]))
     return 0
 
 
