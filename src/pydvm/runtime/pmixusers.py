@@ -42,10 +42,21 @@ Wire
 Framed msgpack (:class:`~pydvm.wire.Channel`), requests and replies matched
 by id both ways.  Node -> agent: ``start``, ``register_nspace``,
 ``deregister_nspace``, ``register_client`` (answered with the process's
-environment), ``notify``, ``dmodex``, ``stop``.  Agent -> node: ``up``, one
-upcall (:func:`encode_request`), answered by a reply whose ``args`` are the
-arguments of the upcall's reply call, or whose ``fail`` is a status.  PMIx
-values, processes and data arrays cross as tagged maps (:func:`encode`).
+environment), ``notify``, ``dmodex``, ``stop``.  Agent -> node, each
+written by libpmix's thread in the agent (:mod:`pydvm.runtime.pmixagent`):
+
+* ``data``: a publish, lookup or unpublish as the store's own request
+  (``"p": [nspace, rank]``, ``"m"``: :func:`~pydvm.runtime.pmixdata.data_request`
+  without its id), served as that process's session
+  (:meth:`PmixHost.serve_relayed <pydvm.runtime.pmixhost.PmixHost.serve_relayed>`:
+  at once from the socket handler when a store here can answer, else as a
+  native client's request) and answered with the store's reply map; the
+  agent makes the PMIx reply.  The node builds no PMIx object for these.
+* ``up``: any other upcall (:func:`encode_request`), answered by a reply
+  whose ``args`` are the arguments of the upcall's reply call.
+
+Either is refused by a reply whose ``fail`` is a status.  PMIx values,
+processes and data arrays cross as tagged maps (:func:`encode`).
 
 If the agent cannot be started (the user cannot run this Python, no
 ``setpriv`` and no privilege), the node serves that user's processes from
