@@ -39,7 +39,10 @@ Two threads write one socket, so every write goes through
   waits for the socket or the loop, and frames are never interleaved.
 
 The lock is held while writing only (a non-blocking ``send`` or a
-transport ``write``), never while waiting for anything.  The other threads
+transport ``write``), never while waiting for anything: libpmix's thread
+waits at most for one such write of the loop's to end, never for the
+socket, the node or the loop's turn.  (Both threads take the GIL before
+the lock, and a thread waiting for the lock lets the GIL go.)  The other threads
 write through a descriptor of the link's own (a ``dup`` of the loop's), so
 whenever the loop's transport closes its descriptor, theirs is still the
 same socket; :meth:`close` closes it under the lock, and nothing is written
@@ -99,7 +102,7 @@ class UpcallLink:
             return self._write_locked(data)
 
     def _write_locked(self, data: bytes) -> bool:
-        if self.closed or self.transport is None:
+        if self.closed or self.transport is None or self.transport.is_closing():
             return False
         queue = self._queue
         if threading.get_ident() == self.loop_thread:
@@ -134,7 +137,8 @@ class UpcallLink:
     def _flush(self) -> None:
         with self.lock:
             queue, self._queue = self._queue, []
-            if queue and not self.closed and self.transport is not None:
+            if (queue and not self.closed and self.transport is not None
+                    and not self.transport.is_closing()):
                 self.transport.writelines(queue)
 
     # -- upcalls ------------------------------------------------------------
