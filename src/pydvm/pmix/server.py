@@ -54,7 +54,6 @@ import inspect
 import itertools
 import logging
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -70,6 +69,7 @@ from .replies import (InfoReply, LookupReply, ModexReply, OpReply, SpawnReply, _
 from .requests import (Abort, App, ClientConnected, ClientFinalized, Connect,
                        DeregisterEvents, DirectModex, Disconnect, Fence, Group, Lookup,
                        NotifyEvent, Publish, RegisterEvents, Request, Spawn, Unpublish)
+from .tmpdirs import TMPDIR_PREFIX, cleanup_stale, open_topology  # noqa: F401 (re-exported)
 from .values import (PmixValueError, Proc, Value, argv_at, build_info, check_key,
                      check_nspace, cstr, info_at, proc_at, proc_to_c, procs_at, validate,
                      PUBLISHABLE_TYPES)
@@ -119,7 +119,6 @@ class Handler:
 
 _active_lock = threading.Lock()
 _active: "PmixServer | None" = None
-TMPDIR_PREFIX = "pydvm-pmix."
 
 
 class PmixServer:
@@ -230,7 +229,7 @@ class PmixServer:
                 self._running = False
                 raise PmixServerError(rc, "PMIx_server_init")
             if share_topology:
-                _open_topology(self.tmpdir)
+                open_topology(self.tmpdir)
         except BaseException:
             self._running = False
             self._remove_tmpdir()
@@ -775,23 +774,6 @@ def _finalize_at_exit() -> None:
             pass
 
 
-def _open_topology(tmpdir: str) -> None:
-    """Let every client of the server read the topology image libpmix wrote.
-
-    libpmix creates it owner-only (0600), as the server's user; a client
-    of another user (a multi-user DVM's processes served by the node's own
-    server) that can reach the directory would then fail to open it -- and
-    Open MPI reports that as an error rather than falling back to the XML
-    copy.  The topology is no secret (any process reads it from /sys)."""
-    image = os.path.join(tmpdir, "hwloc.sm")
-    try:
-        os.chmod(image, 0o644)
-    except FileNotFoundError:
-        pass                  # libpmix without hwloc shmem: XML only, or nothing
-    except OSError as e:
-        log.warning("cannot make the topology image %s readable: %s", image, e)
-
-
 def _guarded(name: str, fn, server: PmixServer):
     """Never let an exception cross into C (ctypes would return 0, i.e. SUCCESS)."""
 
@@ -823,40 +805,3 @@ def _codes_at(addr, n) -> list[int]:
     if not addr or not n:
         return []
     return [int(x) for x in (ctypes.c_int * n).from_address(addr)]
-
-
-def cleanup_stale(tmpdir: str | os.PathLike | None = None) -> list[str]:
-    """Remove private server directories left in ``tmpdir`` by dead processes.
-
-    A killed server leaves its ``pmix_dstor_*`` stores (megabytes each) in its
-    private directory ``pydvm-pmix.<pid>.*``; this removes every such
-    directory whose pid is no longer alive and returns their paths.
-    """
-    base = os.fspath(tmpdir) if tmpdir is not None else tempfile.gettempdir()
-    removed = []
-    pat = re.compile(re.escape(TMPDIR_PREFIX) + r"(\d+)\.")
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return removed
-    for name in names:
-        m = pat.match(name)
-        if not m:
-            continue
-        pid = int(m.group(1))
-        if pid == os.getpid() or _alive(pid):
-            continue
-        path = os.path.join(base, name)
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
