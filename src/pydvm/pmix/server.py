@@ -23,7 +23,7 @@ the loop when the loop holds it (:mod:`pydvm.runtime.storeguard`).
 Another choice, for a host that only relays: ``take_now``
 (:meth:`PmixServer.start`) is offered every upcall on the progress thread
 before it would be handed to the loop; taking it means the host has sent it
-on (a user's agent writes it to its node: :mod:`pydvm.runtime.agentlink`)
+on (a user's agent writes it to its node: :mod:`pydvm.runtime.pmixagent`)
 and answers it later through its reply object, from whatever thread -- the
 loop's wake-up saved.  ``take_now`` must not block either.
 

@@ -223,7 +223,7 @@ class Agent:
     def __init__(self) -> None:
         self.server = None
         self.channel: Channel | None = None
-        self.link = None  # agentlink.UpcallLink, once connected
+        self.link: UpcallLink | None = None  # once connected
         self.done: asyncio.Future | None = None
 
     def on_message(self, ch: Channel, msg: Message) -> None:
@@ -301,7 +301,7 @@ class Agent:
 
     def take_now(self, req) -> bool:
         """An upcall on libpmix's thread (the binding's ``take_now``): written
-        to the node from here (agentlink.py); False -- nothing sent -- when it
+        to the node from here (:class:`UpcallLink`); False -- nothing sent -- when it
         cannot be (the link is down, the request cannot be carried): then it
         reaches :meth:`forward` on the loop, which answers it."""
         link = self.link
