@@ -260,3 +260,40 @@ def test_pmix_queries_answer_only_about_the_askers_jobs(mudvm, users):
         if bg.poll() is None:
             mudvm.as_user(None, "kill", a_ns)
         bg.wait(timeout=60)
+
+
+def test_a_users_pmix_lookup_that_waits_is_parked_and_answered_and_one_process_keeps_order(
+        mudvm, users, progs):
+    """Through the user's own PMIx server (its agent relays each data request
+    to the node as the store's request): a PMIx_Lookup with PMIX_WAIT of a key
+    nobody holds is parked -- not answered by the node's at-once path -- and
+    answered, typed, when another job of the user publishes the key; and one
+    process's publish, lookup, unpublish, lookup are served in their order."""
+    from dvmkit import wait_for
+    ops = progs["pmix_ops"]
+    bg = mudvm.popen_as("pdvmtesta", "run", "--pmix", "-n", "1", ops,
+                        "lookd:wait=bool/1,timeout=int/60:wkey")
+    try:
+        wait_for(lambda: mudvm.store()["master"]["parked"] == 1, what="the lookup parked")
+        p = mudvm.as_user("pdvmtesta", "run", "--pmix", "-n", "1", ops,
+                          "pubd:persist=persist/4:wkey:uint8:200")
+        assert "PUBLISH key=wkey status=0" in p.stdout, p.stdout + p.stderr
+        out, _ = bg.communicate(timeout=60)
+    finally:
+        if bg.poll() is None:
+            bg.kill()
+            bg.wait()
+    assert bg.returncode == 0, out
+    assert "LOOKUP status=0" in out, out
+    assert re.search(r"FOUND key=wkey proc=\S+ type=12 value=200", out), out  # PMIX_UINT8
+    assert mudvm.store()["master"]["parked"] == 0
+    p = mudvm.as_user("pdvmtesta", "run", "--pmix", "-n", "1", ops, "pub:okey:string:one",
+                      "look:okey", "unpub:okey", "look:okey")
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = [ln for ln in p.stdout.splitlines() if ln.split()[0] in ("PUBLISH", "LOOKUP",
+                                                                     "FOUND", "UNPUBLISH")]
+    assert lines[0] == "PUBLISH key=okey status=0", p.stdout
+    assert lines[1] == "LOOKUP status=0" and "value=one" in lines[2], p.stdout
+    assert lines[3] == "UNPUBLISH status=0", p.stdout
+    assert lines[4].startswith("LOOKUP status=") and lines[4] != "LOOKUP status=0", p.stdout
+    assert len(lines) == 5, p.stdout

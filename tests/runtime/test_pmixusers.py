@@ -190,3 +190,82 @@ def test_a_remote_reply_after_the_agent_is_gone_is_dropped_quietly():
     a.channel.closed = True
     r = RemoteReply(a, 5, "fence")
     assert r(Status.SUCCESS, b"x") is True and a.channel.sent == []
+
+
+# -- publish, lookup, unpublish relayed as the store's requests ("data") ------
+
+class _Host:
+    """Stands for PmixHost's serve_relayed: records what it is asked, answers
+    ``now`` (a Reply) at once, or None (then the answer comes later)."""
+
+    def __init__(self, now=None):
+        self.asked = []
+        self.now = now
+
+    def __call__(self, req):
+        pytest.fail("a data request must not reach the upcall handler")
+
+    def serve_relayed(self, nspace, rank, msg, waiting):
+        self.asked.append((nspace, rank, msg, waiting))
+        return self.now
+
+
+def _data(m, rid=9, p=("ns-a", 3)):
+    return {"t": "data", "id": rid, "p": list(p), "m": m}
+
+
+def test_a_relayed_data_request_is_served_as_its_process_and_answered_with_the_store_reply():
+    from pydvm.store import Reply
+    from pydvm.store.results import FoundKey as Found
+    host = _Host(now=Reply(Status.SUCCESS, found=(Found("k", 7, ("ns-a", 0)),)))
+    a = _agent(host)
+    a._on_message(a.channel, _data({"t": "lookup", "keys": ["k"], "wait": None,
+                                    "node_only": True, "replace": True, "uid": 0}))
+    ((ns, rank, msg, _),) = host.asked
+    assert (ns, rank) == ("ns-a", 3)
+    assert msg == {"t": "lookup", "keys": ["k"], "wait": None}  # nothing a PMIx request lacks
+    (out,) = a.channel.sent
+    assert out["t"] == "reply" and out["id"] == 9 and out["status"] == Status.SUCCESS
+    assert out["found"] == [["k", 7, "ns-a", 0]]
+    assert a.stats["answered_now"] == 1 and a.stats["requests"] == 1
+
+
+def test_a_relayed_lookup_that_waits_is_answered_once_when_the_store_answers_it():
+    host = _Host(now=None)
+    a = _agent(host)
+    a._on_message(a.channel, _data({"t": "lookup", "keys": ["k"], "wait": 1}, rid=11))
+    assert a.channel.sent == [] and a.stats["answered_now"] == 0
+    waiting = host.asked[0][3]
+    assert waiting.kind == "lookup"
+    waiting.relay({"t": "reply", "id": 1, "status": 0, "found": [["k", "v", "ns-a", 1]]})
+    waiting.relay({"t": "reply", "id": 1, "status": 0})  # answered once only
+    assert waiting.reply.fail(Status.ERR_UNREACH) is False
+    (out,) = a.channel.sent
+    assert out == {"t": "reply", "id": 11, "status": 0, "found": [["k", "v", "ns-a", 1]]}
+
+
+def test_a_relayed_data_request_the_agents_user_may_not_make_is_refused_unserved():
+    host = _Host()
+    a = _agent(host, trusted=lambda a, r: f"from {r.proc}, not a process of this user's jobs")
+    a._on_message(a.channel, _data({"t": "publish", "pairs": {"k": 1}}, p=("ns-b", 0)))
+    assert host.asked == []
+    (out,) = a.channel.sent
+    assert out["id"] == 9 and out["fail"] == Status.ERR_NO_PERMISSIONS
+    assert a.stats["refused"] == 1 and not a.channel.closed
+
+
+@pytest.mark.parametrize("msg", [
+    _data({"t": "update", "key": "k"}),                # not a PMIx data request
+    _data({"t": "lookup", "keys": ["k"]}, rid="7"),    # ids are ints
+    _data({"t": "lookup", "keys": ["k"]}, rid=True),
+    _data({"t": "lookup", "keys": ["k"]}, p=("ns-a",)),
+    _data({"t": "lookup", "keys": ["k"]}, p=("ns-a", "3")),
+    _data(["lookup"]),
+])
+def test_a_malformed_relayed_data_request_is_refused_bad_param_and_the_agent_kept(msg):
+    host = _Host()
+    a = _agent(host)
+    a._on_message(a.channel, msg)
+    assert host.asked == [] and a.stats["refused"] == 1 and not a.channel.closed
+    if isinstance(msg["id"], int) and not isinstance(msg["id"], bool):
+        assert a.channel.sent[-1]["fail"] == Status.ERR_BAD_PARAM

@@ -20,6 +20,13 @@ answer and queue it for the client) and the request never reaches the loop
 pydvm host takes its store lock without waiting and leaves the request to
 the loop when the loop holds it (:mod:`pydvm.runtime.storeguard`).
 
+Another choice, for a host that only relays: ``take_now``
+(:meth:`PmixServer.start`) is offered every upcall on the progress thread
+before it would be handed to the loop; taking it means the host has sent it
+on (a user's agent writes it to its node: :mod:`pydvm.runtime.pmixagent`)
+and answers it later through its reply object, from whatever thread -- the
+loop's wake-up saved.  ``take_now`` must not block either.
+
 libpmix's progress thread is not a Python thread: each ctypes callback on it
 would get a Python thread state for that call only (made and destroyed per
 upcall, with an mmap and munmap of its frame stack on Python 3.11).  The
@@ -47,7 +54,6 @@ import inspect
 import itertools
 import logging
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -63,6 +69,7 @@ from .replies import (InfoReply, LookupReply, ModexReply, OpReply, SpawnReply, _
 from .requests import (Abort, App, ClientConnected, ClientFinalized, Connect,
                        DeregisterEvents, DirectModex, Disconnect, Fence, Group, Lookup,
                        NotifyEvent, Publish, Query, RegisterEvents, Request, Spawn, Unpublish)
+from .tmpdirs import TMPDIR_PREFIX, cleanup_stale, open_topology  # noqa: F401 (re-exported)
 from .values import (PmixValueError, Proc, Value, argv_at, build_info, check_key,
                      check_nspace, cstr, info_at, proc_at, proc_to_c, procs_at, validate,
                      PUBLISHABLE_TYPES)
@@ -112,7 +119,6 @@ class Handler:
 
 _active_lock = threading.Lock()
 _active: "PmixServer | None" = None
-TMPDIR_PREFIX = "pydvm-pmix."
 
 
 class PmixServer:
@@ -132,6 +138,7 @@ class PmixServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handler: Callable[[Request], Any] | None = None
         self._answer_now: Callable[[Request], bool] | None = None
+        self._take_now: Callable[[Request], bool] | None = None
         self._running = False
         self._pending: "weakref.WeakSet[_Reply]" = weakref.WeakSet()
         self._held: dict[int, Any] = {}
@@ -156,6 +163,7 @@ class PmixServer:
               handler: Callable[[Request], Any], *,
               extra_info: Iterable[tuple[str, Any]] = (),
               answer_now: Callable[[Request], bool] | None = None,
+              take_now: Callable[[Request], bool] | None = None,
               share_topology: bool = True) -> None:
         """Initialise libpmix as this process's server.
 
@@ -171,6 +179,13 @@ class PmixServer:
         loop as usual.  It must never block (no waiting for a lock, for I/O,
         for the loop) and must not touch what the loop owns except under
         the host's own lock (see "Threading model" above).
+
+        ``take_now(request)``, if given, is offered each upcall that would be
+        handed to the loop, on libpmix's progress thread: it returns True
+        once it has taken the request (it is answered later through
+        ``request.reply``, from any thread), False -- having done nothing --
+        to have it handed to the loop as usual.  It must never block
+        either; one that raises gets the upcall refused ``PMIX_ERROR``.
 
         ``share_topology``: the hardware topology libpmix reads when its
         server starts is handed to every client with its job data -- as
@@ -193,6 +208,7 @@ class PmixServer:
             self._loop = loop
             self._handler = handler
             self._answer_now = answer_now
+            self._take_now = take_now
             base = os.fspath(tmpdir) if tmpdir is not None else None
             if base:
                 os.makedirs(base, exist_ok=True)
@@ -215,7 +231,7 @@ class PmixServer:
                 self._running = False
                 raise PmixServerError(rc, "PMIx_server_init")
             if share_topology:
-                _open_topology(self.tmpdir)
+                open_topology(self.tmpdir)
             from . import queries
             self.attribute_fix = queries.start(self)   # installed, not needed, or why not
         except BaseException:
@@ -463,9 +479,21 @@ class PmixServer:
         return mod
 
     def _post(self, req: Request) -> int:
-        """Hand ``req`` to the loop; the upcall's return value."""
+        """Hand ``req`` to the host's ``take_now``, or to the loop; the
+        upcall's return value."""
         self.stats["requests"] += 1
         req.reply._track()
+        take = self._take_now
+        if take is not None:
+            try:
+                if take(req):
+                    return C.SUCCESS
+            except BaseException as e:
+                # it may have been half sent: never handed on a second time
+                req.reply._disarm()
+                self.stats["handler_errors"] += 1
+                log.error("pmix %s take_now raised %r: PMIX_ERROR", req.kind, e)
+                return C.ERROR
         try:
             self._loop.call_soon_threadsafe(self._dispatch, req)
         except RuntimeError:                  # loop closed
@@ -757,23 +785,6 @@ def _finalize_at_exit() -> None:
             pass
 
 
-def _open_topology(tmpdir: str) -> None:
-    """Let every client of the server read the topology image libpmix wrote.
-
-    libpmix creates it owner-only (0600), as the server's user; a client
-    of another user (a multi-user DVM's processes served by the node's own
-    server) that can reach the directory would then fail to open it -- and
-    Open MPI reports that as an error rather than falling back to the XML
-    copy.  The topology is no secret (any process reads it from /sys)."""
-    image = os.path.join(tmpdir, "hwloc.sm")
-    try:
-        os.chmod(image, 0o644)
-    except FileNotFoundError:
-        pass                  # libpmix without hwloc shmem: XML only, or nothing
-    except OSError as e:
-        log.warning("cannot make the topology image %s readable: %s", image, e)
-
-
 def _guarded(name: str, fn, server: PmixServer):
     """Never let an exception cross into C (ctypes would return 0, i.e. SUCCESS)."""
 
@@ -805,40 +816,3 @@ def _codes_at(addr, n) -> list[int]:
     if not addr or not n:
         return []
     return [int(x) for x in (ctypes.c_int * n).from_address(addr)]
-
-
-def cleanup_stale(tmpdir: str | os.PathLike | None = None) -> list[str]:
-    """Remove private server directories left in ``tmpdir`` by dead processes.
-
-    A killed server leaves its ``pmix_dstor_*`` stores (megabytes each) in its
-    private directory ``pydvm-pmix.<pid>.*``; this removes every such
-    directory whose pid is no longer alive and returns their paths.
-    """
-    base = os.fspath(tmpdir) if tmpdir is not None else tempfile.gettempdir()
-    removed = []
-    pat = re.compile(re.escape(TMPDIR_PREFIX) + r"(\d+)\.")
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return removed
-    for name in names:
-        m = pat.match(name)
-        if not m:
-            continue
-        pid = int(m.group(1))
-        if pid == os.getpid() or _alive(pid):
-            continue
-        path = os.path.join(base, name)
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

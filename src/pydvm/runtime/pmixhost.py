@@ -67,10 +67,9 @@ of the client goes with its namespace, deregistered at the job's cleanup
 
 Values
 ------
-A PMIx value becomes a store value: bare when its type is the default for
-its Python type (STRING str, BYTE_OBJECT bytes, INT64 int, DOUBLE float,
-BOOL bool), else :class:`~pydvm.store.Typed` keeping the type code; lookups
-turn them back, so a ``PMIX_UINT8`` comes back a ``PMIX_UINT8``.
+A PMIx value becomes a store value and back as :mod:`pydvm.runtime.pmixdata`
+says (which also turns the upcalls into the store's requests, for this
+server and for a user's agent).
 
 Partial lookups
 ---------------
@@ -90,9 +89,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .. import _trace
 from ..errors import Status
-from ..store import Caller, Reply, Typed
-from ..store.model import DEFAULT_TYPES
+from ..store import Caller
 from ..wire import MAX_FRAME, Message, unpack_body
+from .pmixdata import BAD as _BAD, REFUSED as _REFUSED, RelayedData, answer, answer_reply, \
+    data_request
 from .peers import PeerSession, process_caller
 
 if TYPE_CHECKING:
@@ -212,6 +212,9 @@ class PmixSession(PeerSession):
         req = self.pending.pop(rid, None) if isinstance(rid, int) else None
         if req is None:
             return  # a refusal of something never admitted, or a late answer
+        if req.__class__ is RelayedData:
+            req.relay(msg)  # an agent's: it makes the PMIx reply itself
+            return
         answer(req, msg, self.name)
 
     def fail_all(self, status: int) -> None:
@@ -219,74 +222,6 @@ class PmixSession(PeerSession):
         for req in pending.values():
             if not req.reply.done:
                 req.reply.fail(status)
-
-
-def answer(req, msg: Message, name: str) -> None:
-    """Give PMIx request ``req`` the store's answer ``msg`` (a reply map)."""
-    _answer(req, msg.get("status", Status.ERR_BAD_PARAM), msg.get("found") or (), name)
-
-
-def answer_reply(req, r, name: str) -> None:
-    """Give PMIx request ``req`` the store's :class:`~pydvm.store.Reply` ``r``."""
-    _answer(req, r.status, [(f.key, f.value, *f.publisher) for f in r.found], name)
-
-
-def _answer(req, status: int, found, name: str) -> None:
-    """``found``: ``(key, store value, nspace, rank)`` each."""
-    try:
-        if req.kind == "lookup":
-            if status == Status.ERR_PARTIAL_SUCCESS and found:
-                status = Status.SUCCESS  # libpmix passes data only with SUCCESS
-            if status == Status.SUCCESS:
-                req.reply(int(status), [(k, to_pmix(v), _proc(ns, r)) for k, v, ns, r in found])
-            else:
-                req.reply(int(status))
-        else:
-            req.reply(int(status))
-    except Exception:
-        log.exception("%s: answering a %s failed", name, req.kind)
-        if not req.reply.done:
-            req.reply.fail(Status.ERR_BAD_PARAM)
-
-
-#: pydvm.pmix's Proc and Value, imported on first use (a node without PMIx
-#: never imports the binding) and kept: the answering path is hot.
-_Proc: Any = None
-_Value: Any = None
-
-
-def _load_types() -> None:
-    global _Proc, _Value
-    from ..pmix import Proc, Value
-    _Proc, _Value = Proc, Value
-
-
-def _proc(ns: str, rank: int):
-    if _Proc is None:
-        _load_types()
-    return _Proc(ns, rank)
-
-
-def to_store(v) -> Any:
-    """A PMIx :class:`~pydvm.pmix.Value` as a store value (bare when default-typed)."""
-    x = v.value
-    if isinstance(x, str) and not x.isascii():
-        try:
-            x.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError("a PMIX_STRING value that is not valid UTF-8") from None
-    if DEFAULT_TYPES.get(x.__class__) == v.type:
-        return x
-    return Typed(x, v.type)
-
-
-def to_pmix(x):
-    """A store value as a :class:`~pydvm.pmix.Value` with its PMIx type."""
-    if _Value is None:
-        _load_types()
-    if x.__class__ is Typed:
-        return _Value(x.value, x.pmix_type)
-    return _Value.of(x)
 
 
 class PmixHost:
@@ -641,6 +576,29 @@ class PmixHost:
             guard.post(effects)
         return r is not None
 
+    def serve_relayed(self, nspace: str, rank: int, msg: Message, waiting: RelayedData):
+        """A data request (:func:`~pydvm.runtime.pmixdata.relayed_request`) a
+        user's agent relayed for its process ``(nspace, rank)`` -- one
+        :meth:`UserServers.may <pydvm.runtime.pmixusers.UserServers.may>`
+        let through -- served as that process's session, on the loop: the
+        store's :class:`~pydvm.store.Reply` when a store here answers at once
+        (``NodeServer.serve_now``, as :meth:`answer_now`), else None -- it
+        went the way of a native client's request (``serve_data``) and its
+        answer goes to ``waiting``.  An unknown or closed session is refused
+        NO_PERMISSIONS."""
+        s = self.sessions.get((nspace, rank))
+        if s is None or s.closed:
+            return _REFUSED
+        guard = self.node.guard
+        if guard is not None:
+            with guard:
+                r = self.node.serve_now(s, msg)
+            if r is not None:
+                return r
+        msg["id"] = s.new_id(waiting)
+        self.node.serve_data(s, msg)
+        return None
+
     # -- what the master coordinates --------------------------------------
 
     def _ask_master(self, msg: Message, answered: Callable[[Message], None]) -> None:
@@ -717,35 +675,6 @@ class PmixHost:
             return reply(msg.get("id"), Status.ERR_TIMEOUT,
                          f"{ns}:{rank} posted no modex data within {DMODEX_TIMEOUT:.0f}s")
         return reply(msg.get("id"), status, data=blob)
-
-
-_REFUSED = Reply(Status.ERR_NO_PERMISSIONS)
-_BAD = Reply(Status.ERR_BAD_PARAM)
-
-
-def data_request(req, rid: int) -> Message | None:
-    """A PMIx publish, lookup or unpublish as a native data request with id
-    ``rid``; None when a value cannot be stored (a STRING that is not UTF-8)."""
-    if req.kind == "publish":
-        try:
-            pairs = {k: to_store(v) for k, v in req.pairs.items()}
-        except ValueError:
-            return None
-        msg = {"t": "publish", "id": rid, "pairs": pairs, "persist": req.persistence,
-               "replace": False}
-        if req.access_uids:
-            msg["uids"] = list(req.access_uids)
-        if req.access_gids:
-            msg["gids"] = list(req.access_gids)
-    elif req.kind == "lookup":
-        msg = {"t": "lookup", "id": rid, "keys": list(req.keys), "wait": req.wait,
-               "timeout": req.timeout or None}
-    else:
-        return {"t": "unpublish", "id": rid,
-                "keys": None if req.keys is None else list(req.keys)}
-    if req.range is not None:
-        msg["range"] = req.range
-    return msg
 
 
 def info_to_wire(items) -> list[list]:

@@ -42,10 +42,21 @@ Wire
 Framed msgpack (:class:`~pydvm.wire.Channel`), requests and replies matched
 by id both ways.  Node -> agent: ``start``, ``register_nspace``,
 ``deregister_nspace``, ``register_client`` (answered with the process's
-environment), ``notify``, ``dmodex``, ``stop``.  Agent -> node: ``up``, one
-upcall (:func:`encode_request`), answered by a reply whose ``args`` are the
-arguments of the upcall's reply call, or whose ``fail`` is a status.  PMIx
-values, processes and data arrays cross as tagged maps (:func:`encode`).
+environment), ``notify``, ``dmodex``, ``stop``.  Agent -> node, each
+written by libpmix's thread in the agent (:mod:`pydvm.runtime.pmixagent`):
+
+* ``data``: a publish, lookup or unpublish as the store's own request
+  (``"p": [nspace, rank]``, ``"m"``: :func:`~pydvm.runtime.pmixdata.data_request`
+  without its id), served as that process's session
+  (:meth:`PmixHost.serve_relayed <pydvm.runtime.pmixhost.PmixHost.serve_relayed>`:
+  at once from the socket handler when a store here can answer, else as a
+  native client's request) and answered with the store's reply map; the
+  agent makes the PMIx reply.  The node builds no PMIx object for these.
+* ``up``: any other upcall (:func:`encode_request`), answered by a reply
+  whose ``args`` are the arguments of the upcall's reply call.
+
+Either is refused by a reply whose ``fail`` is a status.  PMIx values,
+processes and data arrays cross as tagged maps (:func:`encode`).
 
 If the agent cannot be started (the user cannot run this Python, no
 ``setpriv`` and no privilege), the node serves that user's processes from
@@ -68,6 +79,8 @@ from ..errors import Status
 from ..pmix import constants as C
 from ..pmix.replies import handler_failed, task_done
 from ..wire import Channel, Message, reply
+from . import dataops
+from .pmixdata import DATA_KINDS, RelayedData, relayed_request
 
 log = logging.getLogger("pydvm.pmix")
 
@@ -210,6 +223,14 @@ class RemoteReply:
         self._agent.answer(self._rid, fail=int(status))
         return True
 
+    def relay(self, msg: Message) -> None:
+        """Answer a relayed data request with the store's reply map ``msg``
+        as it is (the agent makes the PMIx reply of it)."""
+        if self._done:
+            return
+        self._done = True
+        self._agent.send_answer(self._rid, msg)
+
     def __del__(self):
         try:
             if not self._done:
@@ -218,6 +239,15 @@ class RemoteReply:
                 self.fail(int(C.ERROR))
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
+
+
+class _Claim:
+    """What a relayed data request claims, as :meth:`UserServers.may` reads an upcall."""
+
+    __slots__ = ("proc",)
+
+    def __init__(self, proc) -> None:
+        self.proc = proc
 
 
 class UserServer:
@@ -236,6 +266,10 @@ class UserServer:
         self.gid = gid
         self.name = f"PMIx agent of uid {uid}"
         self._handler = handler
+        #: the handler's answer-at-once path for data upcalls (PmixHost.answer_now),
+        #: and its way with data requests relayed as the store's (serve_relayed)
+        self._answer_now: Callable[[Any], bool] | None = getattr(handler, "answer_now", None)
+        self._serve_relayed = getattr(handler, "serve_relayed", None)
         self._trusted = trusted
         self._on_lost = on_lost
         self.channel: Channel | None = None
@@ -375,15 +409,28 @@ class UserServer:
             return
         self.channel.send(reply(rid, Status.SUCCESS, **fields))
 
+    def send_answer(self, rid: int | None, msg: Message) -> None:
+        """Send the store's reply map ``msg`` as the answer to ``rid``."""
+        if rid is None or self.channel is None or self.channel.closed:
+            return
+        out = dict(msg)
+        out["t"] = "reply"
+        out["id"] = rid
+        self.channel.send(out)
+
     def _on_message(self, ch: Channel, msg: Message) -> None:
-        if msg.get("t") in ("reply", "error"):
+        t = msg.get("t")
+        if t in ("reply", "error"):
             return  # the late answer to a call that timed out
-        if msg.get("t") != "up":
-            log.warning("%s: unexpected %r message: closing", self.name, msg.get("t"))
+        if t != "up" and t != "data":
+            log.warning("%s: unexpected %r message: closing", self.name, t)
             ch.close("protocol error", error=True)
             return
         rid = msg.get("id")
-        rid = rid if isinstance(rid, int) else None
+        rid = rid if isinstance(rid, int) and not isinstance(rid, bool) else None
+        if t == "data":
+            self._on_data(rid, msg)
+            return
         try:
             req = decode_request(msg.get("req"))
         except (ValueError, TypeError, KeyError, IndexError) as exc:
@@ -400,6 +447,10 @@ class UserServer:
             req.reply.fail(int(Status.ERR_NO_PERMISSIONS))
             return
         self.stats["requests"] += 1
+        if req.kind in DATA_KINDS and self._answer_now is not None and self._answer_now(req):
+            # served here and now, as libpmix's thread serves the owner's (PmixHost.answer_now)
+            self.stats["answered_now"] += 1
+            return
         # as the binding dispatches its own upcalls (pydvm.pmix.server)
         try:
             res = self._handler(req)
@@ -411,6 +462,34 @@ class UserServer:
             self._tasks.add(task)
             task.add_done_callback(lambda t: (self._tasks.discard(t),
                                               task_done(req, t, self.stats)))
+
+    def _on_data(self, rid: int | None, msg: Message) -> None:
+        """A process's publish, lookup or unpublish, relayed as the store's
+        request (``{"t": "data", "id", "p": [nspace, rank], "m": request}``):
+        the same trust rule as any upcall, then served as that process's
+        session (``PmixHost.serve_relayed``) and answered with the store's
+        reply map -- at once, from this handler, when a store here can."""
+        from ..pmix import Proc
+        p, m = msg.get("p"), relayed_request(msg.get("m"))
+        if (rid is None or m is None or self._serve_relayed is None
+                or not (isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
+                        and isinstance(p[1], int) and not isinstance(p[1], bool))):
+            log.warning("%s: malformed data request: refused", self.name)
+            self.stats["refused"] += 1
+            self.answer(rid, fail=int(Status.ERR_BAD_PARAM))
+            return
+        why = self._trusted(self, _Claim(Proc(p[0], p[1])))
+        if why:
+            log.warning("%s: %s %s: refused", self.name, m["t"], why)
+            self.stats["refused"] += 1
+            self.answer(rid, fail=int(Status.ERR_NO_PERMISSIONS))
+            return
+        self.stats["requests"] += 1
+        waiting = RelayedData(m["t"], RemoteReply(self, rid, m["t"]))
+        r = self._serve_relayed(p[0], p[1], m, waiting)
+        if r is not None:
+            self.stats["answered_now"] += 1
+            waiting.reply.relay(dataops.encode(rid, r))
 
     def _on_close(self, ch: Channel, reason: str) -> None:
         if not self.stopping:
@@ -578,132 +657,8 @@ class UserServers:
 
 
 # ----------------------------------------------------------------------
-# agent side (a process of its own, running as the user)
+# agent side: the process itself is pydvm.runtime.pmixagent
 # ----------------------------------------------------------------------
-
-class Agent:
-    """One user's libpmix server, relaying upcalls to its node."""
-
-    def __init__(self) -> None:
-        self.server = None
-        self.channel: Channel | None = None
-        self.done: asyncio.Future | None = None
-
-    def on_message(self, ch: Channel, msg: Message) -> None:
-        if msg.get("t") in ("reply", "error", "cancel"):
-            return  # a late answer; a call the node gave up on runs to its end
-        fn = getattr(self, "_do_" + str(msg.get("t")), None)
-        if fn is None:
-            ch.send(reply(msg.get("id"), Status.ERR_NOT_SUPPORTED,
-                          f"unknown command {msg.get('t')!r}"))
-            return
-        task = asyncio.ensure_future(self._run(fn, msg))
-        task.add_done_callback(lambda t: None)
-
-    async def _run(self, fn, msg: Message) -> None:
-        try:
-            fields = await fn(msg) or {}
-            out = reply(msg.get("id"), Status.SUCCESS, **fields)
-        except Exception as exc:
-            status = getattr(exc, "status", None)
-            out = reply(msg.get("id"), status if isinstance(status, int) else C.ERROR,
-                        f"{msg.get('t')}: {exc}")
-        if self.channel is not None and not self.channel.closed:
-            self.channel.send(out)
-
-    async def _do_start(self, msg: Message) -> dict:
-        from ..pmix import PmixServer, cleanup_stale
-        from ..pmix import constants as C
-        cleanup_stale(msg["tmpdir"])
-        server = PmixServer(max_value_size=int(msg["max_value_size"]), nspace=str(msg["nspace"]))
-        server.start(msg["tmpdir"], asyncio.get_running_loop(), self.forward,
-                     extra_info=[(C.HOSTNAME, str(msg["host"]))])
-        self.server = server
-        return {"tmpdir": server.tmpdir}
-
-    async def _do_register_nspace(self, msg: Message) -> None:
-        await self.server.register_nspace(str(msg["nspace"]), int(msg["nlocal"]),
-                                          [tuple(i) for i in decode(msg["info"])])
-
-    async def _do_deregister_nspace(self, msg: Message) -> None:
-        await self.server.deregister_nspace(str(msg["nspace"]))
-
-    async def _do_register_client(self, msg: Message) -> dict:
-        from ..pmix import Proc
-        proc = Proc(str(msg["nspace"]), int(msg["rank"]))
-        await self.server.register_client(proc, int(msg["uid"]), int(msg["gid"]))
-        return {"env": self.server.setup_fork(proc)}
-
-    async def _do_notify(self, msg: Message) -> None:
-        from ..pmix import PmixServerError
-        status = await self.server.notify_event(
-            int(msg["code"]), decode(msg["source"]), int(msg["range"]),
-            [tuple(i) for i in decode(msg["info"])], timeout=float(msg["timeout"]))
-        if status != Status.SUCCESS:
-            raise PmixServerError(status, "notify_event")
-
-    async def _do_dmodex(self, msg: Message) -> dict:
-        from ..pmix import PmixServerError, Proc
-        status, blob = await self.server.dmodex_request(Proc(str(msg["nspace"]),
-                                                             int(msg["rank"])))
-        if status != Status.SUCCESS:
-            raise PmixServerError(status, "direct modex")
-        return {"data": blob}
-
-    async def _do_stop(self, msg: Message) -> None:
-        if self.done is not None and not self.done.done():
-            asyncio.get_running_loop().call_soon(self.done.set_result, "stopped")
-
-    def forward(self, req) -> None:
-        """An upcall (on the loop): to the node, whose answer goes to libpmix."""
-        ch = self.channel
-        try:
-            body = {"t": "up", "req": encode_request(req)}
-        except TypeError as exc:
-            log.error("pmix %s cannot be relayed (%s): refused", req.kind, exc)
-            req.reply.fail(int(Status.ERR_BAD_PARAM))
-            return
-        if req.reply.notification:
-            if ch is not None and not ch.closed:
-                ch.send(body)
-            return
-
-        def answered(r: Message) -> None:
-            if req.reply.done:
-                return
-            if "args" in r:
-                try:
-                    req.reply(*decode(r["args"]))
-                    return
-                except Exception as exc:
-                    log.error("pmix %s: the node's answer cannot be given (%s)", req.kind, exc)
-                    req.reply.fail(int(C.ERROR))
-                    return
-            status = r.get("fail", r.get("status"))
-            req.reply.fail(int(status) if isinstance(status, int) and status != Status.SUCCESS
-                           else int(Status.ERR_UNREACH))
-        if ch is None:
-            req.reply.fail(int(Status.ERR_UNREACH))
-        else:
-            ch.request(body, answered)
-
-    async def main(self, fd: int) -> None:
-        loop = asyncio.get_running_loop()
-        self.done = loop.create_future()
-
-        def closed(ch: Channel, reason: str) -> None:
-            if not self.done.done():
-                self.done.set_result(reason)
-        sock = socket.socket(fileno=fd)
-        _, self.channel = await loop.create_unix_connection(
-            lambda: Channel(self.on_message, closed, name="node"), sock=sock)
-        reason = await self.done
-        if self.server is not None:
-            self.server.finalize()
-            self.server = None
-        self.channel.close(str(reason))
-        log.debug("PMIx agent of uid %d done: %s", os.getuid(), reason)
-
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -713,7 +668,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=os.environ.get("PYDVM_AGENT_LOG", "WARNING"),
                         format=f"pydvm pmix agent uid {os.getuid()}: %(levelname)s %(message)s")
-    asyncio.run(Agent().main(int(argv[0])))
+    from .pmixagent import run
+    run(int(argv[0]))
     return 0
 
 

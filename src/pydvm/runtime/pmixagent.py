@@ -1,0 +1,369 @@
+"""A user's PMIx agent: the process that hosts that user's libpmix server on a
+node and relays its upcalls to the node (why, the trust rule and the wire:
+:mod:`pydvm.runtime.pmixusers`, whose ``main`` starts it).
+
+Threads
+-------
+libpmix's progress thread writes each upcall to the node itself
+(:meth:`Agent.take_now`, the binding's ``take_now``, through
+:meth:`UpcallLink.send_upcall`), instead of handing it to the agent's
+event loop to write -- a thread wake-up per request saved; the loop is
+woken by the node's answer only, and gives it to libpmix.  A publish,
+lookup or unpublish crosses as the store's own request (``{"t": "data",
+"p": [nspace, rank], "m": request}``, made by
+:func:`~pydvm.runtime.pmixdata.data_request` on libpmix's thread) and is
+answered with the store's reply map, which the agent turns into the PMIx
+reply (:func:`~pydvm.runtime.pmixdata.answer`): the node builds no PMIx
+objects for them and serves them from its socket handler when a store can
+answer at once.  Every other upcall crosses as the tagged request of
+:func:`~pydvm.runtime.pmixusers.encode_request` (``{"t": "up"}``), answered
+with the reply call's arguments.  All of them go through the one socket in
+the order libpmix made them, so a process's requests reach the node in
+order.  An upcall that cannot be sent from libpmix's thread (the link is
+down, a value the codec cannot carry) goes to the loop, which refuses it.
+
+The agent runs on uvloop when it is installed: asyncio's own loop reads
+into a fresh 256 KiB buffer each time, an mmap and munmap per answer in a
+process with three threads.
+
+Two threads write one socket, so every write goes through
+:meth:`UpcallLink.write`, under one lock:
+
+* on the loop's thread, through the asyncio transport (which buffers what
+  the socket does not take at once);
+* on any other thread, straight to the socket -- but only while nothing
+  waits before it (the transport's buffer empty, nothing queued for the
+  loop) and the socket takes all of it at once.  Otherwise the bytes (the
+  rest of them) are queued, in order, for the loop to hand to the
+  transport (one ``call_soon_threadsafe`` for the lot): such a thread never
+  waits for the socket or the loop, and frames are never interleaved.
+
+The lock is held while writing only (a non-blocking ``send`` or a
+transport ``write``), never while waiting for anything: libpmix's thread
+waits at most for one such write of the loop's to end, never for the
+socket, the node or the loop's turn.  (Both threads take the GIL before
+the lock, and a thread waiting for the lock lets the GIL go.)  The other threads
+write through a descriptor of the link's own (a ``dup`` of the loop's), so
+whenever the loop's transport closes its descriptor, theirs is still the
+same socket; :meth:`close` closes it under the lock, and nothing is written
+after that.
+
+Upcalls that want an answer are numbered here (their own ids: the
+channel's request ids are not used for them) and kept until the node's
+``reply`` with that id comes back on the loop (:meth:`take`); those still
+waiting when the link closes are answered ``PMIX_ERR_UNREACH`` by the agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import socket
+import threading
+from typing import Any
+
+from ..errors import Status
+from ..pmix import constants as C
+from ..wire import Channel, Message, pack, reply
+from .pmixdata import DATA_KINDS, answer, data_request
+from .pmixusers import decode, encode_request
+
+log = logging.getLogger("pydvm.pmix")
+
+
+class UpcallLink:
+    """The shared write side of the agent's socket to its node, and the
+    upcalls waiting for the node's answer.  Made on the loop's thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        self.loop = loop
+        #: the other threads' descriptor of the socket (closed by close()).
+        self.sock = sock.dup()
+        self.loop_thread = threading.get_ident()
+        self.lock = threading.Lock()
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        #: bytes for the loop to write, in order (a write from another thread
+        #: that could not go straight to the socket, and every write after it).
+        self._queue: list[bytes] = []
+        #: id -> the upcall (its request object) waiting for the node's answer.
+        self._waiting: dict[int, Any] = {}
+        self._ids = itertools.count(1)
+        #: writes from another thread: straight to the socket, or queued for the loop.
+        self.stats = {"direct": 0, "queued": 0}
+
+    # -- writing ----------------------------------------------------------
+
+    def write(self, data: bytes) -> bool:
+        """Write one frame, from any thread; False if the link is closed."""
+        with self.lock:
+            return self._write_locked(data)
+
+    def _write_locked(self, data: bytes) -> bool:
+        if self.closed or self.transport is None or self.transport.is_closing():
+            return False
+        queue = self._queue
+        if threading.get_ident() == self.loop_thread:
+            if queue:
+                queue.append(data)  # after what another thread queued (a flush is due)
+            else:
+                self.transport.write(data)
+            return True
+        if not queue and self.transport.get_write_buffer_size() == 0:
+            # The buffer only grows under this lock (every write is here), so
+            # empty now means nothing is due before these bytes.
+            try:
+                n = self.sock.send(data, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError:
+                n = 0  # the loop sees the socket's end itself; the rest goes to it
+            if n == len(data):
+                self.stats["direct"] += 1
+                return True
+            data = data[n:]
+        self.stats["queued"] += 1
+        queue.append(data)
+        if len(queue) == 1:
+            try:
+                self.loop.call_soon_threadsafe(self._flush)
+            except RuntimeError:  # the loop is closed: the agent is ending anyway
+                queue.clear()
+                return False
+        return True
+
+    def _flush(self) -> None:
+        with self.lock:
+            queue, self._queue = self._queue, []
+            if (queue and not self.closed and self.transport is not None
+                    and not self.transport.is_closing()):
+                self.transport.writelines(queue)
+
+    # -- upcalls ------------------------------------------------------------
+
+    def send_upcall(self, body: Message, req: Any, wants_answer: bool) -> bool:
+        """Send upcall ``body`` (``{"t": "up", "req": ...}``) from any thread;
+        with ``wants_answer`` it gets an id and ``req`` waits for the node's
+        answer (:meth:`take`).  False, with nothing sent or kept, if the link
+        is closed."""
+        with self.lock:
+            if self.closed:
+                return False
+            if wants_answer:
+                rid = body["id"] = next(self._ids)
+                self._waiting[rid] = req
+            if self._write_locked(pack(body)):
+                return True
+            if wants_answer:
+                del self._waiting[rid]
+            return False
+
+    def take(self, rid: Any) -> Any:
+        """The upcall answered by the node's reply ``rid`` (None: no such one)."""
+        try:
+            return self._waiting.pop(rid, None)
+        except TypeError:  # an unhashable id: not ours
+            return None
+
+    def close(self) -> list:
+        """Nothing is written any more; returns the upcalls still waiting for
+        an answer (the caller answers them).  Called on the loop."""
+        with self.lock:
+            if not self.closed:
+                self.closed = True
+                self.sock.close()
+            self._queue.clear()
+            waiting = list(self._waiting.values())
+            self._waiting.clear()
+        return waiting
+
+
+class LinkChannel(Channel):
+    """The agent's :class:`~pydvm.wire.Channel` to its node: every frame it
+    sends goes through the link's shared write (see the module docstring)."""
+
+    link: UpcallLink | None = None
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if self.link is not None:
+            self.link.transport = transport
+
+    def send(self, msg: Message) -> None:
+        if self.closed or self.link is None:
+            return
+        self.link.write(pack(msg))
+
+    def send_raw(self, body) -> None:  # pragma: no cover - the agent never passes bodies on
+        raise NotImplementedError
+
+
+def give_answer(req, r: Message) -> None:
+    """Give libpmix the node's answer ``r`` to relayed upcall ``req``."""
+    if req.reply.done:
+        return
+    if "args" in r:
+        try:
+            req.reply(*decode(r["args"]))
+            return
+        except Exception as exc:
+            log.error("pmix %s: the node's answer cannot be given (%s)", req.kind, exc)
+            req.reply.fail(int(C.ERROR))
+            return
+    status = r.get("fail", r.get("status"))
+    req.reply.fail(int(status) if isinstance(status, int) and status != Status.SUCCESS
+                   else int(Status.ERR_UNREACH))
+
+
+class Agent:
+    """One user's libpmix server, relaying upcalls to its node."""
+
+    def __init__(self) -> None:
+        self.server = None
+        self.channel: Channel | None = None
+        self.link: UpcallLink | None = None  # once connected
+        self.done: asyncio.Future | None = None
+
+    def on_message(self, ch: Channel, msg: Message) -> None:
+        t = msg.get("t")
+        if t == "reply" and self.link is not None:
+            req = self.link.take(msg.get("id"))
+            if req is not None:
+                if "args" in msg or "fail" in msg:
+                    give_answer(req, msg)
+                else:  # the store's reply map, to a data request relayed as the store's
+                    answer(req, msg, "pmix agent")
+                return
+        if t in ("reply", "error", "cancel"):
+            return  # a late answer; a call the node gave up on runs to its end
+        fn = getattr(self, "_do_" + str(t), None)
+        if fn is None:
+            ch.send(reply(msg.get("id"), Status.ERR_NOT_SUPPORTED, f"unknown command {t!r}"))
+            return
+        task = asyncio.ensure_future(self._run(fn, msg))
+        task.add_done_callback(lambda t: None)
+
+    async def _run(self, fn, msg: Message) -> None:
+        try:
+            fields = await fn(msg) or {}
+            out = reply(msg.get("id"), Status.SUCCESS, **fields)
+        except Exception as exc:
+            status = getattr(exc, "status", None)
+            out = reply(msg.get("id"), status if isinstance(status, int) else C.ERROR,
+                        f"{msg.get('t')}: {exc}")
+        if self.channel is not None and not self.channel.closed:
+            self.channel.send(out)
+
+    async def _do_start(self, msg: Message) -> dict:
+        from ..pmix import PmixServer, cleanup_stale
+        from ..pmix import constants as C
+        cleanup_stale(msg["tmpdir"])
+        server = PmixServer(max_value_size=int(msg["max_value_size"]), nspace=str(msg["nspace"]))
+        server.start(msg["tmpdir"], asyncio.get_running_loop(), self.forward,
+                     extra_info=[(C.HOSTNAME, str(msg["host"]))], take_now=self.take_now)
+        self.server = server
+        return {"tmpdir": server.tmpdir}
+
+    async def _do_register_nspace(self, msg: Message) -> None:
+        await self.server.register_nspace(str(msg["nspace"]), int(msg["nlocal"]),
+                                          [tuple(i) for i in decode(msg["info"])])
+
+    async def _do_deregister_nspace(self, msg: Message) -> None:
+        await self.server.deregister_nspace(str(msg["nspace"]))
+
+    async def _do_register_client(self, msg: Message) -> dict:
+        from ..pmix import Proc
+        proc = Proc(str(msg["nspace"]), int(msg["rank"]))
+        await self.server.register_client(proc, int(msg["uid"]), int(msg["gid"]))
+        return {"env": self.server.setup_fork(proc)}
+
+    async def _do_notify(self, msg: Message) -> None:
+        from ..pmix import PmixServerError
+        status = await self.server.notify_event(
+            int(msg["code"]), decode(msg["source"]), int(msg["range"]),
+            [tuple(i) for i in decode(msg["info"])], timeout=float(msg["timeout"]))
+        if status != Status.SUCCESS:
+            raise PmixServerError(status, "notify_event")
+
+    async def _do_dmodex(self, msg: Message) -> dict:
+        from ..pmix import PmixServerError, Proc
+        status, blob = await self.server.dmodex_request(Proc(str(msg["nspace"]),
+                                                             int(msg["rank"])))
+        if status != Status.SUCCESS:
+            raise PmixServerError(status, "direct modex")
+        return {"data": blob}
+
+    async def _do_stop(self, msg: Message) -> None:
+        if self.done is not None and not self.done.done():
+            asyncio.get_running_loop().call_soon(self.done.set_result, "stopped")
+
+    def take_now(self, req) -> bool:
+        """An upcall on libpmix's thread (the binding's ``take_now``): written
+        to the node from here (:class:`UpcallLink`); False -- nothing sent -- when it
+        cannot be (the link is down, the request cannot be carried): then it
+        reaches :meth:`forward` on the loop, which answers it."""
+        link = self.link
+        if link is None:
+            return False
+        if req.kind in DATA_KINDS:
+            m = data_request(req, 0)
+            if m is not None:  # (None: a value the store cannot hold; the node refuses it)
+                del m["id"]
+                return link.send_upcall({"t": "data", "p": [req.proc.nspace, req.proc.rank],
+                                         "m": m}, req, True)
+        try:
+            body = {"t": "up", "req": encode_request(req)}
+        except TypeError:
+            return False
+        return link.send_upcall(body, req, not req.reply.notification)
+
+    def forward(self, req) -> None:
+        """An upcall on the loop (one :meth:`take_now` did not send): to the
+        node if it can go, else refused."""
+        try:
+            body = {"t": "up", "req": encode_request(req)}
+        except TypeError as exc:
+            log.error("pmix %s cannot be relayed (%s): refused", req.kind, exc)
+            req.reply.fail(int(Status.ERR_BAD_PARAM))
+            return
+        link = self.link
+        if not (link is not None and link.send_upcall(body, req, not req.reply.notification)):
+            if not req.reply.notification:
+                req.reply.fail(int(Status.ERR_UNREACH))
+
+    async def main(self, fd: int) -> None:
+        loop = asyncio.get_running_loop()
+        self.done = loop.create_future()
+
+        def closed(ch: Channel, reason: str) -> None:
+            for req in link.close():
+                req.reply.fail(int(Status.ERR_UNREACH))
+            if not self.done.done():
+                self.done.set_result(reason)
+        sock = socket.socket(fileno=fd)
+        link = UpcallLink(loop, sock)
+
+        def channel() -> LinkChannel:
+            ch = LinkChannel(self.on_message, closed, name="node")
+            ch.link = link
+            return ch
+        self.link = link
+        _, self.channel = await loop.create_unix_connection(channel, sock=sock)
+        reason = await self.done
+        if self.server is not None:
+            self.server.finalize()
+            self.server = None
+        self.channel.close(str(reason))
+        log.debug("PMIx agent of uid %d done: %s", os.getuid(), reason)
+
+
+def run(fd: int) -> None:
+    """Run the agent on its socket pair's end ``fd`` until the node stops it."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(Agent().main(fd))
+    else:
+        uvloop.run(Agent().main(fd))
