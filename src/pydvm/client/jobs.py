@@ -290,9 +290,10 @@ class Subscription:
     (:meth:`Dvm.on_event`).  :meth:`close` unsubscribes."""
 
     def __init__(self, dvm: "Dvm", rid: int, callback: Callable[[JobEvent], Any] | None,
-                 nspace: str | None) -> None:
+                 nspace: str | None, on_end: Callable[[], Any] | None = None) -> None:
         import collections
 
+        self._on_end = on_end
         self.dvm = dvm
         self.id = rid
         self.nspace = nspace
@@ -315,9 +316,13 @@ class Subscription:
 
     def _end(self, error: BaseException | None) -> None:
         with self._cv:
+            if self.closed:
+                return
             self.closed = True
             self.error = self.error or error
             self._cv.notify_all()
+        if self._on_end is not None:
+            self._on_end()
 
     def get(self, timeout: float | None = None) -> JobEvent | None:
         """The next event (None once closed and drained); TimeoutError if
@@ -343,8 +348,8 @@ class Subscription:
         if self.closed:
             return
         self._end(None)
-        self.dvm._subs.pop(self.id, None)
-        self.dvm._post({"t": "unsubscribe", "id": self.dvm._new_id(), "ref": self.id})
+        if self.dvm._subs.pop(self.id, None) is not None:
+            self.dvm._post({"t": "unsubscribe", "id": self.dvm._new_id(), "ref": self.id})
 
     def __enter__(self) -> "Subscription":
         return self
@@ -545,15 +550,18 @@ class Dvm:
         return self._subscribe(None, nspace, session)
 
     def on_event(self, callback: Callable[[JobEvent], Any], nspace: str | None = None,
-                 session: int | None = None) -> Subscription:
+                 session: int | None = None, *, on_end: Callable[[], Any] | None = None
+                 ) -> Subscription:
         """Call ``callback(event)`` (on the reader thread) for each job event;
-        close the :class:`Subscription` returned to stop."""
-        return self._subscribe(callback, nspace, session)
+        close the :class:`Subscription` returned to stop.  ``on_end()`` is
+        called once when it stops (closed, the job ``nspace`` ended, or the
+        connection lost: then its ``error`` says so)."""
+        return self._subscribe(callback, nspace, session, on_end)
 
-    def _subscribe(self, callback: Any, nspace: str | None, session: int | None
-                   ) -> Subscription:
+    def _subscribe(self, callback: Any, nspace: str | None, session: int | None,
+                   on_end: Any = None) -> Subscription:
         rid = self._new_id()
-        sub = Subscription(self, rid, callback, nspace)
+        sub = Subscription(self, rid, callback, nspace, on_end)
         self._subs[rid] = sub
         msg: dict = {"t": "subscribe", "id": rid}
         if nspace is not None:
