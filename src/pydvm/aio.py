@@ -4,9 +4,9 @@
         await c.publish({"port": 5555})
         r = await c.lookup(["peer"], wait=True, timeout=10)
 
-Jobs from asyncio: ``pydvm.aio.jobs`` (:mod:`pydvm.client.aiojobs`, loaded
-on first use), the twin of :mod:`pydvm.jobs`; ``pydvm.aio.Dvm`` and
-``pydvm.aio.Job`` are its classes::
+Jobs from asyncio: ``pydvm.aio.jobs`` (:mod:`pydvm.client.aiojobs`), the
+twin of :mod:`pydvm.jobs`; ``pydvm.aio.Dvm`` and ``pydvm.aio.Job`` are its
+classes::
 
     from pydvm.aio import jobs
 
@@ -14,19 +14,9 @@ on first use), the twin of :mod:`pydvm.jobs`; ``pydvm.aio.Dvm`` and
         result = await dvm.submit("hostname", stdout="capture")
 """
 
+from .client import aiojobs as jobs
 from .client.aio import Client
+from .client.aiojobs import Dvm, Job
 from .client.proto import Found, LookupResult
 
 __all__ = ["Client", "Dvm", "Found", "Job", "LookupResult", "jobs"]
-
-_LAZY = {"jobs": None, "Dvm": "Dvm", "Job": "Job"}
-
-
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module 'pydvm.aio' has no attribute {name!r}")
-    from .client import aiojobs
-
-    value = aiojobs if _LAZY[name] is None else getattr(aiojobs, _LAZY[name])
-    globals()[name] = value
-    return value

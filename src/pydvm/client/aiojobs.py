@@ -72,21 +72,26 @@ class Job:
 
     @property
     def state(self) -> str:
+        """``submitted``, ``queued``, ``running`` or ``ended``."""
         return self.future.state
 
     @property
     def nspace(self) -> str | None:
+        """The job's namespace, once queued or started."""
         return self.future.nspace
 
     @property
     def size(self) -> int | None:
+        """Its process count, once started."""
         return self.future.size
 
     @property
     def position(self) -> int | None:
+        """Its place in the DVM's queue while queued."""
         return self.future.position
 
     def done(self) -> bool:
+        """The job has ended (or failed, or was cancelled)."""
         return self.future.done()
 
     def kill(self) -> None:
@@ -121,6 +126,7 @@ class Dvm:
 
     @property
     def closed(self) -> bool:
+        """The connection is closed or lost."""
         return self.sync.closed
 
     def submit(self, command: Any, n: int | None = 1, **options: Any) -> Job:

@@ -226,6 +226,8 @@ class Job(Future):
         return super().result(timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Wait for the job's end; the exception it failed with (None if it
+        has a :class:`JobResult`, whatever its exit status)."""
         if not self.done() and self.dvm._on_reader_thread():
             raise RuntimeError("waiting for a job on the connection's reader thread would "
                                "wait for ever")
@@ -400,6 +402,7 @@ class Dvm:
 
     @property
     def closed(self) -> bool:
+        """The connection is closed or lost: no more jobs can be submitted."""
         return self._lost is not None
 
     # -- jobs ------------------------------------------------------------------

@@ -92,6 +92,7 @@ class JobSpec:
         self.options = options
 
     def with_options(self, **options: Any) -> "JobSpec":
+        """A copy with ``options`` added or changed."""
         return JobSpec(self.command, self.n, **{**self.options, **options})
 
     def __repr__(self) -> str:
