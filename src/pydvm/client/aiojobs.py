@@ -7,8 +7,9 @@
     async with await jobs.connect() as dvm:
         job = dvm.submit("hostname", n=2, stdout="capture")
         r = await job                       # a JobResult
-        async for ev in dvm.events(job.nspace):
-            ...
+        async with await dvm.events() as events:
+            async for ev in events:
+                ...
 
 The same connection machinery as the blocking API (one connection, one
 reader thread that reads the master's messages as they come -- what flow
@@ -29,9 +30,9 @@ from .jobspec import (App, JobEvent, JobFailedError, JobInfo, JobResult, JobSpec
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, AsyncIterator, Callable
+    from typing import Any, Callable
 
-__all__ = ["App", "Dvm", "Job", "JobEvent", "JobFailedError", "JobInfo", "JobResult",
+__all__ = ["App", "Dvm", "EventStream", "Job", "JobEvent", "JobFailedError", "JobInfo", "JobResult",
            "JobSpec", "ProcessFailure", "UnsupportedError", "connect", "start"]
 
 
@@ -154,28 +155,22 @@ class Dvm:
         return await self._run(self.sync.kill, nspace, wait)
 
     async def events(self, nspace: str | None = None, session: int | None = None
-                     ) -> AsyncIterator[JobEvent]:
-        """Job events, as :meth:`pydvm.jobs.Dvm.events` (ends with the job
-        ``nspace``'s ``ended``, or when the connection closes)."""
+                     ) -> "EventStream":
+        """Subscribe to job events (as :meth:`pydvm.jobs.Dvm.events`): once
+        this returns, the DVM sends them; ``async for`` over the
+        :class:`EventStream` (it ends with the job ``nspace``'s ``ended``,
+        or when closed)::
+
+            async with await dvm.events() as events:
+                job = dvm.submit("true")
+                async for ev in events:
+                    ...
+        """
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        end = object()
-
-        def put(item: Any) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-
-        sub = await self._run(lambda: self.sync.on_event(put, nspace, session,
-                                                         on_end=lambda: put(end)))
-        try:
-            while True:
-                ev = await queue.get()
-                if ev is end:
-                    if sub.error is not None:
-                        raise sub.error
-                    return
-                yield ev
-        finally:
-            sub.close()
+        stream = EventStream(loop)
+        stream.sub = await self._run(lambda: self.sync.on_event(
+            stream._put, nspace, session, on_end=lambda: stream._put(EventStream._END)))
+        return stream
 
     def on_event(self, callback: Callable[[JobEvent], Any], nspace: str | None = None,
                  session: int | None = None) -> Any:
@@ -193,3 +188,50 @@ class Dvm:
     async def close(self, wait: bool = False) -> None:
         """Close the connection (:meth:`pydvm.jobs.Dvm.close`)."""
         await self._run(self.sync.close, wait)
+
+
+class EventStream:
+    """Job events as an asynchronous iterator (:meth:`Dvm.events`); leave
+    it with :meth:`aclose` or ``async with``.  The iteration raises what
+    ended the subscription, if not a close (a lost connection, the DVM
+    dropping a subscriber that reads too slowly)."""
+
+    _END = object()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self.sub: Any = None
+
+    def _put(self, item: Any) -> None:
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    def __aiter__(self) -> "EventStream":
+        return self
+
+    async def __anext__(self) -> JobEvent:
+        item = await self._queue.get()
+        if item is self._END:
+            self._queue.put_nowait(item)  # every later call ends too
+            if self.sub.error is not None:
+                raise self.sub.error
+            raise StopAsyncIteration
+        return item
+
+    async def get(self, timeout: float | None = None) -> JobEvent | None:
+        """The next event (None once ended), waiting at most ``timeout``
+        seconds (:class:`TimeoutError`)."""
+        try:
+            return await asyncio.wait_for(self.__anext__(), timeout)
+        except StopAsyncIteration:
+            return None
+
+    async def aclose(self) -> None:
+        """Unsubscribe."""
+        self.sub.close()
+
+    async def __aenter__(self) -> "EventStream":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()

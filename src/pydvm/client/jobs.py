@@ -289,7 +289,11 @@ class Subscription:
     """Job events pushed by the DVM (``subscribe``): iterate over it
     (:class:`JobEvent`; the iteration ends when it is closed, or -- for one
     job's events -- after its ``ended``), or give it a callback
-    (:meth:`Dvm.on_event`).  :meth:`close` unsubscribes."""
+    (:meth:`Dvm.on_event`).  :meth:`close` unsubscribes.  A subscriber that
+    reads too slowly is dropped by the DVM (which holds a bounded backlog
+    per connection): the iteration then raises
+    :class:`~pydvm.errors.OutOfResourceError`, and ``error`` says so; so
+    does a lost connection (:class:`~pydvm.errors.UnreachableError`)."""
 
     def __init__(self, dvm: "Dvm", rid: int, callback: Callable[[JobEvent], Any] | None,
                  nspace: str | None, on_end: Callable[[], Any] | None = None) -> None:
@@ -307,6 +311,13 @@ class Subscription:
 
     def _event(self, msg: dict) -> None:
         ev = JobEvent(msg)
+        if ev.kind == "dropped":  # we read too slowly: the DVM ended the subscription
+            from ..errors import OutOfResourceError
+
+            self.dvm._subs.pop(self.id, None)
+            self._end(OutOfResourceError(f"the DVM dropped the subscription: "
+                                         f"{ev.fields.get('reason') or 'not read in time'}"))
+            return
         if self._callback is not None:
             self._callback(ev)
         else:

@@ -469,7 +469,7 @@ class JobInfo:
 
     @property
     def nodes(self) -> list[str]:
-        """The nodes the job runs on (none yet while it is queued)."""
+        """The nodes the job runs on (or will, while it is queued)."""
         return list(self.ranks_per_node or ())
 
     def __repr__(self) -> str:
@@ -482,8 +482,9 @@ class JobEvent:
     ``time`` (the master's clock, seconds since the epoch), and the kind's
     fields as attributes and in ``fields``: started ``size``, ``nodes``
     (``{node: [ranks]}``); proc_exit ``rank``, ``node``, ``status``,
-    ``signal``; ended ``exit``, ``failed``, ``killed``, ``reason``; queued
-    ``position``."""
+    ``signal``; ended ``exit``, ``failed``, ``killed``, ``reason`` ('' for
+    a normal end); queued ``position`` (1: next to start); every kind
+    ``session``."""
 
     __slots__ = ("kind", "nspace", "time", "fields")
 
