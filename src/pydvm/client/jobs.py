@@ -517,8 +517,8 @@ class Dvm:
             req["stdin"] = True
         if out is None and err is None:
             req["output"] = "discard"
-        if queue:
-            req["queue"] = True
+        if queue is not None:
+            req["queue"] = bool(queue)
         return Job(self, rid, out, err, feed), req
 
     def _register(self, jobs: list[Job]) -> None:
