@@ -252,9 +252,9 @@ class Job(Future):
         if sink is not None:
             sink.write(rank, data)
 
-    def _ended(self, reply: dict) -> None:
-        out, err = self._out, self._err
-        for sink in (out, err):
+    def _release(self) -> None:
+        """Close what the job's output and stdin hold (once it is over)."""
+        for sink in (self._out, self._err):
             if sink is not None:
                 try:
                     sink.close()
@@ -262,6 +262,10 @@ class Job(Future):
                     pass
         if self._stdin is not None:
             self._stdin.stop()
+
+    def _ended(self, reply: dict) -> None:
+        out, err = self._out, self._err
+        self._release()
         self.state = ENDED
         if reply.get("status") != 0:
             exc = error_for(Status.coerce(reply.get("status")), reply.get("msg") or "")
@@ -461,18 +465,23 @@ class Dvm:
         command); their Jobs, in order.  One ``run_many`` request where the
         DVM knows it, else one write of pipelined ``run`` requests.  A spec
         that cannot be built raises before anything is sent."""
-        built = []
-        for spec in specs:
-            if not isinstance(spec, JobSpec):
-                spec = JobSpec(spec)
-            o = dict(spec.options)
-            built.append(self._prepare(spec.command, spec.n, o.pop("stdout", None),
-                                       o.pop("stderr", None), o.pop("stdin", None),
-                                       o.pop("queue", None), o))
-        jobs = [job for job, _ in built]
-        if not built:
-            return jobs
-        self._register(jobs)
+        built: list[tuple[Job, dict]] = []
+        try:
+            for spec in specs:
+                if not isinstance(spec, JobSpec):
+                    spec = JobSpec(spec)
+                o = dict(spec.options)
+                built.append(self._prepare(spec.command, spec.n, o.pop("stdout", None),
+                                           o.pop("stderr", None), o.pop("stdin", None),
+                                           o.pop("queue", None), o))
+            jobs = [job for job, _ in built]
+            if not built:
+                return jobs
+            self._register(jobs)
+        except BaseException:
+            for job, _ in built:
+                job._release()
+            raise
         pipelined = b"".join(pack(req) for _, req in built)
         if self._run_many is False:
             self._send(pipelined)
@@ -529,7 +538,11 @@ class Dvm:
                 self._runs[job.id] = job
 
     def _send_run(self, job: Job, frame: bytes) -> None:
-        self._register([job])
+        try:
+            self._register([job])
+        except BaseException:
+            job._release()  # never sent: give back the files it opened
+            raise
         self._send(frame)
 
     def jobs(self) -> list[JobInfo]:
@@ -777,15 +790,7 @@ class Dvm:
             subs, self._subs = self._subs, {}
             self._by_ns = {}
         for job in runs.values():
-            if job._stdin is not None:
-                job._stdin.stop()
-            for sink in (job._out, job._err):
-                if sink is None:
-                    continue
-                try:
-                    sink.close()
-                except Exception:
-                    pass
+            job._release()
             job.state = ENDED
             job._settle(exc=UnreachableError(exc.message))
         for f in calls.values():
