@@ -335,10 +335,14 @@ def test_connect_without_a_dvm_says_so(monkeypatch, tmp_path):
 
 def test_start_runs_a_dvm_for_the_block_and_stops_it(tmp_path, monkeypatch):
     monkeypatch.setenv("PYDVM_STATE_DIR", str(tmp_path / "state"))
-    with pj.start(hosts="x,y", args=["--log-dir", str(tmp_path / "logs")]) as dvm:
+    with pj.start(hosts="x,y", args=["--log-dir", str(tmp_path / "logs")],
+                  pydvm_output_window=1 << 16) as dvm:
+        assert dvm.owned
         r = dvm.submit(["sh", "-c", "echo $PYDVM_NODE"], n=2, map_by="node",
                        stdout="capture").result(60)
         assert sorted(r.stdout.decode().split()) == ["x", "y"]
         uri = str(dvm.uri)
     with pytest.raises(UnreachableError):  # stopped: answered once the DVM was down
         pj.connect(uri)
+    with pytest.raises(RuntimeError, match="pydvm_no_such_parameter"):  # start's own words
+        pj.start(hosts="x", pydvm_no_such_parameter=1)

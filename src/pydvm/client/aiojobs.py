@@ -44,8 +44,8 @@ async def connect(uri: str | None = None) -> "Dvm":
 
 
 async def start(hosts: "str | list[str] | None" = None, **kw: Any) -> "Dvm":
-    """Start a persistent DVM and connect to it (:func:`pydvm.jobs.start`);
-    closing the :class:`Dvm` stops it."""
+    """Start a persistent DVM and connect to it (:func:`pydvm.jobs.start`,
+    the same arguments); closing the :class:`Dvm` stops it."""
     loop = asyncio.get_running_loop()
     return Dvm(await loop.run_in_executor(None, lambda: _jobs.start(hosts, **kw)))
 

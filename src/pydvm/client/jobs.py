@@ -119,12 +119,14 @@ def _handshake(sock: Any, uri: DvmUri, secret: bytes | None, name: str,
 
 
 def start(hosts: "str | list[str] | None" = None, *, mca: dict[str, Any] | None = None,
-          args: "list[str] | tuple[str, ...]" = (), timeout: float = 120.0) -> "Dvm":
+          args: "list[str] | tuple[str, ...]" = (), timeout: float = 120.0,
+          **params: Any) -> "Dvm":
     """Start a persistent DVM (``pydvm start --daemonize``) and connect to it.
 
     ``hosts``: ``pydvm start --hosts`` (a string ``"a,b:2"`` or a list;
-    default: this machine); ``mca``: its parameters (``--mca NAME VALUE``);
-    ``args``: any other ``pydvm start`` options.  The :class:`Dvm` returned
+    default: this machine); ``params`` (and ``mca``, the same as a dict):
+    its parameters (``--mca NAME VALUE``: ``pydvm_queue="on"``); ``args``:
+    any other ``pydvm start`` options (``["--launcher", "ssh"]``).  The :class:`Dvm` returned
     owns the DVM: :meth:`Dvm.close` (the end of a ``with`` block) stops it.
     Raises RuntimeError with ``pydvm start``'s message if it cannot start.
     """
@@ -134,7 +136,7 @@ def start(hosts: "str | list[str] | None" = None, *, mca: dict[str, Any] | None 
     argv = [sys.executable, "-m", "pydvm", "start", "--daemonize"]
     if hosts is not None:
         argv += ["--hosts", hosts if isinstance(hosts, str) else ",".join(hosts)]
-    for k, v in (mca or {}).items():
+    for k, v in {**(mca or {}), **params}.items():
         argv += ["--mca", k, str(v)]
     argv += list(args)
     p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
