@@ -172,14 +172,14 @@ class Dvm:
             stream._put, nspace, session, on_end=lambda: stream._put(EventStream._END)))
         return stream
 
-    def on_event(self, callback: Callable[[JobEvent], Any], nspace: str | None = None,
-                 session: int | None = None) -> Any:
-        """Call ``callback(event)`` on this loop for each job event; returns
-        the :class:`pydvm.jobs.Subscription` (close it to stop).  Blocks
-        for the DVM's answer (one round trip)."""
+    async def on_event(self, callback: Callable[[JobEvent], Any], nspace: str | None = None,
+                       session: int | None = None) -> Any:
+        """Call ``callback(event)`` on this loop for each job event, from
+        when this returns; returns the :class:`pydvm.jobs.Subscription`
+        (close it to stop)."""
         loop = asyncio.get_running_loop()
-        return self.sync.on_event(lambda ev: loop.call_soon_threadsafe(callback, ev),
-                                  nspace, session)
+        return await self._run(lambda: self.sync.on_event(
+            lambda ev: loop.call_soon_threadsafe(callback, ev), nspace, session))
 
     async def wait(self) -> None:
         """Wait until every job submitted on this connection has ended."""

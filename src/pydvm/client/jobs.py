@@ -38,7 +38,8 @@ import threading
 from concurrent.futures import Future
 
 from ..errors import PMIxError, Status, UnreachableError, error_for
-from ..protocol import HANDSHAKE_TIMEOUT, DvmUri, FrameDecoder, FrameError, mac, pack
+from ..protocol import HANDSHAKE_TIMEOUT, DvmUri, FrameDecoder, FrameError, pack
+from .jobconn import open_tool, start_dvm, stop_dvm
 from .jobspec import (ENDED, QUEUED, RUNNING, SUBMITTED, App, JobEvent, JobFailedError,  # noqa: F401
                       JobInfo, JobResult, JobSpec, ProcessFailure, StdinFeed,
                       UnsupportedError, output_sinks, run_request, unknown_request)
@@ -60,62 +61,7 @@ def connect(uri: "str | None" = None, *, timeout: float = HANDSHAKE_TIMEOUT) -> 
     as that user.  Raises :class:`~pydvm.errors.UnreachableError` when no
     DVM answers (or it refuses us), ValueError for a malformed URI.
     """
-    from ..cli.submit import connect_socket
-    from ..cli.toolcommon import ToolError, resolve_uri
-
-    try:
-        parsed = resolve_uri(uri)
-        sock, secret, name = connect_socket(parsed)
-    except ToolError as exc:
-        raise UnreachableError(str(exc)) from None
-    try:
-        dec, early = _handshake(sock, parsed, secret, name, timeout)
-    except BaseException:
-        sock.close()
-        raise
-    return Dvm(sock, parsed, name, dec, early)
-
-
-def _handshake(sock: Any, uri: DvmUri, secret: bytes | None, name: str,
-               timeout: float) -> tuple[FrameDecoder, list]:
-    """Answer the master's challenge; the decoder and whatever came after
-    the welcome (raises UnreachableError if we are not let in)."""
-    sock.settimeout(timeout)
-    dec = FrameDecoder()
-    msgs: list = []
-
-    def next_msg() -> dict:
-        while not msgs:
-            try:
-                data = sock.recv(1 << 16)
-            except OSError as exc:
-                raise UnreachableError(f"{name} closed: {exc}") from None
-            if not data:
-                raise UnreachableError(f"{name} closed the connection")
-            try:
-                msgs.extend(dec.feed(data))
-            except FrameError as exc:
-                raise UnreachableError(f"{name}: protocol error: {exc}") from None
-        return msgs.pop(0)
-
-    challenge = next_msg()
-    if challenge.get("t") != "challenge" or not isinstance(challenge.get("nonce"), bytes):
-        raise UnreachableError(f"{name} sent no challenge")
-    if challenge.get("dvm") != uri.dvmid:
-        raise UnreachableError(f"{uri.host}:{uri.port} is DVM {challenge.get('dvm')}, "
-                               f"not {uri.dvmid}")
-    auth: dict = {"t": "auth", "id": 0, "role": "tool"}
-    if secret is not None:
-        auth["mac"] = mac(secret, challenge["nonce"], "tool")
-    try:
-        sock.sendall(pack(auth))
-    except OSError as exc:
-        raise UnreachableError(f"{name} closed: {exc}") from None
-    welcome = next_msg()
-    if welcome.get("status") != 0:
-        raise UnreachableError(f"master refused the connection: {welcome.get('msg')}")
-    sock.settimeout(None)
-    return dec, msgs
+    return Dvm(*open_tool(uri, timeout))
 
 
 def start(hosts: "str | list[str] | None" = None, *, mca: dict[str, Any] | None = None,
@@ -126,29 +72,16 @@ def start(hosts: "str | list[str] | None" = None, *, mca: dict[str, Any] | None 
     ``hosts``: ``pydvm start --hosts`` (a string ``"a,b:2"`` or a list;
     default: this machine); ``params`` (and ``mca``, the same as a dict):
     its parameters (``--mca NAME VALUE``: ``pydvm_queue="on"``); ``args``:
-    any other ``pydvm start`` options (``["--launcher", "ssh"]``).  The :class:`Dvm` returned
-    owns the DVM: :meth:`Dvm.close` (the end of a ``with`` block) stops it.
-    Raises RuntimeError with ``pydvm start``'s message if it cannot start.
+    any other ``pydvm start`` options (``["--launcher", "ssh"]``).  The
+    :class:`Dvm` returned owns the DVM: :meth:`Dvm.close` (the end of a
+    ``with`` block) stops it.  Raises RuntimeError with ``pydvm start``'s
+    message if it cannot start.
     """
-    import subprocess
-    import sys
-
-    argv = [sys.executable, "-m", "pydvm", "start", "--daemonize"]
-    if hosts is not None:
-        argv += ["--hosts", hosts if isinstance(hosts, str) else ",".join(hosts)]
-    for k, v in {**(mca or {}), **params}.items():
-        argv += ["--mca", k, str(v)]
-    argv += list(args)
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                       stdin=subprocess.DEVNULL)
-    if p.returncode != 0 or not p.stdout.strip():
-        raise RuntimeError(p.stderr.strip() or f"pydvm start exited {p.returncode}")
-    uri = p.stdout.strip().splitlines()[-1]
+    uri = start_dvm(hosts, {**(mca or {}), **params}, args, timeout)
     try:
         dvm = connect(uri)
     except PMIxError:
-        subprocess.run([sys.executable, "-m", "pydvm", "stop", "--dvm", uri],
-                       capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        stop_dvm(uri, timeout)
         raise
     dvm.owned = True
     return dvm
