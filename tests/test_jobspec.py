@@ -109,3 +109,11 @@ def test_stdin_is_sent_within_the_window_then_end_of_file():
     feed.ack(STDIN_WINDOW, False)
     rest = feed.pieces("ns")
     assert [len(m["data"]) for m in rest] == [10, 0] and rest[-1]["eof"] and feed.done
+
+
+def test_a_text_stream_is_written_through_its_buffer(tmp_path):
+    with open(tmp_path / "t", "w") as f:
+        out, _ = output_sinks(f, None)
+        out.write(0, b"bytes\n")
+        out.close()
+    assert (tmp_path / "t").read_text() == "bytes\n"

@@ -289,6 +289,12 @@ def _sink(where: Any, what: str):
     if isinstance(where, (str, os.PathLike)):
         return _File(open(where, "wb"), True)
     if hasattr(where, "write"):
+        if hasattr(where, "encoding"):  # a text stream (sys.stdout): its bytes underneath
+            if not hasattr(where, "buffer"):
+                raise TypeError(f"{what}: a text stream without a binary buffer: give a "
+                                "binary file")
+            where.flush()
+            where = where.buffer
         return _File(where, False)
     if callable(where):
         return _Lines(where)
@@ -300,7 +306,8 @@ def output_sinks(stdout: Any, stderr: Any) -> tuple[Any, Any]:
     """Where a job's stdout and stderr go: None (discarded), ``"capture"``
     (kept: :attr:`JobResult.stdout`), ``"inherit"`` (our own stdout and
     stderr), a path (written there; both streams to one path share the
-    file), a binary file object, or a callable ``fn(rank, line)``."""
+    file), a file object (binary, or a text stream such as ``sys.stderr``:
+    its buffer is written), or a callable ``fn(rank, line)``."""
     out = _sink(stdout, "stdout")
     if stderr is not None and stderr is stdout and isinstance(out, _File):
         out.users += 1
