@@ -335,6 +335,10 @@ def test_connect_without_a_dvm_says_so(monkeypatch, tmp_path):
 
 def test_start_runs_a_dvm_for_the_block_and_stops_it(tmp_path, monkeypatch):
     monkeypatch.setenv("PYDVM_STATE_DIR", str(tmp_path / "state"))
+    # a script named like a module the DVM imports, where start() is called
+    # (once a snippet queue.py made every DVM start another, without end)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "queue.py").write_text("raise SystemExit('the caller\'s queue.py ran')\n")
     with pj.start(hosts="x,y", args=["--log-dir", str(tmp_path / "logs")],
                   pydvm_output_window=1 << 16) as dvm:
         assert dvm.owned

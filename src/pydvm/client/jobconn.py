@@ -87,14 +87,18 @@ def start_dvm(hosts: Any, params: dict[str, Any], args: Any, timeout: float) -> 
     import subprocess
     import sys
 
-    argv = [sys.executable, "-m", "pydvm", "start", "--daemonize"]
+    # Started from /, with -P: the caller's working directory is not on the
+    # import path of the DVM's master and daemons, so a script of the
+    # caller's named like a module they import (queue.py) is never run by
+    # them -- or made to start a DVM in turn.  Paths in ``args``: absolute.
+    argv = [sys.executable, "-P", "-m", "pydvm", "start", "--daemonize"]
     if hosts is not None:
         argv += ["--hosts", hosts if isinstance(hosts, str) else ",".join(hosts)]
     for k, v in params.items():
         argv += ["--mca", k, str(v)]
     argv += list(args)
     p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                       stdin=subprocess.DEVNULL)
+                       stdin=subprocess.DEVNULL, cwd="/")
     if p.returncode != 0 or not p.stdout.strip():
         raise RuntimeError(p.stderr.strip() or f"pydvm start exited {p.returncode}")
     return p.stdout.strip().splitlines()[-1]
@@ -105,5 +109,5 @@ def stop_dvm(uri: str, timeout: float) -> None:
     import subprocess
     import sys
 
-    subprocess.run([sys.executable, "-m", "pydvm", "stop", "--dvm", uri],
-                   capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-P", "-m", "pydvm", "stop", "--dvm", uri],
+                   capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL, cwd="/")

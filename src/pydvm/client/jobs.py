@@ -72,7 +72,8 @@ def start(hosts: "str | list[str] | None" = None, *, mca: dict[str, Any] | None 
     ``hosts``: ``pydvm start --hosts`` (a string ``"a,b:2"`` or a list;
     default: this machine); ``params`` (and ``mca``, the same as a dict):
     its parameters (``--mca NAME VALUE``: ``pydvm_queue="on"``); ``args``:
-    any other ``pydvm start`` options (``["--launcher", "ssh"]``).  The
+    any other ``pydvm start`` options (``["--launcher", "ssh"]``; paths in
+    them absolute: the DVM starts from ``/``).  The
     :class:`Dvm` returned owns the DVM: :meth:`Dvm.close` (the end of a
     ``with`` block) stops it.  Raises RuntimeError with ``pydvm start``'s
     message if it cannot start.
