@@ -144,9 +144,10 @@ class ToolService:
 
         Sent by ``pydvm kill NSPACE`` (with ``wait: true``: answered once the
         job has ended -- its processes reaped, its purges applied -- with
-        ``exit``) and by a ``pydvm run`` interrupted by a signal (``signal``:
-        its number; answered at once).  The job's ``pydvm run`` is told who
-        ended it.
+        ``exit``), by a ``pydvm run`` interrupted by a signal (``signal``:
+        its number; answered at once) and by the job API on the connection
+        that submitted the job (no ``signal``: "killed by its submitter").
+        The job's ``pydvm run`` is told who ended it.
         """
         rid = msg.get("id")
         ns = msg.get("nspace")
@@ -164,10 +165,8 @@ class ToolService:
                             f"{ns} is not your job (uid {job.uid}); only its owner, the "
                             "DVM's owner and root may kill it"))
             return
-        sig = msg.get("signal")
         if self._processes.tool_of(ns) is tool:
-            how = f" (signal {sig})" if isinstance(sig, int) and not isinstance(sig, bool) else ""
-            self._processes.kill(ns, f"its pydvm run was interrupted{how}")
+            self._processes.kill(ns, _own_kill(msg.get("signal")))
         else:
             self._processes.kill(ns, f"killed by 'pydvm kill' from {_user(tool.uid)}")
         over = self._processes.when_over(ns)
@@ -189,10 +188,8 @@ class ToolService:
                             f"{ns} is not your job (uid {job.uid}); only its owner, the "
                             "DVM's owner and root may kill it"))
             return
-        sig = msg.get("signal")
         if self._queue.tool_of(ns) is tool:
-            how = f" (signal {sig})" if isinstance(sig, int) and not isinstance(sig, bool) else ""
-            why = f"killed while queued: its pydvm run was interrupted{how}"
+            why = f"killed while queued: {_own_kill(msg.get('signal'))}"
         else:
             why = f"killed while queued by 'pydvm kill' from {_user(tool.uid)}"
         self._queue.remove(ns, why)
@@ -313,6 +310,15 @@ def job_row(job: JobRecord, state: str | None = None) -> dict:
         "ended": job.terminated,
         "failed": len(job.failures),
     }
+
+
+def _own_kill(sig: Any) -> str:
+    """Why a job ended that its own tool killed: a ``pydvm run`` sends the
+    signal that interrupted it; a program's job API (:mod:`pydvm.jobs`)
+    sends none."""
+    if isinstance(sig, int) and not isinstance(sig, bool):
+        return f"its pydvm run was interrupted (signal {sig})"
+    return "killed by its submitter"
 
 
 def _user(uid: int) -> str:
