@@ -1,0 +1,252 @@
+"""What a PSI/J job asks of a DVM: the pure half of the ``pydvm`` executor.
+
+:func:`plan_job` reads a :class:`psij.JobSpec` -- executable, arguments,
+resources, environment, directory, the three standard streams, attributes,
+launcher -- together with the DVM's nodes, and returns a :class:`JobPlan`:
+the command, how many processes, on which nodes, what each process gets.
+It does no I/O (the caller hands it the environment, the working directory
+and the nodes), so every rule here is tested without a DVM
+(``tests/test_psij_spec.py``); :mod:`pydvm.psij.executor` submits the plan.
+
+What maps to what (``docs/workflows.md``, "The PSI/J executor", has the
+table):
+
+* ``launcher`` -- None, ``"pydvm"`` and the parallel launchers of PSI/J
+  (``multiple``, ``mpirun``, ``srun``, ``aprun``, ``jsrun``, ``ibrun``) all
+  mean the same: the DVM itself starts every process of the job, as Flux's
+  and RADICAL-Pilot's executors do; no launcher script runs.  ``single``
+  starts one process, on the first node of the job's allocation.  Any other
+  name is refused.
+* ``resources`` (``ResourceSpecV1``) -- ``process_count`` processes; when
+  ``node_count`` or ``processes_per_node`` is given, exactly
+  ``computed_node_count`` nodes of the DVM (the first ones up, in the DVM's
+  order) with ``computed_processes_per_node`` each; else the DVM places them
+  over all its nodes by its slots.  ``PSIJ_NODEFILE`` lists one node name per
+  process when there is more than one.  ``memory``, ``cpu_cores_per_process``,
+  ``gpu_cores_per_process`` and ``exclusive_node_use`` are accepted and not
+  enforced: a persistent DVM places by slots and reserves nothing.
+* ``environment`` / ``inherit_environment`` -- the submitting process's
+  environment plus ``environment`` (or ``environment`` alone); the DVM adds
+  its own ``PYDVM_*`` / ``PMIX_*`` variables.
+* ``directory`` -- the processes' working directory (relative: to the
+  submitter's); relative ``std*_path`` are relative to it.
+* ``stdin_path`` / ``stdout_path`` / ``stderr_path`` -- files; left out,
+  ``/dev/null``.
+* ``attributes.duration`` -- a walltime: the job is killed after it and
+  ends FAILED; ``queue_name`` -- the DVM queue; ``account``,
+  ``reservation_id`` -- ignored; custom attributes ``pydvm.KEY`` -- the
+  placement options of :data:`CUSTOM` (other executors' prefixes ignored).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from psij import InvalidJobException, JobSpec, ResourceSpecV1
+
+#: Launchers that start one process.
+SINGLE = frozenset({"single"})
+
+#: Launchers whose meaning is "start every process of the job": the DVM does
+#: that itself (``pydvm`` is the executor's own name for it).
+PARALLEL = frozenset({"pydvm", "multiple", "mpirun", "srun", "aprun", "jsrun", "ibrun"})
+
+#: Custom attributes ``pydvm.KEY`` and the type each takes: ``pydvm run``'s
+#: placement options (``map_by`` as ``--map-by``, ``rank_by``, ``bind_to``,
+#: ``oversubscribe``), ``hosts`` (node names: where the job may run), and
+#: ``pmix`` (host a PMIx server for the job, as ``--pmix``).
+CUSTOM: dict[str, type | tuple[type, ...]] = {
+    "map_by": str,
+    "rank_by": str,
+    "bind_to": str,
+    "oversubscribe": bool,
+    "hosts": (list, tuple, str),
+    "pmix": bool,
+}
+
+#: Custom attribute prefix this executor reads.
+PREFIX = "pydvm."
+
+
+@dataclass
+class JobPlan:
+    """One PSI/J job as the DVM runs it.
+
+    ``argv``: the command; ``n``: processes; ``npernode``: processes per
+    node (None: the DVM's default placement); ``hosts``: the nodes it may
+    use (None: all); ``nodefile``: the node name of each process of the
+    allocation, in rank order (written to ``PSIJ_NODEFILE`` when it has more
+    than one line); ``env``: each process's whole environment (before the
+    DVM's own variables); ``cwd``; ``stdin`` / ``stdout`` / ``stderr``:
+    absolute paths; ``timeout``: the walltime in seconds (None: none);
+    ``queue``; ``options``: placement options from custom attributes.
+    """
+
+    argv: list[str]
+    n: int
+    npernode: int | None
+    hosts: list[str] | None
+    nodefile: list[str]
+    env: dict[str, str]
+    cwd: str
+    stdin: str
+    stdout: str
+    stderr: str
+    timeout: float | None
+    queue: str | None
+    options: dict[str, Any] = field(default_factory=dict)
+    pre_launch: str | None = None
+    post_launch: str | None = None
+
+
+def launcher_kind(name: str | None) -> str:
+    """``"single"`` or ``"parallel"`` for a PSI/J launcher name (None: the
+    default, parallel); InvalidJobException naming the accepted ones for
+    any other."""
+    if name is None or name in PARALLEL:
+        return "parallel"
+    if name in SINGLE:
+        return "single"
+    raise InvalidJobException(
+        f"the pydvm executor does not know launcher {name!r}; it launches through the DVM: "
+        f"use one of {', '.join(sorted(SINGLE | PARALLEL))} (or none)")
+
+
+def _abs(path: os.PathLike | str, base: str) -> str:
+    return os.path.normpath(os.path.join(base, os.fspath(path)))
+
+
+def _custom(attrs: Mapping[str, object] | None) -> dict[str, Any]:
+    """The ``pydvm.*`` custom attributes, checked (others' are not ours)."""
+    out: dict[str, Any] = {}
+    for key, value in (attrs or {}).items():
+        if not isinstance(key, str) or not key.startswith(PREFIX):
+            continue
+        name = key[len(PREFIX):]
+        want = CUSTOM.get(name)
+        if want is None:
+            raise InvalidJobException(
+                f"unknown custom attribute {key!r}; the pydvm executor reads "
+                + ", ".join(PREFIX + k for k in sorted(CUSTOM)))
+        if not isinstance(value, want) or (want is str and not value):
+            raise InvalidJobException(f"custom attribute {key!r}: {value!r} is not a "
+                                      f"{getattr(want, '__name__', 'list of node names')}")
+        if name == "hosts":
+            value = [h for h in value.split(",")] if isinstance(value, str) else list(value)
+            if not value or not all(isinstance(h, str) and h for h in value):
+                raise InvalidJobException(f"custom attribute {key!r}: {value!r} is not a "
+                                          "list of node names")
+        out[name] = value
+    return out
+
+
+def _resources(spec: JobSpec) -> ResourceSpecV1:
+    res = spec.resources
+    if res is None:
+        return ResourceSpecV1()
+    if not isinstance(res, ResourceSpecV1):
+        raise InvalidJobException(f"the pydvm executor reads resource specifications of "
+                                  f"version 1, not {getattr(res, 'version', res)!r}")
+    return res
+
+
+def _allocation(res: ResourceSpecV1, nodes: Sequence[tuple[str, int]],
+                hosts: list[str] | None) -> tuple[list[str] | None, int | None, list[str]]:
+    """(hosts, npernode, node of each process) for ``res`` on ``nodes``
+    (``(name, slots)`` of the DVM's up nodes in order), the job restricted
+    to ``hosts`` when given."""
+    from ..placement import Host, map_job
+
+    if hosts is not None:
+        unknown = [h for h in hosts if h not in {name for name, _ in nodes}]
+        if unknown:
+            raise InvalidJobException(
+                f"custom attribute 'pydvm.hosts': {', '.join(unknown)} not among the DVM's "
+                f"nodes that are up ({', '.join(n for n, _ in nodes) or 'none'})")
+        nodes = [nd for nd in nodes if nd[0] in hosts]
+    n = res.computed_process_count
+    if n < 1:
+        raise InvalidJobException(f"process count {n}: a job needs at least one process")
+    if res.node_count is not None or res.processes_per_node is not None:
+        count, ppn = res.computed_node_count, res.computed_processes_per_node
+        if count < 1 or ppn < 1:
+            raise InvalidJobException(f"node count {count} with {ppn} processes per node")
+        if count > len(nodes):
+            raise InvalidJobException(
+                f"the job asks for {count} nodes; the DVM has {len(nodes)} up"
+                + (f" ({', '.join(name for name, _ in nodes)})" if nodes else ""))
+        chosen = [name for name, _ in nodes[:count]]
+        return chosen, ppn, [name for name in chosen for _ in range(ppn)]
+    if not nodes:
+        raise InvalidJobException("the DVM has no node up to run the job on")
+    # the DVM's own placement (SPEC 9: each node's slots in turn), as its
+    # master will compute it: the same pure function
+    where = map_job([(n, [Host(name, max(1, slots)) for name, slots in nodes])], {})[0]
+    return hosts, None, where
+
+
+def plan_job(spec: JobSpec, *, nodes: Sequence[tuple[str, int]], environ: Mapping[str, str],
+             cwd: str) -> JobPlan:
+    """The :class:`JobPlan` of ``spec`` on a DVM whose up nodes are ``nodes``
+    (``(name, slots)`` in the DVM's order), for a submitter whose environment
+    is ``environ`` and working directory ``cwd``.  Raises
+    InvalidJobException for what no DVM could run."""
+    if not spec.executable:
+        raise InvalidJobException("the job has no executable")
+    args = list(spec.arguments or [])
+    if not all(isinstance(a, str) for a in args):
+        raise InvalidJobException(f"arguments must be strings: {args!r}")
+    kind = launcher_kind(spec.launcher)
+    res = _resources(spec)
+    attrs = spec.attributes
+    options = _custom(attrs.custom_attributes if attrs is not None else None)
+    hosts, npernode, nodefile = _allocation(res, nodes, options.pop("hosts", None))
+    n = res.computed_process_count
+    if kind == "single":
+        n, npernode, hosts = 1, None, nodefile[:1]
+    if npernode is not None and any(k in options for k in ("map_by",)):
+        raise InvalidJobException("custom attribute 'pydvm.map_by' cannot be combined with "
+                                  "node_count / processes_per_node (they set the mapping)")
+    workdir = _abs(spec.directory, cwd) if spec.directory is not None else cwd
+    env = dict(environ) if spec.inherit_environment else {}
+    env.update(spec.environment or {})
+    timeout = None
+    if attrs is not None and attrs.duration is not None:
+        timeout = attrs.duration.total_seconds()
+        if timeout <= 0:
+            raise InvalidJobException(f"duration {attrs.duration} is not positive")
+    queue = attrs.queue_name if attrs is not None else None
+
+    def stream(p: os.PathLike | None) -> str:
+        return os.devnull if p is None else _abs(p, workdir)
+
+    return JobPlan(
+        argv=[spec.executable, *args], n=n, npernode=npernode, hosts=hosts,
+        nodefile=nodefile, env=env, cwd=workdir, stdin=stream(spec.stdin_path),
+        stdout=stream(spec.stdout_path), stderr=stream(spec.stderr_path),
+        timeout=timeout, queue=queue, options=options,
+        pre_launch=None if spec.pre_launch is None else _abs(spec.pre_launch, cwd),
+        post_launch=None if spec.post_launch is None else _abs(spec.post_launch, cwd))
+
+
+def nodefile_text(plan: JobPlan) -> str | None:
+    """What ``PSIJ_NODEFILE`` holds for ``plan`` (one node name a line), or
+    None when the allocation is a single process (no file, as PSI/J's
+    ``local`` executor does)."""
+    if len(plan.nodefile) <= 1:
+        return None
+    return "".join(f"{name}\n" for name in plan.nodefile)
+
+
+def exit_state(returncode: int | None, canceled: bool) -> str:
+    """The PSI/J state a job that ended reaches: ``"COMPLETED"`` (status 0),
+    ``"CANCELED"`` (canceled and not a success), else ``"FAILED"``."""
+    if returncode == 0:
+        return "COMPLETED"
+    return "CANCELED" if canceled else "FAILED"
+
+
+__all__ = ["JobPlan", "plan_job", "launcher_kind", "nodefile_text", "exit_state", "CUSTOM",
+           "SINGLE", "PARALLEL"]
