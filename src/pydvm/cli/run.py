@@ -27,11 +27,15 @@ def _is_pydvm_param(name: str) -> bool:
     return name.startswith(("prte_", "pydvm_", "plm_"))
 
 
-def build_request(opts: dict[str, Any]) -> dict[str, Any]:
-    """The ``run`` request of the parsed command line ``opts``."""
+def build_request(opts: dict[str, Any], environ: dict[str, str] | None = None,
+                  cwd: str | None = None) -> dict[str, Any]:
+    """The ``run`` request of the parsed command line ``opts`` (the job API's
+    keywords make the same ``opts``: :mod:`pydvm.client.jobspec`).  The
+    job's environment is ``environ`` (default: ours) with Open MPI's
+    ``--mca`` parameters added; its working directory ``cwd`` (default: ours)."""
     from .toolcommon import run_request
 
-    env = dict(os.environ)
+    env = dict(os.environ) if environ is None else environ
     for name, value in opts["mca"]:
         if not _is_pydvm_param(name):
             env[f"OMPI_MCA_{name}"] = value  # Open MPI's: to every process, as mpirun does
@@ -55,7 +59,7 @@ def build_request(opts: dict[str, Any]) -> dict[str, Any]:
         if app["n"] is None and not (derived or (a["hosts"] is None and opts["hostfile"])):
             app["n"] = 1
     req = run_request(apps, opts["session"], opts["abort_on_failure"], opts["pmix"],
-                      stdin=False, env=env)
+                      stdin=False, env=env, cwd=cwd)
     if placement:
         req["placement"] = placement
     if opts["timeout"] is not None:

@@ -488,6 +488,73 @@ def read_appfile(path: str) -> list[list[str]]:
     return out
 
 
+def new_opts() -> dict[str, Any]:
+    """The options of a job before any is given (what :func:`parse_run` fills)."""
+    return {
+        "dvm": None, "session": None, "mca": [], "tag_output": False,
+        "abort_on_failure": None, "pmix": False, "apps": [], "placement": {},
+        "timeout": None, "stdin": 0, "timestamp_output": False, "merge_stderr": False,
+        "output_filename": None, "quiet": False, "allow_run_as_root": False,
+        "app_file": None, "hostfile": None, "warnings": []}
+
+
+def new_app(argv: list[str], n: int | None = None) -> dict[str, Any]:
+    """One app context, as :func:`parse_run` makes it: ``argv`` run ``n`` times."""
+    app = _new_app()
+    app["argv"], app["n"] = argv, n
+    return app
+
+
+#: The options of the whole job that a program gives as keyword arguments
+#: (:meth:`pydvm.jobs.Dvm.submit`'s ``map_by="node"``, ``bind_to="core"``...):
+#: keyword -> the key of the option in :data:`OPTIONS` it stands for, so that
+#: both read a value the same way (``tests/test_cli_usage.py`` checks that
+#: each is declared).  ``oversubscribe=False`` is ``--nooversubscribe``.
+KEYWORDS: dict[str, str] = {
+    "hostfile": "hostfile", "map_by": "map_by", "rank_by": "rank_by",
+    "npernode": "npernode", "pernode": "pernode", "npersocket": "npersocket", "ppr": "ppr",
+    "cpus_per_proc": "pe", "oversubscribe": "oversubscribe", "bind_to": "bind_to",
+    "report_bindings": "report_bindings", "cpu_set": "cpu_set",
+    "use_hwthread_cpus": "use_hwthread_cpus", "display_map": "display_map",
+    "display_allocation": "display_allocation",
+}
+
+_BY_KEY: dict[str, Opt] = {o.key: o for o in OPTIONS}
+
+
+def apply_keywords(opts: dict[str, Any], kw: dict[str, Any]) -> None:
+    """Apply the job options given as keywords (:data:`KEYWORDS`) to
+    ``opts`` (:func:`new_opts`), exactly as their command-line spelling
+    would be: ``map_by="ppr:2:node"`` is ``--map-by ppr:2:node``.  A flag
+    (``pernode``, ``report_bindings``...) is set by True and left out by
+    False or None; a list of CPUs or hosts may be a list.  ValueError naming
+    the option for a bad value, TypeError for an unknown keyword."""
+    app = _new_app()
+    for word, value in kw.items():
+        key = KEYWORDS.get(word)
+        if key is None:
+            raise TypeError(f"unknown job option {word!r} (the placement options are: "
+                            f"{', '.join(sorted(KEYWORDS))})")
+        if value is None:
+            continue
+        if key == "oversubscribe" and value is False:
+            key = "nooversubscribe"
+        o = _BY_KEY[key]
+        if o.nargs == 0:
+            if not isinstance(value, bool):
+                raise ValueError(f"{word} is True or False, not {value!r}")
+            if not value:
+                continue
+            args: list[str] = []
+        else:
+            if isinstance(value, bool):
+                raise ValueError(f"{word} needs a value, not {value!r}")
+            if isinstance(value, (list, tuple)):
+                value = ",".join(str(v) for v in value)
+            args = [os.fspath(value) if key == "hostfile" else str(value)]
+        _apply(o, o.names[0], args, opts, app)
+
+
 def parse_run(argv: list[str]) -> dict[str, Any]:
     """Parse ``pydvm run`` arguments (MPMD contexts separated by ``:``).
 
@@ -499,12 +566,7 @@ def parse_run(argv: list[str]) -> dict[str, Any]:
     ``apps``: each ``{"argv", "n", "hosts", "env", "cwd", "path"}``.
     ValueError naming what is wrong.
     """
-    opts: dict[str, Any] = {
-        "dvm": None, "session": None, "mca": [], "tag_output": False,
-        "abort_on_failure": None, "pmix": False, "apps": [], "placement": {},
-        "timeout": None, "stdin": 0, "timestamp_output": False, "merge_stderr": False,
-        "output_filename": None, "quiet": False, "allow_run_as_root": False,
-        "app_file": None, "hostfile": None, "warnings": []}
+    opts = new_opts()
     segments = _split(argv)
     for idx, seg in enumerate(segments):
         app = _new_app()

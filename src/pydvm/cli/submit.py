@@ -80,30 +80,36 @@ class _Interrupted(Exception):
         self.signum = signum
 
 
-def _wait(fd: int, events: int, deadline: float, signals: "_Signals") -> bool:
+def _wait(fd: int, events: int, deadline: float, signals: "_Signals | None") -> bool:
     """Wait until ``fd`` is ready for ``events`` (True) or ``deadline`` (a
-    ``time.monotonic()``) passes (False); raise _Interrupted on a signal."""
+    ``time.monotonic()``) passes (False); raise _Interrupted on a signal
+    (``signals`` None: none is watched -- a library's caller owns its signals)."""
     poller = select.poll()
     poller.register(fd, events)
-    poller.register(signals.rfd, _IN)
+    if signals is not None:
+        poller.register(signals.rfd, _IN)
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             return False
         ready = dict(poller.poll(left * 1000))
-        for signum in signals.pending():
+        for signum in signals.pending() if signals is not None else ():
             raise _Interrupted(signum)
         if fd in ready:
             return True
 
 
-def _connect_socket(uri: DvmUri, signals: "_Signals") -> tuple[Any, bytes | None, str]:
+def connect_socket(uri: DvmUri, signals: "_Signals | None" = None
+                   ) -> tuple[Any, bytes | None, str]:
     """A socket connected to the master, the secret to answer with (None
     on a multi-user DVM's tool socket) and the master's name for messages.
+    ``pydvm run`` and the job API (:mod:`pydvm.client.jobs`) both connect
+    here.
 
     Raises DvmUnreachable when there is nobody to talk to: this user has no
     secret for the DVM and there is no tool socket, or nothing listens
-    within :data:`HANDSHAKE_TIMEOUT`; _Interrupted on a signal meanwhile."""
+    within :data:`HANDSHAKE_TIMEOUT`; _Interrupted on one of ``signals``
+    meanwhile."""
     name = f"master {uri.host}:{uri.port}"
     try:
         secret: bytes | None = read_secret(uri.dvmid)
@@ -262,7 +268,7 @@ class _Run:
     def _handshake(self) -> tuple[BlockingChannel, bytes]:
         """Connect and read the challenge; the channel and the auth answer."""
         uri = self.uri
-        sock, secret, self.name = _connect_socket(uri, self.signals)
+        sock, secret, self.name = connect_socket(uri, self.signals)
         ch = BlockingChannel(sock)
         try:
             challenge = self._challenge(ch)
