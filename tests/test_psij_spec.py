@@ -67,7 +67,7 @@ def test_more_nodes_than_the_dvm_has_is_refused_naming_them():
     with pytest.raises(InvalidJobException, match=r"4 nodes; the DVM has 3 up \(a, b, c\)"):
         plan(JobSpec("x", resources=ResourceSpecV1(node_count=4)))
     with pytest.raises(InvalidJobException, match="no node up"):
-        plan(JobSpec("x"), nodes=[])
+        plan(JobSpec("x", resources=ResourceSpecV1(process_count=2)), nodes=[])
 
 
 def test_the_single_launcher_runs_one_process_on_the_first_node_of_the_allocation():
@@ -105,10 +105,12 @@ def test_relative_paths_resolve_against_the_directory_then_the_submitter():
     assert p.stdout == "/w/o.txt" and p.cwd == "/w"
 
 
-def test_duration_is_the_walltime_and_queue_name_the_queue():
+def test_duration_is_the_walltime_and_queueing_a_custom_attribute():
     p = plan(JobSpec("x", attributes=JobAttributes(duration=timedelta(seconds=3700.5),
                                                    queue_name="fast", account="acct")))
-    assert p.timeout == 3700.5 and p.queue == "fast"
+    assert p.timeout == 3700.5 and p.queue is False  # queue_name, account: ignored
+    p = plan(JobSpec("x", attributes=JobAttributes(custom_attributes={"pydvm.queue": True})))
+    assert p.queue is True and p.options == {}
 
 
 def test_custom_attributes_with_our_prefix_are_placement_options():
@@ -174,3 +176,14 @@ def test_importing_pydvm_psij_loads_neither_psij_nor_the_job_api():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "['pydvm.psij']"
+
+
+def test_the_nodes_are_asked_for_only_when_the_plan_depends_on_them():
+    def no_nodes():
+        raise AssertionError("asked")
+
+    assert plan(JobSpec("x", environment={"A": "1"}), nodes=no_nodes).hosts is None
+    asked = []
+    p = plan(JobSpec("x", resources=ResourceSpecV1(process_count=2)),
+             nodes=lambda: asked.append(1) or NODES)
+    assert asked == [1] and p.nodefile == ["a", "a"]

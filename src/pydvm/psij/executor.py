@@ -28,11 +28,12 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import queue
 import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from psij import (InvalidJobException, Job, JobExecutor, JobExecutorConfig, JobState,
                   JobStatus, SubmitException)
@@ -43,8 +44,8 @@ logger = logging.getLogger(__name__)
 
 
 def _jobs_api():
-    """The job API module (:mod:`pydvm.jobs`)."""
-    from .. import jobs
+    """The job API module (:mod:`pydvm.client.jobs`)."""
+    from ..client import jobs
 
     return jobs
 
@@ -66,37 +67,74 @@ class PydvmJobExecutorConfig(JobExecutorConfig):
 
 
 # ----------------------------------------------------------------------
-# the DVM an executor without a URI uses: one per process, started on first use
+# connections: one per DVM per process, shared by its executors
 # ----------------------------------------------------------------------
 
-_private_lock = threading.Lock()
-_private: dict[Optional[str], Any] = {}  # hosts -> (context manager, Dvm)
+_conn_lock = threading.Lock()
+_conns: dict[tuple[str, Optional[str]], Any] = {}  # ("uri", URI) / ("own", hosts) -> Dvm
 
 
-def _private_dvm(hosts: Optional[str]) -> Any:
-    """The DVM of this process for ``hosts``, started on first use and
-    stopped at exit."""
-    with _private_lock:
-        got = _private.get(hosts)
-        if got is None:
-            jobs = _jobs_api()
-            cm = jobs.start(hosts=hosts) if hosts else jobs.start()
-            dvm = cm.__enter__()
-            got = _private[hosts] = (cm, dvm)
-            if len(_private) == 1:
-                atexit.register(_stop_private)
-        return got[1]
+def _dvm_for(uri: Optional[str], hosts: Optional[str]) -> Any:
+    """This process's connection to the DVM at ``uri``; without one, the
+    DVM of ``hosts`` (None: this machine) this process starts on first use.
+    Both last until the process exits: closing a connection ends its jobs,
+    and a started DVM is stopped then."""
+    key = ("uri", uri) if uri is not None else ("own", hosts)
+    with _conn_lock:
+        dvm = _conns.get(key)
+        if dvm is not None and not dvm.closed:
+            return dvm
+        jobs = _jobs_api()
+        dvm = jobs.connect(uri) if uri is not None else jobs.start(hosts)
+        if not _conns:
+            atexit.register(_close_all)
+        _conns[key] = dvm
+        return dvm
 
 
-def _stop_private() -> None:
-    with _private_lock:
-        items = list(_private.values())
-        _private.clear()
-    for cm, _ in items:
+def _close_all() -> None:
+    with _conn_lock:
+        dvms = list(_conns.values())
+        _conns.clear()
+    for dvm in dvms:
         try:
-            cm.__exit__(None, None, None)
+            dvm.close()
         except Exception as exc:  # at exit: say it, do not raise
-            logger.warning("stopping the pydvm executor's DVM: %s", exc)
+            logger.warning("closing %s: %s", dvm, exc)
+
+
+# ----------------------------------------------------------------------
+# status changes: applied on a thread of their own
+# ----------------------------------------------------------------------
+
+_todo: "queue.SimpleQueue[Callable[[], None]]" = queue.SimpleQueue()
+_dispatcher: Optional[threading.Thread] = None
+
+
+def _later(fn: Callable[[], None]) -> None:
+    """Run ``fn`` on the executors' status thread, in the order posted.
+
+    What the job API reports arrives on its connection's reader thread,
+    which must keep reading (it is what lets a job's output through) and
+    on which nothing may wait for the DVM; a PSI/J status callback may well
+    submit the next job (PSI/J's own examples do), which waits for the DVM
+    to name it.  So job ends and post-launch scripts run here instead."""
+    global _dispatcher
+    _todo.put(fn)
+    with _conn_lock:
+        if _dispatcher is None or not _dispatcher.is_alive():
+            _dispatcher = threading.Thread(target=_dispatch, daemon=True,
+                                           name="pydvm-psij status")
+            _dispatcher.start()
+
+
+def _dispatch() -> None:
+    while True:
+        fn = _todo.get()
+        try:
+            fn()
+        except Exception:  # a bug of ours must not stop every job's updates
+            logger.exception("pydvm executor: a status update failed")
 
 
 # ----------------------------------------------------------------------
@@ -108,7 +146,7 @@ class _Entry:
     """What the executor keeps of one PSI/J job it runs or watches."""
 
     __slots__ = ("job", "handle", "nspace", "canceled", "nodefile", "post_launch", "env",
-                 "cwd", "active")
+                 "cwd", "active", "done")
 
     def __init__(self, job: Job) -> None:
         self.job = job
@@ -120,6 +158,7 @@ class _Entry:
         self.env: Optional[dict] = None
         self.cwd: Optional[str] = None
         self.active = False
+        self.done = False
 
 
 def _source_env(script: str, env: dict[str, str], cwd: str) -> dict[str, str]:
@@ -144,6 +183,12 @@ class PydvmJobExecutor(JobExecutor):
     """A :class:`psij.JobExecutor` that runs jobs on a pydvm DVM (see the
     module docstring; ``docs/workflows.md``, "The PSI/J executor")."""
 
+    #: seconds :meth:`submit` waits for the DVM to name a job
+    NAME_TIMEOUT = 60.0
+    #: seconds between looks at queued and attached jobs when the DVM does
+    #: not push job events
+    WATCH_INTERVAL = 0.2
+
     def __init__(self, url: Optional[str] = None,
                  config: Optional[JobExecutorConfig] = None) -> None:
         """
@@ -155,44 +200,61 @@ class PydvmJobExecutor(JobExecutor):
         super().__init__(url=url, config=config if config else PydvmJobExecutorConfig())
         self._uri = url or os.environ.get("PYDVM_URI") or None
         self._lock = threading.RLock()
+        self._named = threading.Condition(self._lock)
         self._dvm: Any = None
         self._entries: dict[str, _Entry] = {}  # nspace -> entry (submitted or attached)
         self._early: dict[str, list] = {}  # nspace -> events seen before its entry
-        self._subscribed = False
+        self._events: Optional[bool] = None  # the DVM pushes job events (None: not asked)
+        self._watcher: Optional[threading.Thread] = None
 
     # -- the DVM -------------------------------------------------------
 
     def _connect(self) -> Any:
         with self._lock:
-            if self._dvm is not None:
+            if self._dvm is not None and not self._dvm.closed:
                 return self._dvm
             try:
-                if self._uri is not None:
-                    self._dvm = _jobs_api().connect(self._uri)
-                else:
-                    self._dvm = _private_dvm(getattr(self.config, "hosts", None))
+                self._dvm = _dvm_for(self._uri, getattr(self.config, "hosts", None))
             except Exception as exc:
                 where = self._uri or "a DVM of this machine"
                 raise SubmitException(f"cannot reach the DVM ({where}): {exc}") from exc
-            return self._dvm
-
-    def _nodes(self, dvm: Any) -> list[tuple[str, int]]:
-        """The DVM's up nodes: ``(name, slots)`` in its order."""
-        return [(n.name, n.slots) for n in dvm.nodes() if n.state == "up"]
+            self._events = None
+        self._subscribe(self._dvm)
+        return self._dvm
 
     def _subscribe(self, dvm: Any) -> None:
+        """Follow every job's events (queued -> started -> ended), where the
+        DVM pushes them; else :meth:`_watch` looks."""
         with self._lock:
-            if not self._subscribed:
-                dvm.on_event(self._on_event)
-                self._subscribed = True
+            if self._events is not None:
+                return
+            self._events = False
+        try:
+            dvm.on_event(self._on_event)
+        except Exception as exc:  # an older DVM: UnsupportedError
+            logger.debug("no job events from %s: %s", dvm, exc)
+            return
+        with self._lock:
+            self._events = True
+
+    @staticmethod
+    def _nodes(dvm: Any) -> list[tuple[str, int]]:
+        """The DVM's up nodes: ``(name, slots)`` in its order."""
+        try:
+            info = dvm._call({"t": "info"})
+        except Exception as exc:
+            raise SubmitException(f"cannot read the DVM's nodes: {exc}") from exc
+        return [(row[0], int(row[1])) for row in info.get("nodes") or ()
+                if len(row) >= 3 and row[2] == "up"]
 
     # -- PSI/J's interface ---------------------------------------------
 
     def submit(self, job: Job) -> None:
-        """Submit ``job`` to the DVM.  On return the job is QUEUED and its
-        ``native_id`` is the DVM job's namespace; InvalidJobException for a
-        specification no DVM runs (the job stays NEW), SubmitException when
-        the DVM cannot be reached or refuses it."""
+        """Submit ``job`` to the DVM.  On return the job is QUEUED (ACTIVE if
+        the DVM started it at once) and its ``native_id`` is the DVM job's
+        namespace.  InvalidJobException for a specification no DVM runs,
+        SubmitException when the DVM cannot be reached or refuses the job;
+        either way the job stays NEW."""
         spec = self._check_job(job)
         try:
             self._submit(job, spec)
@@ -202,11 +264,8 @@ class PydvmJobExecutor(JobExecutor):
 
     def _submit(self, job: Job, spec: Any) -> None:
         dvm = self._connect()
-        try:
-            nodes = self._nodes(dvm)
-        except Exception as exc:
-            raise SubmitException(f"cannot read the DVM's nodes: {exc}") from exc
-        plan = S.plan_job(spec, nodes=nodes, environ=os.environ, cwd=os.getcwd())
+        plan = S.plan_job(spec, nodes=lambda: self._nodes(dvm), environ=os.environ,
+                          cwd=os.getcwd())
         entry = _Entry(job)
         env = plan.env
         if plan.pre_launch:
@@ -221,43 +280,77 @@ class PydvmJobExecutor(JobExecutor):
             kw["hosts"] = list(plan.hosts)
         if plan.npernode is not None:
             kw["npernode"] = plan.npernode
-        if plan.queue is not None:
-            kw["queue"] = plan.queue
-        self._subscribe(dvm)
         try:
             handle = dvm.submit(
                 plan.argv, plan.n, env=env, inherit_env=False, cwd=plan.cwd,
                 stdin=None if plan.stdin == os.devnull else plan.stdin,
                 stdout=None if plan.stdout == os.devnull else plan.stdout,
                 stderr=None if plan.stderr == os.devnull else plan.stderr,
-                timeout=plan.timeout, **kw)
-            nspace = handle.nspace
-        except (TypeError, ValueError) as exc:
+                timeout=plan.timeout, queue=plan.queue or None, **kw)
+        except (TypeError, ValueError, OSError) as exc:
             self._drop_nodefile(entry)
-            raise InvalidJobException(str(exc)) from exc
+            raise InvalidJobException(f"the DVM cannot run this job: {exc}") from exc
         except Exception as exc:
             self._drop_nodefile(entry)
-            raise SubmitException(f"the DVM did not take the job: {exc}", exception=exc) \
-                from exc
-        entry.handle, entry.nspace = handle, nspace
+            raise SubmitException(f"cannot submit to the DVM: {exc}", exception=exc) from exc
+        entry.handle = handle
+        handle.add_done_callback(lambda h: self._wake())
+        nspace = self._wait_named(handle)
+        if nspace is None:  # refused before it was named
+            self._drop_nodefile(entry)
+            try:
+                exc = handle.exception(0)
+            except Exception as e:  # cancelled, or still pending after our wait
+                exc = e
+            if handle.done():
+                raise SubmitException(f"the DVM refused the job: {exc}", exception=exc)
+            handle.kill()
+            raise SubmitException(f"the DVM did not take the job in {self.NAME_TIMEOUT} s")
+        entry.nspace = nspace
         job._native_id = nspace
         with self._lock:
             self._entries[nspace] = entry
             early = self._early.pop(nspace, [])
         self._set_job_status(job, JobStatus(JobState.QUEUED, time=time.time(),
                                             metadata={"nativeId": nspace}))
+        if handle.state == "running" or handle.done():
+            self._activate(entry)
         for ev in early:
             self._on_event(ev)
-        handle.add_done_callback(lambda h, e=entry: self._ended(e, h))
+        handle.add_done_callback(lambda h, e=entry: _later(lambda: self._ended(e, h)))
+        if not handle.done() and handle.state != "running":
+            self._ensure_watcher()
+
+    def _wake(self) -> None:
+        with self._named:
+            self._named.notify_all()
+
+    def _wait_named(self, handle: Any) -> Optional[str]:
+        """Wait until the DVM names the job (queued or started: ``nspace``
+        set), or refuses it; its namespace, or None."""
+        deadline = time.monotonic() + self.NAME_TIMEOUT
+        with self._named:
+            while handle.nspace is None and not handle.done():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                # woken by any job event or by the job's end; a DVM that pushes
+                # no events names a job in its first answer, looked at here
+                self._named.wait(min(left, 0.01))
+        if handle.nspace is None:
+            return None
+        if handle.done() and handle.exception(0) is not None:
+            return None
+        return handle.nspace
 
     def cancel(self, job: Job) -> None:
         """Ask the DVM to end ``job``: it reaches CANCELED once its
-        processes are gone (or COMPLETED, had it already exited 0)."""
+        processes are gone (or COMPLETED / FAILED, had it ended first)."""
         if job.status.final:
             return
         entry = self._entry_of(job)
         if entry is None:
-            raise SubmitException(f"job {job.id} is not one of this executor's")
+            raise SubmitException(f"job {job.id} is not one this executor runs")
         entry.canceled = True
         try:
             if entry.handle is not None:
@@ -270,48 +363,48 @@ class PydvmJobExecutor(JobExecutor):
 
     def list(self) -> list[str]:
         """The namespaces of the DVM's jobs (every user's, as ``pydvm ps``)."""
+        dvm = self._connect()
         try:
-            return [j.nspace for j in self._connect().ps()]
-        except SubmitException:
-            raise
+            return [j.nspace for j in dvm.jobs()]
         except Exception as exc:
             raise SubmitException(f"cannot list the DVM's jobs: {exc}") from exc
 
     def attach(self, job: Job, native_id: str) -> None:
         """Follow the DVM job ``native_id`` (a namespace, as :meth:`list`
-        gives) with ``job``, which must be NEW.  Its exit status is the
-        DVM's; a job the DVM no longer has ends FAILED at once, saying its
-        status is unknown."""
+        gives) with ``job``, which must be NEW.  Where the DVM pushes job
+        events the job ends with the DVM's exit status; else, as PSI/J's
+        ``local`` executor does, it COMPLETES once the DVM no longer lists
+        it (exit status unknown).  A namespace the DVM does not have is
+        InvalidJobException."""
         if job.status.state != JobState.NEW:
             raise InvalidJobException("Job must be in the NEW state")
         dvm = self._connect()
         entry = _Entry(job)
         entry.nspace = native_id
-        job.executor = self
-        job._native_id = native_id
-        self._subscribe(dvm)
         with self._lock:
             self._entries[native_id] = entry
         try:
-            rows = [j for j in dvm.ps() if j.nspace == native_id]
+            info = dvm.job(native_id)
         except Exception as exc:
-            raise SubmitException(f"cannot list the DVM's jobs: {exc}") from exc
-        if not rows:
             with self._lock:
                 self._entries.pop(native_id, None)
-            self._set_job_status(job, JobStatus(
-                JobState.FAILED, time=time.time(),
-                message=f"the DVM has no job {native_id} (it ended, or never was): "
-                        "its exit status is unknown"))
-            return
+            raise SubmitException(f"cannot list the DVM's jobs: {exc}") from exc
+        if info is None:
+            with self._lock:
+                self._entries.pop(native_id, None)
+            raise InvalidJobException(f"the DVM has no job {native_id!r} (it ended, or "
+                                      "never was; 'pydvm ps' lists its jobs)")
+        job.executor = self
+        job._native_id = native_id
         self._set_job_status(job, JobStatus(JobState.QUEUED, time=time.time(),
                                             metadata={"nativeId": native_id}))
-        if rows[0].state in ("running", "killing", "ending"):
+        if info.state != "queued":
             self._activate(entry)
         with self._lock:
             early = self._early.pop(native_id, [])
         for ev in early:
             self._on_event(ev)
+        self._ensure_watcher()
 
     # -- what the DVM reports --------------------------------------------
 
@@ -321,47 +414,93 @@ class PydvmJobExecutor(JobExecutor):
             return self._entries.get(ns) if ns is not None else None
 
     def _activate(self, entry: _Entry) -> None:
-        if not entry.active:
+        with self._lock:
+            if entry.active:
+                return
             entry.active = True
-            self._set_job_status(entry.job, JobStatus(JobState.ACTIVE, time=time.time()))
+        self._set_job_status(entry.job, JobStatus(JobState.ACTIVE, time=time.time()))
 
     def _on_event(self, ev: Any) -> None:
-        """A job event of the DVM (any job's: ours are picked by namespace)."""
+        """A job event of the DVM (any job's: ours are picked by namespace).
+        On the connection's reader thread: nothing here waits."""
         with self._lock:
+            self._named.notify_all()
             entry = self._entries.get(ev.nspace)
             if entry is None:
-                if ev.kind in ("started", "ended"):
+                if ev.kind in ("started", "ended") and isinstance(ev.nspace, str):
                     early = self._early.setdefault(ev.nspace, [])
-                    if len(early) < 4:
-                        early.append(ev)
-                    if len(self._early) > 1000:  # not ours after all: forget the oldest
+                    early.append(ev)
+                    while len(self._early) > 1000:  # not ours after all: forget the oldest
                         self._early.pop(next(iter(self._early)))
                 return
         if ev.kind == "started":
-            self._activate(entry)
+            _later(lambda: self._activate(entry))
         elif ev.kind == "ended" and entry.handle is None:
-            # an attached job: the event is all we have
-            self._finish(entry, ev.fields.get("exit"), ev.fields.get("reason"),
-                         started=bool(ev.fields.get("size", 1)))
+            # an attached job: the event is all we hear of its end
+            _later(lambda: self._finish(entry, ev.fields.get("exit"), ev.fields.get("reason"),
+                                        started=True))
+
+    def _ensure_watcher(self) -> None:
+        """Without job events, a thread looks at queued and attached jobs
+        every :data:`WATCH_INTERVAL` seconds (it ends when none is left)."""
+        with self._lock:
+            if self._events or (self._watcher is not None and self._watcher.is_alive()):
+                return
+            self._watcher = threading.Thread(target=self._watch, daemon=True,
+                                             name="pydvm-psij watcher")
+            self._watcher.start()
+
+    def _watch(self) -> None:
+        while True:
+            with self._lock:
+                watched = [e for e in self._entries.values() if not e.job.status.final
+                           and (e.handle is None or not e.active)]
+                if not watched:
+                    self._watcher = None
+                    return
+            listed: Optional[dict] = None
+            for entry in watched:
+                if entry.handle is not None:
+                    if entry.handle.state in ("running", "ended"):
+                        self._activate(entry)
+                    continue
+                if listed is None:
+                    try:
+                        listed = {j.nspace: j for j in self._connect().jobs()}
+                    except Exception as exc:
+                        logger.warning("pydvm executor: cannot list the DVM's jobs: %s", exc)
+                        listed = {}
+                        self._finish(entry, None, f"lost the DVM: {exc}", started=False)
+                        continue
+                info = listed.get(entry.nspace)
+                if info is None:
+                    self._finish(entry, 0, None, started=True)
+                elif info.state != "queued":
+                    self._activate(entry)
+            time.sleep(self.WATCH_INTERVAL)
 
     def _ended(self, entry: _Entry, handle: Any) -> None:
-        """The job API's Future of ``entry`` resolved."""
-        try:
-            result = handle.result()
-        except Exception as exc:  # the DVM refused it, or the connection was lost
-            self._finish(entry, None, f"{type(exc).__name__}: {exc}", started=False)
+        """The job API's Future of ``entry`` resolved (on the status thread)."""
+        if handle.cancelled():
+            self._finish(entry, None, "canceled", started=entry.active)
             return
-        started = getattr(handle, "started", None)
+        exc = handle.exception(0)
+        if exc is not None:  # the DVM refused it, or the connection was lost
+            self._finish(entry, None, f"{type(exc).__name__}: {exc}", started=entry.active)
+            return
+        result = handle.result(0)
         self._finish(entry, result.returncode, result.reason,
-                     started=entry.active or bool(started) or result.size is None
-                     or not _launch_failure(result), result=result)
+                     started=handle.size is not None or entry.active, result=result)
 
     def _finish(self, entry: _Entry, code: Optional[int], reason: Optional[str],
                 started: bool, result: Any = None) -> None:
-        self._drop_nodefile(entry)
         with self._lock:
-            if entry.nspace is not None:
-                self._entries.pop(entry.nspace, None)
+            if entry.done:
+                return
+            entry.done = True
+            if entry.nspace is not None and self._entries.get(entry.nspace) is entry:
+                del self._entries[entry.nspace]
+        self._drop_nodefile(entry)
         message = reason
         if entry.post_launch and entry.env is not None:
             p = subprocess.run(["/bin/bash", "-c", 'set -e; source "$1"', "post-launch",
@@ -373,16 +512,16 @@ class PydvmJobExecutor(JobExecutor):
                            f"{p.returncode}): "
                            + p.stderr.decode("utf-8", "replace").strip()[-2000:])
         state = JobState[S.exit_state(code, entry.canceled)]
-        if state != JobState.CANCELED and started and code is not None:
+        if state != JobState.CANCELED and started:
             self._activate(entry)  # it ran: ACTIVE before its end, as PSI/J's model has it
-        meta = {"nativeId": entry.nspace}
+        meta: dict[str, Any] = {"nativeId": entry.nspace}
         if result is not None:
             meta.update(failed=result.failed, killed=result.killed,
-                        failures=[(f.rank, f.node, f.status, f.signal)
-                                  for f in result.failures])
+                        failures=[{"rank": f.rank, "node": f.node, "status": f.status,
+                                   "signal": f.signal} for f in result.failures])
         self._set_job_status(entry.job, JobStatus(
-            state, time=time.time(), exit_code=code, message=message if code else None,
-            metadata=meta))
+            state, time=time.time(), exit_code=code,
+            message=message if state != JobState.COMPLETED else None, metadata=meta))
 
     # -- PSIJ_NODEFILE ---------------------------------------------------
 
@@ -401,13 +540,6 @@ class PydvmJobExecutor(JobExecutor):
             except OSError:
                 pass
             entry.nodefile = None
-
-
-def _launch_failure(result: Any) -> bool:
-    """Whether a job ended without its processes having run (the DVM could
-    not launch them)."""
-    reason = (result.reason or "").lower()
-    return "launch" in reason or "not found" in reason or "cannot run" in reason
 
 
 __all__ = ["PydvmJobExecutor", "PydvmJobExecutorConfig"]

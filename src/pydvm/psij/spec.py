@@ -33,16 +33,16 @@ table):
 * ``stdin_path`` / ``stdout_path`` / ``stderr_path`` -- files; left out,
   ``/dev/null``.
 * ``attributes.duration`` -- a walltime: the job is killed after it and
-  ends FAILED; ``queue_name`` -- the DVM queue; ``account``,
-  ``reservation_id`` -- ignored; custom attributes ``pydvm.KEY`` -- the
-  placement options of :data:`CUSTOM` (other executors' prefixes ignored).
+  ends FAILED; ``queue_name``, ``account``, ``reservation_id`` -- ignored
+  (a DVM has one queue and no accounts); custom attributes ``pydvm.KEY``
+  -- the options of :data:`CUSTOM` (other executors' prefixes ignored).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from psij import InvalidJobException, JobSpec, ResourceSpecV1
 
@@ -55,8 +55,9 @@ PARALLEL = frozenset({"pydvm", "multiple", "mpirun", "srun", "aprun", "jsrun", "
 
 #: Custom attributes ``pydvm.KEY`` and the type each takes: ``pydvm run``'s
 #: placement options (``map_by`` as ``--map-by``, ``rank_by``, ``bind_to``,
-#: ``oversubscribe``), ``hosts`` (node names: where the job may run), and
-#: ``pmix`` (host a PMIx server for the job, as ``--pmix``).
+#: ``oversubscribe``), ``hosts`` (node names: where the job may run),
+#: ``pmix`` (host a PMIx server for the job, as ``--pmix``) and ``queue``
+#: (wait for free slots instead of oversubscribing, where the DVM queues).
 CUSTOM: dict[str, type | tuple[type, ...]] = {
     "map_by": str,
     "rank_by": str,
@@ -64,6 +65,7 @@ CUSTOM: dict[str, type | tuple[type, ...]] = {
     "oversubscribe": bool,
     "hosts": (list, tuple, str),
     "pmix": bool,
+    "queue": bool,
 }
 
 #: Custom attribute prefix this executor reads.
@@ -81,7 +83,9 @@ class JobPlan:
     than one line); ``env``: each process's whole environment (before the
     DVM's own variables); ``cwd``; ``stdin`` / ``stdout`` / ``stderr``:
     absolute paths; ``timeout``: the walltime in seconds (None: none);
-    ``queue``; ``options``: placement options from custom attributes.
+    ``queue``: wait for free slots rather than oversubscribe (custom
+    attribute ``pydvm.queue``); ``options``: the other options from custom
+    attributes (:data:`CUSTOM`).
     """
 
     argv: list[str]
@@ -95,7 +99,7 @@ class JobPlan:
     stdout: str
     stderr: str
     timeout: float | None
-    queue: str | None
+    queue: bool
     options: dict[str, Any] = field(default_factory=dict)
     pre_launch: str | None = None
     post_launch: str | None = None
@@ -152,13 +156,17 @@ def _resources(spec: JobSpec) -> ResourceSpecV1:
     return res
 
 
-def _allocation(res: ResourceSpecV1, nodes: Sequence[tuple[str, int]],
+def _allocation(res: ResourceSpecV1, get_nodes: Callable[[], Sequence[tuple[str, int]]],
                 hosts: list[str] | None) -> tuple[list[str] | None, int | None, list[str]]:
-    """(hosts, npernode, node of each process) for ``res`` on ``nodes``
-    (``(name, slots)`` of the DVM's up nodes in order), the job restricted
-    to ``hosts`` when given."""
+    """(hosts, npernode, node of each process) for ``res`` on the DVM's up
+    nodes (``get_nodes()``: ``(name, slots)`` in order; asked only when the
+    answer depends on them), the job restricted to ``hosts`` when given."""
     from ..placement import Host, map_job
 
+    n = res.computed_process_count
+    if n == 1 and hosts is None and res.node_count is None and res.processes_per_node is None:
+        return None, None, ["?"]  # one process anywhere: no need to know the nodes
+    nodes = list(get_nodes())
     if hosts is not None:
         unknown = [h for h in hosts if h not in {name for name, _ in nodes}]
         if unknown:
@@ -166,7 +174,6 @@ def _allocation(res: ResourceSpecV1, nodes: Sequence[tuple[str, int]],
                 f"custom attribute 'pydvm.hosts': {', '.join(unknown)} not among the DVM's "
                 f"nodes that are up ({', '.join(n for n, _ in nodes) or 'none'})")
         nodes = [nd for nd in nodes if nd[0] in hosts]
-    n = res.computed_process_count
     if n < 1:
         raise InvalidJobException(f"process count {n}: a job needs at least one process")
     if res.node_count is not None or res.processes_per_node is not None:
@@ -187,11 +194,13 @@ def _allocation(res: ResourceSpecV1, nodes: Sequence[tuple[str, int]],
     return hosts, None, where
 
 
-def plan_job(spec: JobSpec, *, nodes: Sequence[tuple[str, int]], environ: Mapping[str, str],
-             cwd: str) -> JobPlan:
+def plan_job(spec: JobSpec, *,
+             nodes: Sequence[tuple[str, int]] | Callable[[], Sequence[tuple[str, int]]],
+             environ: Mapping[str, str], cwd: str) -> JobPlan:
     """The :class:`JobPlan` of ``spec`` on a DVM whose up nodes are ``nodes``
-    (``(name, slots)`` in the DVM's order), for a submitter whose environment
-    is ``environ`` and working directory ``cwd``.  Raises
+    (``(name, slots)`` in the DVM's order, or a function returning them,
+    called only if the plan depends on them), for a submitter whose
+    environment is ``environ`` and working directory ``cwd``.  Raises
     InvalidJobException for what no DVM could run."""
     if not spec.executable:
         raise InvalidJobException("the job has no executable")
@@ -202,9 +211,10 @@ def plan_job(spec: JobSpec, *, nodes: Sequence[tuple[str, int]], environ: Mappin
     res = _resources(spec)
     attrs = spec.attributes
     options = _custom(attrs.custom_attributes if attrs is not None else None)
-    hosts, npernode, nodefile = _allocation(res, nodes, options.pop("hosts", None))
+    get_nodes = nodes if callable(nodes) else (lambda: nodes)
+    hosts, npernode, nodefile = _allocation(res, get_nodes, options.pop("hosts", None))
     n = res.computed_process_count
-    if kind == "single":
+    if kind == "single" and n > 1:
         n, npernode, hosts = 1, None, nodefile[:1]
     if npernode is not None and any(k in options for k in ("map_by",)):
         raise InvalidJobException("custom attribute 'pydvm.map_by' cannot be combined with "
@@ -217,7 +227,7 @@ def plan_job(spec: JobSpec, *, nodes: Sequence[tuple[str, int]], environ: Mappin
         timeout = attrs.duration.total_seconds()
         if timeout <= 0:
             raise InvalidJobException(f"duration {attrs.duration} is not positive")
-    queue = attrs.queue_name if attrs is not None else None
+    queue = bool(options.pop("queue", False))
 
     def stream(p: os.PathLike | None) -> str:
         return os.devnull if p is None else _abs(p, workdir)
