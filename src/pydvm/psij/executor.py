@@ -362,10 +362,13 @@ class PydvmJobExecutor(JobExecutor):
                 raise SubmitException(f"cannot cancel {entry.nspace}: {exc}") from exc
 
     def list(self) -> list[str]:
-        """The namespaces of the DVM's jobs (every user's, as ``pydvm ps``)."""
+        """The namespaces of our user's jobs on the DVM (``pydvm ps``'s, however
+        they were submitted): those :meth:`attach` may follow and
+        :meth:`cancel` may end."""
         dvm = self._connect()
+        uid = os.getuid()
         try:
-            return [j.nspace for j in dvm.jobs()]
+            return [j.nspace for j in dvm.jobs() if j.uid in (None, uid)]
         except Exception as exc:
             raise SubmitException(f"cannot list the DVM's jobs: {exc}") from exc
 
@@ -514,6 +517,8 @@ class PydvmJobExecutor(JobExecutor):
         state = JobState[S.exit_state(code, entry.canceled)]
         if state != JobState.CANCELED and started:
             self._activate(entry)  # it ran: ACTIVE before its end, as PSI/J's model has it
+        if state == JobState.CANCELED:
+            message = "canceled" + (f" (the DVM: {reason})" if reason else "")
         meta: dict[str, Any] = {"nativeId": entry.nspace}
         if result is not None:
             meta.update(failed=result.failed, killed=result.killed,
