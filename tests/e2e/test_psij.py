@@ -164,6 +164,11 @@ def test_what_the_dvm_cannot_hold_is_refused_and_the_job_stays_new(ex):
     job.spec.resources = ResourceSpecV1(node_count=3)
     ex.submit(job)  # the same job, fixed, goes
     assert job.wait(timeout=WAIT).state == JobState.COMPLETED
+    job = Job(JobSpec("/bin/true", attributes=JobAttributes(
+        custom_attributes={"pydvm.map_by": "sideways"})))
+    with pytest.raises(InvalidJobException, match="sideways"):
+        ex.submit(job)
+    assert job.status.state == JobState.NEW
 
 
 def test_cancel_ends_a_running_job_canceled_and_the_dvm_forgets_it(ex, dvm):

@@ -16,7 +16,7 @@ that the executor starts on its first job and that stops when the Python
 process exits (one for every executor of the process without a URI).
 
 How a :class:`psij.JobSpec` maps onto a DVM job is :mod:`pydvm.psij.spec`'s
-(pure); this module submits it through the job API (:mod:`pydvm.jobs`) and
+(pure); this module submits it through the job API (:mod:`pydvm.client.jobs`) and
 turns what the DVM reports into PSI/J states: QUEUED once the DVM has the
 job (its namespace is the job's ``native_id``), ACTIVE once its processes
 run, then COMPLETED (exit 0), FAILED (another status, a launch failure, its
@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional
 from psij import (InvalidJobException, Job, JobExecutor, JobExecutorConfig, JobState,
                   JobStatus, SubmitException)
 
+from ..errors import BadParamError
 from . import spec as S
 
 logger = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ def _close_all() -> None:
 
 _todo: "queue.SimpleQueue[Callable[[], None]]" = queue.SimpleQueue()
 _dispatcher: Optional[threading.Thread] = None
+_dispatcher_lock = threading.Lock()  # not _conn_lock: held while a DVM starts
 
 
 def _later(fn: Callable[[], None]) -> None:
@@ -121,7 +123,7 @@ def _later(fn: Callable[[], None]) -> None:
     to name it.  So job ends and post-launch scripts run here instead."""
     global _dispatcher
     _todo.put(fn)
-    with _conn_lock:
+    with _dispatcher_lock:
         if _dispatcher is None or not _dispatcher.is_alive():
             _dispatcher = threading.Thread(target=_dispatch, daemon=True,
                                            name="pydvm-psij status")
@@ -210,17 +212,19 @@ class PydvmJobExecutor(JobExecutor):
     # -- the DVM -------------------------------------------------------
 
     def _connect(self) -> Any:
+        dvm = self._dvm
+        if dvm is not None and not dvm.closed:
+            return dvm
+        try:  # not under our lock: starting a DVM takes seconds
+            dvm = _dvm_for(self._uri, getattr(self.config, "hosts", None))
+        except Exception as exc:
+            where = self._uri or "a DVM of this machine"
+            raise SubmitException(f"cannot reach the DVM ({where}): {exc}") from exc
         with self._lock:
-            if self._dvm is not None and not self._dvm.closed:
-                return self._dvm
-            try:
-                self._dvm = _dvm_for(self._uri, getattr(self.config, "hosts", None))
-            except Exception as exc:
-                where = self._uri or "a DVM of this machine"
-                raise SubmitException(f"cannot reach the DVM ({where}): {exc}") from exc
-            self._events = None
-        self._subscribe(self._dvm)
-        return self._dvm
+            if dvm is not self._dvm:
+                self._dvm, self._events = dvm, None
+        self._subscribe(dvm)
+        return dvm
 
     def _subscribe(self, dvm: Any) -> None:
         """Follow every job's events (queued -> started -> ended), where the
@@ -303,6 +307,8 @@ class PydvmJobExecutor(JobExecutor):
             except Exception as e:  # cancelled, or still pending after our wait
                 exc = e
             if handle.done():
+                if isinstance(exc, BadParamError):  # what it asks cannot be run
+                    raise InvalidJobException(f"the DVM refused the job: {exc}")
                 raise SubmitException(f"the DVM refused the job: {exc}", exception=exc)
             handle.kill()
             raise SubmitException(f"the DVM did not take the job in {self.NAME_TIMEOUT} s")
