@@ -156,10 +156,28 @@ def test_psij_finds_the_executor_by_its_name():
     code = ("import psij\n"
             "ex = psij.JobExecutor.get_instance('pydvm', url='tcp://127.0.0.1:1/x')\n"
             "from pydvm.psij.executor import PydvmJobExecutor\n"
-            "print(type(ex) is PydvmJobExecutor, ex.name, ex.version)\n")
+            "print(type(ex) is PydvmJobExecutor, ex.name, ex.version)\n"
+            "la = psij.Launcher.get_instance('pydvm')\n"
+            "from pydvm.psij.launcher import PydvmLauncher\n"
+            "print(type(la) is PydvmLauncher)\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.split() == ["True", "pydvm", "0.1.0"]
+    assert p.stdout.split() == ["True", "pydvm", "0.1.0", "True"]
+
+
+def test_the_launcher_passes_counts_and_this_python_to_its_script():
+    from psij import Job
+
+    from pydvm.psij.launcher import SCRIPT, PydvmLauncher
+
+    assert SCRIPT.exists()
+    la = PydvmLauncher()
+    args = la.get_additional_args(Job(JobSpec("x", resources=ResourceSpecV1(
+        node_count=2, processes_per_node=3))))
+    assert args == ["6", "3", sys.executable]
+    assert la.get_additional_args(Job(JobSpec("x")))[:2] == ["1", "0"]
+    assert la.get_additional_args(Job(JobSpec(
+        "x", resources=ResourceSpecV1(process_count=4))))[:2] == ["4", "0"]
 
 
 def test_the_descriptor_carries_pydvms_version():

@@ -1,4 +1,4 @@
-"""Registers pydvm's PSI/J executor, ``pydvm``, with PSI/J.
+"""Registers pydvm's PSI/J executor and launcher, both ``pydvm``, with PSI/J.
 
 PSI/J reads every module of the ``psij-descriptors`` namespace package on
 ``sys.path`` when ``psij`` is imported (this directory has no
@@ -13,4 +13,9 @@ from psij.descriptor import Descriptor
 __PSI_J_EXECUTORS__ = [
     Descriptor(name="pydvm", nice_name="pydvm DVM", version=Version("0.1.0"),
                cls="pydvm.psij.plugin.PydvmJobExecutor"),
+]
+
+__PSI_J_LAUNCHERS__ = [
+    Descriptor(name="pydvm", version=Version("0.1.0"),
+               cls="pydvm.psij.plugin.PydvmLauncher"),
 ]

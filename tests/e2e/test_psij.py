@@ -288,3 +288,38 @@ def test_without_a_uri_the_executor_runs_a_dvm_of_its_own_until_exit(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert dvms.returncode == 0, dvms.stderr
     assert "no running DVM of yours" in dvms.stdout + dvms.stderr, dvms.stdout
+
+
+# ----------------------------------------------------------------------
+# the pydvm launcher: another executor starting a job through pydvm run
+# ----------------------------------------------------------------------
+
+
+def test_the_pydvm_launcher_starts_the_processes_of_a_local_job_with_pydvm_run(dvm, tmp_path,
+                                                                             monkeypatch):
+    """PSI/J's local executor, launcher "pydvm": the launcher script runs
+    ``pydvm run`` on the DVM of PYDVM_URI (node count and processes per
+    node as -N); the exit status is the job's."""
+    monkeypatch.setenv("PYDVM_STATE_DIR", dvm.env["PYDVM_STATE_DIR"])
+    monkeypatch.setenv("PYDVM_URI", dvm.uri)
+    local = JobExecutor.get_instance("local")
+    out = tmp_path / "out"
+    _, st = run(local, JobSpec("/bin/bash", ["-c", "echo $PYDVM_NODE -n"], stdout_path=out,
+                               launcher="pydvm",
+                               resources=ResourceSpecV1(node_count=2, processes_per_node=2)))
+    assert st.state == JobState.COMPLETED, st
+    assert sorted(out.read_text().splitlines()) == ["a -n", "a -n", "b -n", "b -n"]
+    _, st = run(local, JobSpec("/bin/bash", ["-c", "exit 7"], launcher="pydvm"))
+    assert st.state == JobState.FAILED and st.exit_code == 7
+
+
+def test_the_pydvm_launcher_without_a_uri_runs_a_one_shot_dvm(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYDVM_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("PYDVM_URI", raising=False)
+    out = tmp_path / "out"
+    _, st = run(JobExecutor.get_instance("local"),
+                JobSpec("/bin/bash", ["-c", "echo $PYDVM_NSPACE"], stdout_path=out,
+                        launcher="pydvm", resources=ResourceSpecV1(process_count=2)))
+    assert st.state == JobState.COMPLETED, st
+    nspaces = out.read_text().split()
+    assert len(nspaces) == 2 and len(set(nspaces)) == 1 and nspaces[0].startswith("pydvm-")
