@@ -32,6 +32,7 @@ import queue
 import subprocess
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -85,12 +86,54 @@ def _dvm_for(uri: Optional[str], hosts: Optional[str]) -> Any:
         dvm = _conns.get(key)
         if dvm is not None and not dvm.closed:
             return dvm
+        if dvm is not None:
+            _listeners.pop(id(dvm), None)
         jobs = _jobs_api()
         dvm = jobs.connect(uri) if uri is not None else jobs.start(hosts)
         if not _conns:
             atexit.register(_close_all)
         _conns[key] = dvm
         return dvm
+
+
+class _Listeners:
+    """The executors following one connection's job events: one
+    subscription per connection (a DVM bounds them per connection), its
+    events handed to every executor registered (on the reader thread)."""
+
+    def __init__(self) -> None:
+        self.executors: "weakref.WeakSet[PydvmJobExecutor]" = weakref.WeakSet()
+        self.ok: Optional[bool] = None  # events pushed (None: not asked yet)
+
+    def event(self, ev: Any) -> None:
+        if ev.kind == "dropped":  # the DVM stopped pushing: look instead
+            self.ok = False
+        for ex in list(self.executors):
+            if ev.kind == "dropped":
+                ex._events_lost()
+            else:
+                ex._on_event(ev)
+
+
+_listeners: dict[int, _Listeners] = {}  # id(connection) -> its listeners
+
+
+def _listen(dvm: Any, ex: "PydvmJobExecutor") -> bool:
+    """Hand ``dvm``'s job events to ``ex``; whether the DVM pushes them
+    (False: an older DVM, or its subscription was dropped)."""
+    with _conn_lock:
+        ls = _listeners.get(id(dvm))
+        if ls is None:
+            ls = _listeners[id(dvm)] = _Listeners()
+        ls.executors.add(ex)
+        if ls.ok is None:
+            try:
+                dvm.on_event(ls.event)
+                ls.ok = True
+            except Exception as exc:  # an older DVM: UnsupportedError
+                logger.debug("no job events from %s: %s", dvm, exc)
+                ls.ok = False
+        return ls.ok
 
 
 def _close_all() -> None:
@@ -233,13 +276,16 @@ class PydvmJobExecutor(JobExecutor):
             if self._events is not None:
                 return
             self._events = False
-        try:
-            dvm.on_event(self._on_event)
-        except Exception as exc:  # an older DVM: UnsupportedError
-            logger.debug("no job events from %s: %s", dvm, exc)
-            return
+        ok = _listen(dvm, self)
         with self._lock:
-            self._events = True
+            self._events = ok
+
+    def _events_lost(self) -> None:
+        """The DVM dropped our subscription (we read too slowly): look at
+        queued and attached jobs instead."""
+        with self._lock:
+            self._events = False
+        self._ensure_watcher()
 
     @staticmethod
     def _nodes(dvm: Any) -> list[tuple[str, int]]:
