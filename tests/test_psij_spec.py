@@ -118,11 +118,25 @@ def test_custom_attributes_with_our_prefix_are_placement_options():
                                              "pydvm.hosts": "b,c", "slurm.constraint": "x"})
     p = plan(JobSpec("x", attributes=attrs, resources=ResourceSpecV1(process_count=3)))
     assert p.options == {"map_by": "node", "bind_to": "core"}
-    assert p.hosts == ["b", "c"] and p.nodefile == ["b", "b", "c"]
+    assert p.hosts == ["b", "c"] and p.nodefile == ["b", "c", "b"]  # by node, round robin
+
+
+def test_the_nodefile_follows_a_custom_mapping():
+    attrs = JobAttributes(custom_attributes={"pydvm.map_by": "node"})
+    p = plan(JobSpec("x", attributes=attrs, resources=ResourceSpecV1(process_count=4)))
+    assert p.nodefile == ["a", "b", "c", "a"]
+    attrs = JobAttributes(custom_attributes={"pydvm.rank_by": "node"})
+    p = plan(JobSpec("x", attributes=attrs, resources=ResourceSpecV1(process_count=4)))
+    assert p.nodefile == ["a", "b", "a", "b"]
+    # over objects the master alone knows the topology: SPEC 9's order, the DVM decides
+    attrs = JobAttributes(custom_attributes={"pydvm.map_by": "ppr:1:socket"})
+    p = plan(JobSpec("x", attributes=attrs, resources=ResourceSpecV1(process_count=2)))
+    assert p.nodefile == ["a", "a"] and p.options == {"map_by": "ppr:1:socket"}
 
 
 @pytest.mark.parametrize("attrs, match", [
     ({"pydvm.colour": "red"}, "unknown custom attribute 'pydvm.colour'"),
+    ({"pydvm.map_by": "sideways"}, "sideways"),
     ({"pydvm.map_by": 3}, "'pydvm.map_by': 3 is not a str"),
     ({"pydvm.hosts": ["a", "zz"]}, "zz not among the DVM's nodes"),
 ])

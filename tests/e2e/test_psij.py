@@ -137,6 +137,23 @@ def test_node_count_and_processes_per_node(ex, tmp_path):
     assert node_counts(out.read_text()) == {"a": 1, "b": 1, "c": 1}
 
 
+@pytest.mark.parametrize("custom", [{}, {"pydvm.hosts": "c,b"}, {"pydvm.rank_by": "node"}])
+def test_each_process_runs_on_the_node_the_nodefile_gives_it(ex, tmp_path, custom):
+    """Without a node count the DVM places the processes; the nodefile,
+    computed before, says where each rank went."""
+    out = tmp_path / "where"
+    script = 'echo "$PMIX_RANK $PYDVM_NODE $(sed -n "$((PMIX_RANK + 1))p" $PSIJ_NODEFILE)"'
+    _, st = run(ex, JobSpec("/bin/bash", ["-c", script], stdout_path=out,
+                            attributes=JobAttributes(custom_attributes=custom),
+                            resources=ResourceSpecV1(process_count=5)))
+    assert st.state == JobState.COMPLETED, st
+    rows = sorted(line.split() for line in out.read_text().splitlines())
+    assert [r[0] for r in rows] == ["0", "1", "2", "3", "4"]
+    assert all(r[1] == r[2] for r in rows), rows
+    if custom.get("pydvm.hosts"):
+        assert {r[1] for r in rows} == {"b", "c"}
+
+
 def test_the_nodefile_is_gone_after_the_job(ex, tmp_path):
     out = tmp_path / "nf"
     _, st = run(ex, JobSpec("/bin/bash", ["-c", "echo $PSIJ_NODEFILE"], stdout_path=out,

@@ -21,7 +21,8 @@ table):
   ``node_count`` or ``processes_per_node`` is given, exactly
   ``computed_node_count`` nodes of the DVM (the first ones up, in the DVM's
   order) with ``computed_processes_per_node`` each; else the DVM places them
-  over all its nodes by its slots.  ``PSIJ_NODEFILE`` lists one node name per
+  over all its nodes by its slots (or as custom attributes ``pydvm.map_by``
+  / ``pydvm.rank_by`` say).  ``PSIJ_NODEFILE`` lists one node name per
   process when there is more than one.  ``memory``, ``cpu_cores_per_process``,
   ``gpu_cores_per_process`` and ``exclusive_node_use`` are accepted and not
   enforced: a persistent DVM places by slots and reserves nothing.
@@ -156,11 +157,32 @@ def _resources(spec: JobSpec) -> ResourceSpecV1:
     return res
 
 
+def _placement(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The run request's ``placement`` of the custom attributes' mapping
+    options, as the DVM's master will read it (InvalidJobException for a
+    value it would refuse)."""
+    from ..placement import parse_map_by, parse_rank_by
+
+    out: dict[str, Any] = {}
+    try:
+        if "map_by" in options:
+            out.update(parse_map_by(options["map_by"]))
+        if "rank_by" in options:
+            out["rank_by"] = parse_rank_by(options["rank_by"])
+    except ValueError as exc:
+        raise InvalidJobException(f"custom attribute: {exc}") from None
+    if options.get("oversubscribe") is not None:
+        out["oversubscribe"] = options["oversubscribe"]
+    return out
+
+
 def _allocation(res: ResourceSpecV1, get_nodes: Callable[[], Sequence[tuple[str, int]]],
-                hosts: list[str] | None) -> tuple[list[str] | None, int | None, list[str]]:
+                hosts: list[str] | None, options: Mapping[str, Any]
+                ) -> tuple[list[str] | None, int | None, list[str]]:
     """(hosts, npernode, node of each process) for ``res`` on the DVM's up
     nodes (``get_nodes()``: ``(name, slots)`` in order; asked only when the
-    answer depends on them), the job restricted to ``hosts`` when given."""
+    answer depends on them), the job restricted to ``hosts`` when given,
+    mapped with the custom attributes' ``options``."""
     from ..placement import Host, map_job
 
     n = res.computed_process_count
@@ -173,7 +195,9 @@ def _allocation(res: ResourceSpecV1, get_nodes: Callable[[], Sequence[tuple[str,
             raise InvalidJobException(
                 f"custom attribute 'pydvm.hosts': {', '.join(unknown)} not among the DVM's "
                 f"nodes that are up ({', '.join(n for n, _ in nodes) or 'none'})")
-        nodes = [nd for nd in nodes if nd[0] in hosts]
+        # the job's own host list: in its order, one slot each (as
+        # ``pydvm run --host`` gives them)
+        nodes = [(h, 1) for h in dict.fromkeys(hosts)]
     if n < 1:
         raise InvalidJobException(f"process count {n}: a job needs at least one process")
     if res.node_count is not None or res.processes_per_node is not None:
@@ -188,9 +212,16 @@ def _allocation(res: ResourceSpecV1, get_nodes: Callable[[], Sequence[tuple[str,
         return chosen, ppn, [name for name in chosen for _ in range(ppn)]
     if not nodes:
         raise InvalidJobException("the DVM has no node up to run the job on")
-    # the DVM's own placement (SPEC 9: each node's slots in turn), as its
-    # master will compute it: the same pure function
-    where = map_job([(n, [Host(name, max(1, slots)) for name, slots in nodes])], {})[0]
+    # the DVM's own placement (SPEC 9: each node's slots in turn, or the
+    # mapping the options ask for), as its master will compute it: the same
+    # pure function.  A mapping over objects needs the nodes' topologies,
+    # which only the master has: the nodefile then follows SPEC 9's order
+    # and the DVM judges the job.
+    pool = [Host(name, max(1, slots)) for name, slots in nodes]
+    try:
+        where = map_job([(n, pool)], _placement(options))[0]
+    except ValueError:
+        where = map_job([(n, pool)], {})[0]
     return hosts, None, where
 
 
@@ -212,7 +243,10 @@ def plan_job(spec: JobSpec, *,
     attrs = spec.attributes
     options = _custom(attrs.custom_attributes if attrs is not None else None)
     get_nodes = nodes if callable(nodes) else (lambda: nodes)
-    hosts, npernode, nodefile = _allocation(res, get_nodes, options.pop("hosts", None))
+    if options.get("map_by") is not None:
+        _placement(options)  # a bad value is refused before anything else
+    hosts, npernode, nodefile = _allocation(res, get_nodes, options.pop("hosts", None),
+                                            options)
     n = res.computed_process_count
     if kind == "single" and n > 1:
         n, npernode, hosts = 1, None, nodefile[:1]
