@@ -229,6 +229,34 @@ def test_attach_follows_a_job_to_its_end_from_another_executor(ex, dvm, tmp_path
         other.attach(Job(), "pydvm-nope@1")
 
 
+def pushes_events(dvm) -> bool:
+    """Whether the DVM pushes job events (a master with ``subscribe``)."""
+    from pydvm.client import jobs
+
+    with jobs.connect(dvm.uri) as conn:
+        try:
+            conn.events().close()
+        except jobs.UnsupportedError:
+            return False
+    return True
+
+
+def test_an_attached_job_ends_with_the_dvms_status_where_it_pushes_events(ex, dvm):
+    """With job events the follower learns the job's own exit status; without,
+    it COMPLETES once the DVM no longer lists the job (as PSI/J's local does)."""
+    job = Job(JobSpec("/bin/sleep", ["600"]))
+    ex.submit(job)
+    follower = Job()
+    JobExecutor.get_instance("pydvm", url=dvm.uri).attach(follower, job.native_id)
+    job.cancel()
+    st = follower.wait(timeout=WAIT)
+    assert st is not None
+    if pushes_events(dvm):
+        assert st.state == JobState.FAILED and st.exit_code == 143
+    else:
+        assert st.state == JobState.COMPLETED and st.exit_code == 0
+
+
 def test_a_callback_may_submit_the_next_job(ex):
     """PSI/J's throttling example: each job's end submits the next, from its callback."""
     done = threading.Event()

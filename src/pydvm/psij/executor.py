@@ -556,7 +556,7 @@ class PydvmJobExecutor(JobExecutor):
             if entry.nspace is not None and self._entries.get(entry.nspace) is entry:
                 del self._entries[entry.nspace]
         self._drop_nodefile(entry)
-        message = reason
+        message = reason or None
         if entry.post_launch and entry.env is not None:
             p = subprocess.run(["/bin/bash", "-c", 'set -e; source "$1"', "post-launch",
                                 entry.post_launch], env=entry.env, cwd=entry.cwd,
