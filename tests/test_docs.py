@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).parent / "e2e"))
 from snippets import REPO, blocks, logical_spans  # noqa: E402
 
 #: Modules whose public names make up the documented API.
-PUBLIC = ["pydvm", "pydvm.client", "pydvm.aio", "pydvm.errors", "pydvm.enums", "pydvm.store",
-          "pydvm.store.rules"]
+PUBLIC = ["pydvm", "pydvm.client", "pydvm.aio", "pydvm.client.aiojobs", "pydvm.jobs", "pydvm.errors",
+          "pydvm.enums", "pydvm.store", "pydvm.store.rules"]
 if importlib.util.find_spec("torch") is not None:  # an optional integration
     PUBLIC += ["pydvm.torch", "pydvm.torch.rendezvous", "pydvm.torch.elastic"]
 if importlib.util.find_spec("psij") is not None:  # the PSI/J executor
@@ -58,13 +58,15 @@ def test_the_api_reference_builds_with_the_documented_command(tmp_path):
     assert not warned, "\n".join(warned)
     api = tmp_path / "build" / "api"
     pages = {str(f.relative_to(api)) for f in api.rglob("*.html")}
-    assert {"index.html", "pydvm.html", "pydvm/client.html", "pydvm/aio.html",
+    assert {"index.html", "pydvm.html", "pydvm/client.html", "pydvm/aio.html", "pydvm/jobs.html",
             "pydvm/errors.html", "pydvm/enums.html", "pydvm/store.html",
             "pydvm/store/rules.html"} <= pages, pages
     text = {name: (api / name).read_text() for name in pages}
     for page, names in {
         "pydvm/client.html": ["publish", "lookup", "unpublish", "LookupResult"],
         "pydvm/aio.html": ["connect", "publish", "lookup", "unpublish"],
+        "pydvm/jobs.html": ["submit", "submit_many", "Executor", "JobResult", "returncode",
+                            "on_event"],
         "pydvm/errors.html": ["LookupTimeoutError", "NotFoundError", "DuplicateKeyError",
                               "ERR_PARTIAL_SUCCESS"],
         "pydvm/enums.html": ["FIRST_READ", "PROC_LOCAL", "from_word"],

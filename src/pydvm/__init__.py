@@ -2,7 +2,10 @@
 
 ``from pydvm import Client`` gives the blocking client a job process uses;
 ``pydvm.aio.Client`` is the asyncio one.  Ranges, persistences and statuses
-are :class:`Range`, :class:`Persistence` and :class:`Status`.
+are :class:`Range`, :class:`Persistence` and :class:`Status`.  Programs
+that run jobs on a DVM use :mod:`pydvm.jobs` (``pydvm.Dvm``, ``pydvm.Job``,
+``pydvm.JobSpec``, ``pydvm.JobResult``, ``pydvm.Executor``; the asyncio
+twin is ``pydvm.aio.jobs``).
 """
 
 from .enums import Persistence, Range
@@ -13,7 +16,9 @@ __version__ = "0.1.0"
 
 #: Loaded on first use: the command line imports this package for its
 #: version and protocol, and ``pydvm run`` never needs the client.
-_LAZY = {"Client": "client", "Found": "client", "LookupResult": "client"}
+_LAZY = {"Client": "client", "Found": "client", "LookupResult": "client",
+         "Dvm": "client", "Executor": "client", "Job": "client", "JobResult": "client",
+         "JobSpec": "client"}
 
 
 def __getattr__(name: str):
@@ -32,7 +37,12 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Client",
+    "Dvm",
+    "Executor",
     "Found",
+    "Job",
+    "JobResult",
+    "JobSpec",
     "LookupResult",
     "Persistence",
     "PMIxError",

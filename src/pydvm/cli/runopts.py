@@ -538,7 +538,7 @@ def apply_keywords(opts: dict[str, Any], kw: dict[str, Any]) -> None:
         if value is None:
             continue
         if key == "oversubscribe" and value is False:
-            key = "nooversubscribe"
+            key, value = "nooversubscribe", True
         o = _BY_KEY[key]
         if o.nargs == 0:
             if not isinstance(value, bool):

@@ -9,7 +9,12 @@ One door for everything a job process or a workflow program imports:
 * ``mux.py`` -- several threads' requests on one blocking connection;
 * ``channel.py`` -- the blocking framed connection (also what ``pydvm run``
   talks to the master over);
-* ``direct.py`` -- the direct data path to the master store.
+* ``direct.py`` -- the direct data path to the master store;
+* ``jobs.py`` -- jobs from Python (:class:`Dvm`, :class:`Job`: one tool
+  connection to a DVM's master carrying many jobs), ``jobspec.py`` what it
+  sends and returns, ``executor.py`` the :class:`Executor`, ``aiojobs.py``
+  the asyncio twin (``pydvm.jobs`` and ``pydvm.aio.jobs`` are their public
+  names).
 
 Nothing here loads the runtime, and nothing is imported before it is
 asked for: ``pydvm run`` takes the blocking channel alone.
@@ -22,6 +27,11 @@ _LAZY = {
     "Client": "data",
     "Found": "proto",
     "LookupResult": "proto",
+    "Dvm": "jobs",
+    "Job": "jobs",
+    "JobResult": "jobspec",
+    "JobSpec": "jobspec",
+    "Executor": "executor",
 }
 
 

@@ -38,7 +38,8 @@ import threading
 from concurrent.futures import Future
 
 from ..errors import PMIxError, Status, UnreachableError, error_for
-from ..protocol import HANDSHAKE_TIMEOUT, DvmUri, FrameDecoder, FrameError, mac, pack
+from ..protocol import HANDSHAKE_TIMEOUT, DvmUri, FrameDecoder, FrameError, pack
+from .jobconn import open_tool, start_dvm, stop_dvm
 from .jobspec import (ENDED, QUEUED, RUNNING, SUBMITTED, App, JobEvent, JobFailedError,  # noqa: F401
                       JobInfo, JobResult, JobSpec, ProcessFailure, StdinFeed,
                       UnsupportedError, output_sinks, run_request, unknown_request)
@@ -60,93 +61,27 @@ def connect(uri: "str | None" = None, *, timeout: float = HANDSHAKE_TIMEOUT) -> 
     as that user.  Raises :class:`~pydvm.errors.UnreachableError` when no
     DVM answers (or it refuses us), ValueError for a malformed URI.
     """
-    from ..cli.submit import connect_socket
-    from ..cli.toolcommon import ToolError, resolve_uri
-
-    try:
-        parsed = resolve_uri(uri)
-        sock, secret, name = connect_socket(parsed)
-    except ToolError as exc:
-        raise UnreachableError(str(exc)) from None
-    try:
-        dec, early = _handshake(sock, parsed, secret, name, timeout)
-    except BaseException:
-        sock.close()
-        raise
-    return Dvm(sock, parsed, name, dec, early)
-
-
-def _handshake(sock: Any, uri: DvmUri, secret: bytes | None, name: str,
-               timeout: float) -> tuple[FrameDecoder, list]:
-    """Answer the master's challenge; the decoder and whatever came after
-    the welcome (raises UnreachableError if we are not let in)."""
-    sock.settimeout(timeout)
-    dec = FrameDecoder()
-    msgs: list = []
-
-    def next_msg() -> dict:
-        while not msgs:
-            try:
-                data = sock.recv(1 << 16)
-            except OSError as exc:
-                raise UnreachableError(f"{name} closed: {exc}") from None
-            if not data:
-                raise UnreachableError(f"{name} closed the connection")
-            try:
-                msgs.extend(dec.feed(data))
-            except FrameError as exc:
-                raise UnreachableError(f"{name}: protocol error: {exc}") from None
-        return msgs.pop(0)
-
-    challenge = next_msg()
-    if challenge.get("t") != "challenge" or not isinstance(challenge.get("nonce"), bytes):
-        raise UnreachableError(f"{name} sent no challenge")
-    if challenge.get("dvm") != uri.dvmid:
-        raise UnreachableError(f"{uri.host}:{uri.port} is DVM {challenge.get('dvm')}, "
-                               f"not {uri.dvmid}")
-    auth: dict = {"t": "auth", "id": 0, "role": "tool"}
-    if secret is not None:
-        auth["mac"] = mac(secret, challenge["nonce"], "tool")
-    try:
-        sock.sendall(pack(auth))
-    except OSError as exc:
-        raise UnreachableError(f"{name} closed: {exc}") from None
-    welcome = next_msg()
-    if welcome.get("status") != 0:
-        raise UnreachableError(f"master refused the connection: {welcome.get('msg')}")
-    sock.settimeout(None)
-    return dec, msgs
+    return Dvm(*open_tool(uri, timeout))
 
 
 def start(hosts: "str | list[str] | None" = None, *, mca: dict[str, Any] | None = None,
-          args: "list[str] | tuple[str, ...]" = (), timeout: float = 120.0) -> "Dvm":
+          args: "list[str] | tuple[str, ...]" = (), timeout: float = 120.0,
+          **params: Any) -> "Dvm":
     """Start a persistent DVM (``pydvm start --daemonize``) and connect to it.
 
     ``hosts``: ``pydvm start --hosts`` (a string ``"a,b:2"`` or a list;
-    default: this machine); ``mca``: its parameters (``--mca NAME VALUE``);
-    ``args``: any other ``pydvm start`` options.  The :class:`Dvm` returned
-    owns the DVM: :meth:`Dvm.close` (the end of a ``with`` block) stops it.
-    Raises RuntimeError with ``pydvm start``'s message if it cannot start.
+    default: this machine); ``params`` (and ``mca``, the same as a dict):
+    its parameters (``--mca NAME VALUE``: ``pydvm_queue="on"``); ``args``:
+    any other ``pydvm start`` options (``["--launcher", "ssh"]``).  The
+    :class:`Dvm` returned owns the DVM: :meth:`Dvm.close` (the end of a
+    ``with`` block) stops it.  Raises RuntimeError with ``pydvm start``'s
+    message if it cannot start.
     """
-    import subprocess
-    import sys
-
-    argv = [sys.executable, "-m", "pydvm", "start", "--daemonize"]
-    if hosts is not None:
-        argv += ["--hosts", hosts if isinstance(hosts, str) else ",".join(hosts)]
-    for k, v in (mca or {}).items():
-        argv += ["--mca", k, str(v)]
-    argv += list(args)
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                       stdin=subprocess.DEVNULL)
-    if p.returncode != 0 or not p.stdout.strip():
-        raise RuntimeError(p.stderr.strip() or f"pydvm start exited {p.returncode}")
-    uri = p.stdout.strip().splitlines()[-1]
+    uri = start_dvm(hosts, {**(mca or {}), **params}, args, timeout)
     try:
         dvm = connect(uri)
     except PMIxError:
-        subprocess.run([sys.executable, "-m", "pydvm", "stop", "--dvm", uri],
-                       capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        stop_dvm(uri, timeout)
         raise
     dvm.owned = True
     return dvm
@@ -226,6 +161,8 @@ class Job(Future):
         return super().result(timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Wait for the job's end; the exception it failed with (None if it
+        has a :class:`JobResult`, whatever its exit status)."""
         if not self.done() and self.dvm._on_reader_thread():
             raise RuntimeError("waiting for a job on the connection's reader thread would "
                                "wait for ever")
@@ -250,9 +187,9 @@ class Job(Future):
         if sink is not None:
             sink.write(rank, data)
 
-    def _ended(self, reply: dict) -> None:
-        out, err = self._out, self._err
-        for sink in (out, err):
+    def _release(self) -> None:
+        """Close what the job's output and stdin hold (once it is over)."""
+        for sink in (self._out, self._err):
             if sink is not None:
                 try:
                     sink.close()
@@ -260,6 +197,10 @@ class Job(Future):
                     pass
         if self._stdin is not None:
             self._stdin.stop()
+
+    def _ended(self, reply: dict) -> None:
+        out, err = self._out, self._err
+        self._release()
         self.state = ENDED
         if reply.get("status") != 0:
             exc = error_for(Status.coerce(reply.get("status")), reply.get("msg") or "")
@@ -287,12 +228,17 @@ class Subscription:
     """Job events pushed by the DVM (``subscribe``): iterate over it
     (:class:`JobEvent`; the iteration ends when it is closed, or -- for one
     job's events -- after its ``ended``), or give it a callback
-    (:meth:`Dvm.on_event`).  :meth:`close` unsubscribes."""
+    (:meth:`Dvm.on_event`).  :meth:`close` unsubscribes.  A subscriber that
+    reads too slowly is dropped by the DVM (which holds a bounded backlog
+    per connection): the iteration then raises
+    :class:`~pydvm.errors.OutOfResourceError`, and ``error`` says so; so
+    does a lost connection (:class:`~pydvm.errors.UnreachableError`)."""
 
     def __init__(self, dvm: "Dvm", rid: int, callback: Callable[[JobEvent], Any] | None,
-                 nspace: str | None) -> None:
+                 nspace: str | None, on_end: Callable[[], Any] | None = None) -> None:
         import collections
 
+        self._on_end = on_end
         self.dvm = dvm
         self.id = rid
         self.nspace = nspace
@@ -304,6 +250,13 @@ class Subscription:
 
     def _event(self, msg: dict) -> None:
         ev = JobEvent(msg)
+        if ev.kind == "dropped":  # we read too slowly: the DVM ended the subscription
+            from ..errors import OutOfResourceError
+
+            self.dvm._subs.pop(self.id, None)
+            self._end(OutOfResourceError(f"the DVM dropped the subscription: "
+                                         f"{ev.fields.get('reason') or 'not read in time'}"))
+            return
         if self._callback is not None:
             self._callback(ev)
         else:
@@ -315,9 +268,13 @@ class Subscription:
 
     def _end(self, error: BaseException | None) -> None:
         with self._cv:
+            if self.closed:
+                return
             self.closed = True
             self.error = self.error or error
             self._cv.notify_all()
+        if self._on_end is not None:
+            self._on_end()
 
     def get(self, timeout: float | None = None) -> JobEvent | None:
         """The next event (None once closed and drained); TimeoutError if
@@ -343,8 +300,8 @@ class Subscription:
         if self.closed:
             return
         self._end(None)
-        self.dvm._subs.pop(self.id, None)
-        self.dvm._post({"t": "unsubscribe", "id": self.dvm._new_id(), "ref": self.id})
+        if self.dvm._subs.pop(self.id, None) is not None:
+            self.dvm._post({"t": "unsubscribe", "id": self.dvm._new_id(), "ref": self.id})
 
     def __enter__(self) -> "Subscription":
         return self
@@ -395,6 +352,7 @@ class Dvm:
 
     @property
     def closed(self) -> bool:
+        """The connection is closed or lost: no more jobs can be submitted."""
         return self._lost is not None
 
     # -- jobs ------------------------------------------------------------------
@@ -442,18 +400,23 @@ class Dvm:
         command); their Jobs, in order.  One ``run_many`` request where the
         DVM knows it, else one write of pipelined ``run`` requests.  A spec
         that cannot be built raises before anything is sent."""
-        built = []
-        for spec in specs:
-            if not isinstance(spec, JobSpec):
-                spec = JobSpec(spec)
-            o = dict(spec.options)
-            built.append(self._prepare(spec.command, spec.n, o.pop("stdout", None),
-                                       o.pop("stderr", None), o.pop("stdin", None),
-                                       o.pop("queue", None), o))
-        jobs = [job for job, _ in built]
-        if not built:
-            return jobs
-        self._register(jobs)
+        built: list[tuple[Job, dict]] = []
+        try:
+            for spec in specs:
+                if not isinstance(spec, JobSpec):
+                    spec = JobSpec(spec)
+                o = dict(spec.options)
+                built.append(self._prepare(spec.command, spec.n, o.pop("stdout", None),
+                                           o.pop("stderr", None), o.pop("stdin", None),
+                                           o.pop("queue", None), o))
+            jobs = [job for job, _ in built]
+            if not built:
+                return jobs
+            self._register(jobs)
+        except BaseException:
+            for job, _ in built:
+                job._release()
+            raise
         pipelined = b"".join(pack(req) for _, req in built)
         if self._run_many is False:
             self._send(pipelined)
@@ -498,8 +461,8 @@ class Dvm:
             req["stdin"] = True
         if out is None and err is None:
             req["output"] = "discard"
-        if queue:
-            req["queue"] = True
+        if queue is not None:
+            req["queue"] = bool(queue)
         return Job(self, rid, out, err, feed), req
 
     def _register(self, jobs: list[Job]) -> None:
@@ -510,7 +473,11 @@ class Dvm:
                 self._runs[job.id] = job
 
     def _send_run(self, job: Job, frame: bytes) -> None:
-        self._register([job])
+        try:
+            self._register([job])
+        except BaseException:
+            job._release()  # never sent: give back the files it opened
+            raise
         self._send(frame)
 
     def jobs(self) -> list[JobInfo]:
@@ -545,15 +512,18 @@ class Dvm:
         return self._subscribe(None, nspace, session)
 
     def on_event(self, callback: Callable[[JobEvent], Any], nspace: str | None = None,
-                 session: int | None = None) -> Subscription:
+                 session: int | None = None, *, on_end: Callable[[], Any] | None = None
+                 ) -> Subscription:
         """Call ``callback(event)`` (on the reader thread) for each job event;
-        close the :class:`Subscription` returned to stop."""
-        return self._subscribe(callback, nspace, session)
+        close the :class:`Subscription` returned to stop.  ``on_end()`` is
+        called once when it stops (closed, the job ``nspace`` ended, or the
+        connection lost: then its ``error`` says so)."""
+        return self._subscribe(callback, nspace, session, on_end)
 
-    def _subscribe(self, callback: Any, nspace: str | None, session: int | None
-                   ) -> Subscription:
+    def _subscribe(self, callback: Any, nspace: str | None, session: int | None,
+                   on_end: Any = None) -> Subscription:
         rid = self._new_id()
-        sub = Subscription(self, rid, callback, nspace)
+        sub = Subscription(self, rid, callback, nspace, on_end)
         self._subs[rid] = sub
         msg: dict = {"t": "subscribe", "id": rid}
         if nspace is not None:
@@ -755,15 +725,7 @@ class Dvm:
             subs, self._subs = self._subs, {}
             self._by_ns = {}
         for job in runs.values():
-            if job._stdin is not None:
-                job._stdin.stop()
-            for sink in (job._out, job._err):
-                if sink is None:
-                    continue
-                try:
-                    sink.close()
-                except Exception:
-                    pass
+            job._release()
             job.state = ENDED
             job._settle(exc=UnreachableError(exc.message))
         for f in calls.values():

@@ -92,6 +92,7 @@ class JobSpec:
         self.options = options
 
     def with_options(self, **options: Any) -> "JobSpec":
+        """A copy with ``options`` added or changed."""
         return JobSpec(self.command, self.n, **{**self.options, **options})
 
     def __repr__(self) -> str:
@@ -288,6 +289,12 @@ def _sink(where: Any, what: str):
     if isinstance(where, (str, os.PathLike)):
         return _File(open(where, "wb"), True)
     if hasattr(where, "write"):
+        if hasattr(where, "encoding"):  # a text stream (sys.stdout): its bytes underneath
+            if not hasattr(where, "buffer"):
+                raise TypeError(f"{what}: a text stream without a binary buffer: give a "
+                                "binary file")
+            where.flush()
+            where = where.buffer
         return _File(where, False)
     if callable(where):
         return _Lines(where)
@@ -299,7 +306,8 @@ def output_sinks(stdout: Any, stderr: Any) -> tuple[Any, Any]:
     """Where a job's stdout and stderr go: None (discarded), ``"capture"``
     (kept: :attr:`JobResult.stdout`), ``"inherit"`` (our own stdout and
     stderr), a path (written there; both streams to one path share the
-    file), a binary file object, or a callable ``fn(rank, line)``."""
+    file), a file object (binary, or a text stream such as ``sys.stderr``:
+    its buffer is written), or a callable ``fn(rank, line)``."""
     out = _sink(stdout, "stdout")
     if stderr is not None and stderr is stdout and isinstance(out, _File):
         out.users += 1
@@ -468,7 +476,7 @@ class JobInfo:
 
     @property
     def nodes(self) -> list[str]:
-        """The nodes the job runs on (none yet while it is queued)."""
+        """The nodes the job runs on (or will, while it is queued)."""
         return list(self.ranks_per_node or ())
 
     def __repr__(self) -> str:
@@ -481,8 +489,9 @@ class JobEvent:
     ``time`` (the master's clock, seconds since the epoch), and the kind's
     fields as attributes and in ``fields``: started ``size``, ``nodes``
     (``{node: [ranks]}``); proc_exit ``rank``, ``node``, ``status``,
-    ``signal``; ended ``exit``, ``failed``, ``killed``, ``reason``; queued
-    ``position``."""
+    ``signal``; ended ``exit``, ``failed``, ``killed``, ``reason`` ('' for
+    a normal end); queued ``position`` (1: next to start); every kind
+    ``session``."""
 
     __slots__ = ("kind", "nspace", "time", "fields")
 
