@@ -108,7 +108,7 @@ def test_relative_paths_resolve_against_the_directory_then_the_submitter():
 def test_duration_is_the_walltime_and_queueing_a_custom_attribute():
     p = plan(JobSpec("x", attributes=JobAttributes(duration=timedelta(seconds=3700.5),
                                                    queue_name="fast", account="acct")))
-    assert p.timeout == 3700.5 and p.queue is False  # queue_name, account: ignored
+    assert p.timeout == 3700.5 and p.queue is None  # the DVM's default; queue_name: ignored
     p = plan(JobSpec("x", attributes=JobAttributes(custom_attributes={"pydvm.queue": True})))
     assert p.queue is True and p.options == {}
 

@@ -368,3 +368,26 @@ def test_the_pydvm_launcher_without_a_uri_runs_a_one_shot_dvm(tmp_path, monkeypa
     assert st.state == JobState.COMPLETED, st
     nspaces = out.read_text().split()
     assert len(nspaces) == 2 and len(set(nspaces)) == 1 and nspaces[0].startswith("pydvm-")
+
+
+def test_the_executors_own_dvm_takes_its_nodes_and_parameters_from_the_config(tmp_path):
+    code = (
+        "import psij, sys\n"
+        "from pydvm.psij.executor import PydvmJobExecutorConfig\n"
+        "cfg = PydvmJobExecutorConfig(hosts='a,b', params={'pydvm_heartbeat_interval': 1.5})\n"
+        "ex = psij.JobExecutor.get_instance('pydvm', config=cfg)\n"
+        "job = psij.Job(psij.JobSpec('/bin/bash', ['-c', 'echo $PYDVM_NODE'],"
+        " stdout_path=sys.argv[1], resources=psij.ResourceSpecV1(node_count=2)))\n"
+        "ex.submit(job)\n"
+        "print(job.wait().state)\n"
+        "dvm = ex._connect()\n"
+        "print(dvm._call({'t': 'info'})['params']['pydvm_heartbeat_interval'][0])\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYDVM_URI"}
+    env["PYDVM_STATE_DIR"] = str(tmp_path / "state")
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-c", code, str(out)], env=env, capture_output=True,
+                       text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split()[0] == "COMPLETED"
+    assert float(p.stdout.split()[1]) == 1.5
+    assert sorted(out.read_text().split()) == ["a", "b"]

@@ -16,7 +16,7 @@ that the executor starts on its first job and that stops when the Python
 process exits (one for every executor of the process without a URI).
 
 How a :class:`psij.JobSpec` maps onto a DVM job is :mod:`pydvm.psij.spec`'s
-(pure); this module submits it through the job API (:mod:`pydvm.client.jobs`) and
+(pure); this module submits it through the job API (:mod:`pydvm.jobs`) and
 turns what the DVM reports into PSI/J states: QUEUED once the DVM has the
 job (its namespace is the job's ``native_id``), ACTIVE once its processes
 run, then COMPLETED (exit 0), FAILED (another status, a launch failure, its
@@ -46,8 +46,8 @@ logger = logging.getLogger(__name__)
 
 
 def _jobs_api():
-    """The job API module (:mod:`pydvm.client.jobs`)."""
-    from ..client import jobs
+    """The job API (:mod:`pydvm.jobs`)."""
+    from .. import jobs
 
     return jobs
 
@@ -57,15 +57,18 @@ class PydvmJobExecutorConfig(JobExecutorConfig):
 
     ``hosts``: the nodes of the DVM the executor starts when it has no URI
     (``url``, ``PYDVM_URI``): as ``pydvm start --hosts`` (``"a,b"``: local
-    daemons named a and b); None: this machine alone.  ``work_directory``
-    (PSI/J's): where ``PSIJ_NODEFILE`` files are written -- on a DVM over
-    several machines, a directory they all see.
+    daemons named a and b); None: this machine alone.  ``params``: that
+    DVM's parameters (``{"pydvm_queue": "on"}``, as ``pydvm start --mca``).
+    ``work_directory`` (PSI/J's): where ``PSIJ_NODEFILE`` files are written
+    -- on a DVM over several machines, a directory they all see.
     """
 
     def __init__(self, launcher_log_file: Optional[Path] = None,
-                 work_directory: Optional[Path] = None, hosts: Optional[str] = None) -> None:
+                 work_directory: Optional[Path] = None, hosts: Optional[str] = None,
+                 params: Optional[dict] = None) -> None:
         super().__init__(launcher_log_file=launcher_log_file, work_directory=work_directory)
         self.hosts = hosts
+        self.params = dict(params or {})
 
 
 # ----------------------------------------------------------------------
@@ -73,15 +76,15 @@ class PydvmJobExecutorConfig(JobExecutorConfig):
 # ----------------------------------------------------------------------
 
 _conn_lock = threading.Lock()
-_conns: dict[tuple[str, Optional[str]], Any] = {}  # ("uri", URI) / ("own", hosts) -> Dvm
+_conns: dict[tuple, Any] = {}  # ("uri", URI) / ("own", hosts, params) -> Dvm
 
 
-def _dvm_for(uri: Optional[str], hosts: Optional[str]) -> Any:
+def _dvm_for(uri: Optional[str], hosts: Optional[str], params: dict) -> Any:
     """This process's connection to the DVM at ``uri``; without one, the
-    DVM of ``hosts`` (None: this machine) this process starts on first use.
-    Both last until the process exits: closing a connection ends its jobs,
-    and a started DVM is stopped then."""
-    key = ("uri", uri) if uri is not None else ("own", hosts)
+    DVM of ``hosts`` (None: this machine) and ``params`` this process
+    starts on first use.  Both last until the process exits: closing a
+    connection ends its jobs, and a started DVM is stopped then."""
+    key = ("uri", uri) if uri is not None else ("own", hosts, tuple(sorted(params.items())))
     with _conn_lock:
         dvm = _conns.get(key)
         if dvm is not None and not dvm.closed:
@@ -89,7 +92,7 @@ def _dvm_for(uri: Optional[str], hosts: Optional[str]) -> Any:
         if dvm is not None:
             _listeners.pop(id(dvm), None)
         jobs = _jobs_api()
-        dvm = jobs.connect(uri) if uri is not None else jobs.start(hosts)
+        dvm = jobs.connect(uri) if uri is not None else jobs.start(hosts, **params)
         if not _conns:
             atexit.register(_close_all)
         _conns[key] = dvm
@@ -259,7 +262,8 @@ class PydvmJobExecutor(JobExecutor):
         if dvm is not None and not dvm.closed:
             return dvm
         try:  # not under our lock: starting a DVM takes seconds
-            dvm = _dvm_for(self._uri, getattr(self.config, "hosts", None))
+            dvm = _dvm_for(self._uri, getattr(self.config, "hosts", None),
+                           getattr(self.config, "params", {}))
         except Exception as exc:
             where = self._uri or "a DVM of this machine"
             raise SubmitException(f"cannot reach the DVM ({where}): {exc}") from exc
@@ -336,7 +340,7 @@ class PydvmJobExecutor(JobExecutor):
                 stdin=None if plan.stdin == os.devnull else plan.stdin,
                 stdout=None if plan.stdout == os.devnull else plan.stdout,
                 stderr=None if plan.stderr == os.devnull else plan.stderr,
-                timeout=plan.timeout, queue=plan.queue or None, **kw)
+                timeout=plan.timeout, queue=plan.queue, **kw)
         except (TypeError, ValueError, OSError) as exc:
             self._drop_nodefile(entry)
             raise InvalidJobException(f"the DVM cannot run this job: {exc}") from exc

@@ -58,7 +58,8 @@ PARALLEL = frozenset({"pydvm", "multiple", "mpirun", "srun", "aprun", "jsrun", "
 #: placement options (``map_by`` as ``--map-by``, ``rank_by``, ``bind_to``,
 #: ``oversubscribe``), ``hosts`` (node names: where the job may run),
 #: ``pmix`` (host a PMIx server for the job, as ``--pmix``) and ``queue``
-#: (wait for free slots instead of oversubscribing, where the DVM queues).
+#: (True: wait for free slots instead of oversubscribing, where the DVM
+#: queues; False: never wait, whatever the DVM's default).
 CUSTOM: dict[str, type | tuple[type, ...]] = {
     "map_by": str,
     "rank_by": str,
@@ -84,9 +85,10 @@ class JobPlan:
     than one line); ``env``: each process's whole environment (before the
     DVM's own variables); ``cwd``; ``stdin`` / ``stdout`` / ``stderr``:
     absolute paths; ``timeout``: the walltime in seconds (None: none);
-    ``queue``: wait for free slots rather than oversubscribe (custom
-    attribute ``pydvm.queue``); ``options``: the other options from custom
-    attributes (:data:`CUSTOM`).
+    ``queue``: wait for free slots rather than oversubscribe, or not
+    (custom attribute ``pydvm.queue``; None: the DVM's default,
+    ``pydvm_queue``); ``options``: the other options from custom attributes
+    (:data:`CUSTOM`).
     """
 
     argv: list[str]
@@ -100,7 +102,7 @@ class JobPlan:
     stdout: str
     stderr: str
     timeout: float | None
-    queue: bool
+    queue: bool | None
     options: dict[str, Any] = field(default_factory=dict)
     pre_launch: str | None = None
     post_launch: str | None = None
@@ -261,7 +263,7 @@ def plan_job(spec: JobSpec, *,
         timeout = attrs.duration.total_seconds()
         if timeout <= 0:
             raise InvalidJobException(f"duration {attrs.duration} is not positive")
-    queue = bool(options.pop("queue", False))
+    queue = options.pop("queue", None)
 
     def stream(p: os.PathLike | None) -> str:
         return os.devnull if p is None else _abs(p, workdir)
