@@ -257,6 +257,26 @@ def test_an_attached_job_ends_with_the_dvms_status_where_it_pushes_events(ex, dv
         assert st.state == JobState.COMPLETED and st.exit_code == 0
 
 
+def test_attaching_to_a_job_of_the_same_executor_gives_its_report_to_both(ex, tmp_path):
+    go = tmp_path / "go"
+    job = Job(JobSpec("/bin/bash", ["-c", f"while [ ! -e {go} ]; do sleep 0.05; done; exit 3"]))
+    ex.submit(job)
+    follower = Job()
+    ex.attach(follower, job.native_id)
+    go.touch()
+    for j in (job, follower):
+        st = j.wait(timeout=WAIT)
+        assert st is not None and st.state == JobState.FAILED and st.exit_code == 3
+    # the first job is still the one a cancel reaches
+    job = Job(JobSpec("/bin/sleep", ["600"]))
+    ex.submit(job)
+    follower = Job()
+    ex.attach(follower, job.native_id)
+    job.cancel()
+    assert job.wait(timeout=WAIT).state == JobState.CANCELED
+    assert follower.wait(timeout=WAIT).state == JobState.FAILED
+
+
 def test_a_callback_may_submit_the_next_job(ex):
     """PSI/J's throttling example: each job's end submits the next, from its callback."""
     done = threading.Event()

@@ -250,7 +250,8 @@ class PydvmJobExecutor(JobExecutor):
         self._lock = threading.RLock()
         self._named = threading.Condition(self._lock)
         self._dvm: Any = None
-        self._entries: dict[str, _Entry] = {}  # nspace -> entry (submitted or attached)
+        # nspace -> its entries: the job submitted, and any following it (attach)
+        self._entries: dict[str, list[_Entry]] = {}
         self._early: dict[str, list] = {}  # nspace -> events seen before its entry
         self._events: Optional[bool] = None  # the DVM pushes job events (None: not asked)
         self._watcher: Optional[threading.Thread] = None
@@ -365,7 +366,7 @@ class PydvmJobExecutor(JobExecutor):
         entry.nspace = nspace
         job._native_id = nspace
         with self._lock:
-            self._entries[nspace] = entry
+            self._entries.setdefault(nspace, []).append(entry)
             early = self._early.pop(nspace, [])
         self._set_job_status(job, JobStatus(JobState.QUEUED, time=time.time(),
                                             metadata={"nativeId": nspace}))
@@ -441,18 +442,19 @@ class PydvmJobExecutor(JobExecutor):
         entry = _Entry(job)
         entry.nspace = native_id
         with self._lock:
-            self._entries[native_id] = entry
+            ours = [e.handle for e in self._entries.get(native_id, ()) if e.handle is not None]
+            self._entries.setdefault(native_id, []).append(entry)
         try:
             info = dvm.job(native_id)
         except Exception as exc:
-            with self._lock:
-                self._entries.pop(native_id, None)
+            self._forget(entry)
             raise SubmitException(f"cannot list the DVM's jobs: {exc}") from exc
         if info is None:
-            with self._lock:
-                self._entries.pop(native_id, None)
+            self._forget(entry)
             raise InvalidJobException(f"the DVM has no job {native_id!r} (it ended, or "
                                       "never was; 'pydvm ps' lists its jobs)")
+        if ours:  # a job this executor submitted: its own report is the end
+            entry.handle = ours[0]
         job.executor = self
         job._native_id = native_id
         self._set_job_status(job, JobStatus(JobState.QUEUED, time=time.time(),
@@ -463,14 +465,27 @@ class PydvmJobExecutor(JobExecutor):
             early = self._early.pop(native_id, [])
         for ev in early:
             self._on_event(ev)
-        self._ensure_watcher()
+        if entry.handle is not None:
+            entry.handle.add_done_callback(lambda h, e=entry: _later(lambda: self._ended(e, h)))
+        else:
+            self._ensure_watcher()
+
+    def _forget(self, entry: _Entry) -> None:
+        with self._lock:
+            entries = self._entries.get(entry.nspace or "", [])
+            if entry in entries:
+                entries.remove(entry)
+            if not entries:
+                self._entries.pop(entry.nspace or "", None)
 
     # -- what the DVM reports --------------------------------------------
 
     def _entry_of(self, job: Job) -> Optional[_Entry]:
         with self._lock:
-            ns = job.native_id
-            return self._entries.get(ns) if ns is not None else None
+            for entry in self._entries.get(job.native_id or "", ()):
+                if entry.job is job:
+                    return entry
+            return None
 
     def _activate(self, entry: _Entry) -> None:
         with self._lock:
@@ -484,20 +499,21 @@ class PydvmJobExecutor(JobExecutor):
         On the connection's reader thread: nothing here waits."""
         with self._lock:
             self._named.notify_all()
-            entry = self._entries.get(ev.nspace)
-            if entry is None:
+            entries = list(self._entries.get(ev.nspace, ()))
+            if not entries:
                 if ev.kind in ("started", "ended") and isinstance(ev.nspace, str):
                     early = self._early.setdefault(ev.nspace, [])
                     early.append(ev)
                     while len(self._early) > 1000:  # not ours after all: forget the oldest
                         self._early.pop(next(iter(self._early)))
                 return
-        if ev.kind == "started":
-            _later(lambda: self._activate(entry))
-        elif ev.kind == "ended" and entry.handle is None:
-            # an attached job: the event is all we hear of its end
-            _later(lambda: self._finish(entry, ev.fields.get("exit"), ev.fields.get("reason"),
-                                        started=True))
+        for entry in entries:
+            if ev.kind == "started":
+                _later(lambda e=entry: self._activate(e))
+            elif ev.kind == "ended" and entry.handle is None:
+                # an attached job: the event is all we hear of its end
+                _later(lambda e=entry: self._finish(e, ev.fields.get("exit"),
+                                                    ev.fields.get("reason"), started=True))
 
     def _ensure_watcher(self) -> None:
         """Without job events, a thread looks at queued and attached jobs
@@ -512,8 +528,8 @@ class PydvmJobExecutor(JobExecutor):
     def _watch(self) -> None:
         while True:
             with self._lock:
-                watched = [e for e in self._entries.values() if not e.job.status.final
-                           and (e.handle is None or not e.active)]
+                watched = [e for es in self._entries.values() for e in es
+                           if not e.job.status.final and (e.handle is None or not e.active)]
                 if not watched:
                     self._watcher = None
                     return
@@ -557,8 +573,7 @@ class PydvmJobExecutor(JobExecutor):
             if entry.done:
                 return
             entry.done = True
-            if entry.nspace is not None and self._entries.get(entry.nspace) is entry:
-                del self._entries[entry.nspace]
+        self._forget(entry)
         self._drop_nodefile(entry)
         message = reason or None
         if entry.post_launch and entry.env is not None:
