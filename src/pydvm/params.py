@@ -78,6 +78,13 @@ def _cap(text: str) -> int:
     return v
 
 
+def _backlog(text: str) -> int:
+    v = _size(text)
+    if not 1024 <= v <= 1024 ** 3:
+        raise ValueError("must be between 1k and 1g")
+    return v
+
+
 def _positive_float(text: str) -> float:
     v = _nonneg_float(text)
     if v <= 0:
@@ -186,6 +193,15 @@ REGISTRY: dict[str, Param] = {
               "clients on daemon nodes send their master-store requests straight to the "
               "master (one connection per client process, vouched for by its daemon); "
               "'off': every request goes through the daemon", "on|off"),
+        Param("pydvm_queue", _on_off, "off",
+              "'on': a job that does not fit the slots free now waits at the master for "
+              "them (as 'pydvm run --queue' asks per job) instead of oversubscribing its "
+              "nodes at once; a 'run' request's own 'queue' field overrides it", "on|off"),
+        Param("pydvm_event_backlog", _backlog, 4 * 1024 * 1024,
+              "bytes a tool connection may have unread before its job-event subscriptions "
+              "('pydvm events') are dropped, so a subscriber that stops reading cannot grow "
+              "the master's memory (k/m suffixes; 1k..1g)",
+              SIZE.replace("a size", "a size from 1k to 1g", 1)),
     )
 }
 

@@ -2,7 +2,7 @@
 
 DVM-level commands (``start``, ``run``, ``stop``, ``session``, ``store``,
 ``info``, ``daemon``), commands to find DVMs and jobs (``dvms``, ``ps``,
-``kill``) and in-job commands for scripts (``publish``, ``lookup``,
+``events``, ``kill``) and in-job commands for scripts (``publish``, ``lookup``,
 ``unpublish``).  Exit status 2 is a usage error, reported before the
 command does anything.
 
@@ -25,6 +25,7 @@ One module per command or concern:
 ``start.py``              ``start``, ``daemon``, the event loop
 ``admin.py``              ``stop``, ``session``, ``ps``, ``kill``, ``store``, ``info``
 ``dvms.py``               ``dvms``, stale URIs, a second ``start``, the one-shot data-loss warning
+``events.py``             ``events``: the job events a DVM pushes, one line each
 ``injob.py``              ``publish``, ``lookup``, ``unpublish``
 ``parser.py``             the argparse tree of every command but ``run``
 ``formatting.py``         everything printed

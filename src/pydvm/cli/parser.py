@@ -2,7 +2,7 @@
 
 Only what :func:`pydvm.cli.main` cannot parse itself comes here: ``start``,
 ``stop``, ``session``, ``store``, ``info``, ``daemon``, ``dvms``, ``ps``,
-``kill``, every ``--help``, and an in-job command (``publish``,
+``events``, ``kill``, every ``--help``, and an in-job command (``publish``,
 ``lookup``, ``unpublish``) whose arguments the light parser of
 :mod:`pydvm.cli.injob` leaves to argparse (a usage error among them) --
 so argparse words every usage error and help text.  ``tests/test_cli_usage.py``
@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
     from .admin import cmd_info, cmd_kill, cmd_ps, cmd_session, cmd_stop, cmd_store
     from .dvms import cmd_dvms
+    from .events import cmd_events
     from .injob import cmd_lookup, cmd_publish, cmd_unpublish
     from .start import cmd_daemon, cmd_start
 
@@ -118,10 +119,23 @@ def build_parser() -> argparse.ArgumentParser:
     s = _parser(sub, "ps", "list the DVM's jobs",
                 "List the DVM's running jobs, every user's: namespace, user, session, state "
                 "(starting, running, killing, ending), start time, ranks per node (NODE:N) "
-                "and app contexts.")
+                "and app contexts; then the jobs waiting in the queue (state queued, their "
+                "submission time), in the order they will start.")
     _dvm_option(s)
     _json_option(s, "the jobs")
     s.set_defaults(func=cmd_ps)
+
+    s = _parser(sub, "events", "stream the DVM's job events",
+                "Print the DVM's job events as they happen, one line each: time, namespace, "
+                "kind (queued, started, proc_exit, ended) and its details -- until Ctrl-C, "
+                "or with --job until that job has ended.  You see your own jobs; root and "
+                "the DVM's owner see every user's.")
+    s.add_argument("--job", metavar="NSPACE", help="only this job (running or queued); "
+                   "stop once it has ended")
+    s.add_argument("--session", type=id_number, metavar="ID", help="only this session's jobs")
+    _dvm_option(s)
+    _json_option(s, "each event")
+    s.set_defaults(func=cmd_events)
 
     s = _parser(sub, "kill", "end jobs",
                 "End each job named (its processes get SIGTERM, then SIGKILL); return once "

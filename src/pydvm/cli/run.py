@@ -66,6 +66,8 @@ def build_request(opts: dict[str, Any], environ: dict[str, str] | None = None,
         req["timeout"] = opts["timeout"]
     if opts["stdin"]:
         req["stdin_rank"] = opts["stdin"]
+    if opts.get("queue") is not None:
+        req["queue"] = opts["queue"]
     return req
 
 

@@ -59,6 +59,13 @@ OPTIONS: tuple[Opt, ...] = (
         "ends holding data a persistent DVM would have kept)", "URI"),
     Opt(("--session",), 1, JOB, "session", "run in session ID ('pydvm session new'; default: "
         "the DVM's default session); needs a persistent DVM", "ID"),
+    Opt(("--queue",), 0, JOB, "queue",
+        "if the job does not fit the slots free now, wait at the DVM for them (in "
+        "submission order; 'pydvm ps' shows it queued) instead of oversubscribing at once; "
+        "a job larger than its hosts' slots is refused (default: the DVM's pydvm_queue "
+        "parameter, off); needs a persistent DVM"),
+    Opt(("--no-queue",), 0, JOB, "no_queue",
+        "start at once even if the DVM queues jobs by default (pydvm_queue on)"),
     Opt(("--abort-on-failure",), 0, JOB, "abort_on_failure",
         "kill the rest of the job when one process fails"),
     Opt(("--no-abort-on-failure",), 0, JOB, "no_abort_on_failure",
@@ -379,6 +386,11 @@ def _apply(o: Opt, name: str, args: list[str], opts: dict, app: dict) -> None:
             raise ValueError("--abort-on-failure and --no-abort-on-failure contradict each "
                              "other")
         opts["abort_on_failure"] = want
+    elif k in ("queue", "no_queue"):
+        want = k == "queue"
+        if opts["queue"] is not None and opts["queue"] != want:
+            raise ValueError("give --queue or --no-queue, not both")
+        opts["queue"] = want
     elif k in ("pmix", "tag_output", "timestamp_output", "merge_stderr", "quiet",
                "allow_run_as_root"):
         opts[k] = True
@@ -495,7 +507,7 @@ def new_opts() -> dict[str, Any]:
         "abort_on_failure": None, "pmix": False, "apps": [], "placement": {},
         "timeout": None, "stdin": 0, "timestamp_output": False, "merge_stderr": False,
         "output_filename": None, "quiet": False, "allow_run_as_root": False,
-        "app_file": None, "hostfile": None, "warnings": []}
+        "app_file": None, "hostfile": None, "warnings": [], "queue": None}
 
 
 def new_app(argv: list[str], n: int | None = None) -> dict[str, Any]:
@@ -562,7 +574,7 @@ def parse_run(argv: list[str]) -> dict[str, Any]:
     Open MPI's parameters, told apart later), ``tag_output``,
     ``abort_on_failure``, ``pmix``, ``placement`` (:mod:`pydvm.placement`'s
     keys), ``timeout``, ``stdin`` (the rank that reads pydvm run's stdin, or
-    None), output options, ``warnings`` (to print before running) and
+    None), ``queue`` (True, False, None: the DVM's default), output options, ``warnings`` (to print before running) and
     ``apps``: each ``{"argv", "n", "hosts", "env", "cwd", "path"}``.
     ValueError naming what is wrong.
     """

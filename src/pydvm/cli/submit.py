@@ -15,7 +15,8 @@ The exchange, and what is pipelined::
     auth (MAC of the nonce)
     run                      ------------>  (both in one write)
                              <------------  welcome (the auth's reply)
-                             <------------  started, output, stdin_ack ...
+                             <------------  (queued, with --queue,) started,
+                                            output, stdin_ack ...
     stdin, kill_job          ------------>
                              <------------  the run's reply: the job ended
 
@@ -430,6 +431,10 @@ class _Run:
         elif t == "stdin_ack":
             if self.stdin is not None:
                 self.stdin.ack(msg.get("bytes"), msg.get("closed") is True)
+        elif t == "queued":  # it waits for slots: a signal now takes it off the queue
+            self.nspace = msg.get("nspace")
+            if self.signum is not None:
+                self._kill()
         elif t == "started":
             self.nspace = msg.get("nspace")
             self.output.started(self.nspace, msg.get("size"))

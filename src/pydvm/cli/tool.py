@@ -163,6 +163,11 @@ async def run_job(uri: DvmUri, apps: list[dict] | None = None, session: int | No
         elif t == "stdin_ack":
             if feeder is not None:
                 feeder.ack(msg.get("bytes"), msg.get("closed") is True)
+        elif t == "queued":  # waits for slots (--queue): a signal takes it off the queue
+            state["nspace"] = msg.get("nspace")
+            if state["signal"] is not None:
+                ch.send({"t": "kill_job", "id": 0, "nspace": state["nspace"],
+                         "signal": int(state["signal"])})
         elif t == "started":
             state["nspace"] = msg.get("nspace")
             output.started(state["nspace"], msg.get("size"))

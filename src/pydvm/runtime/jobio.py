@@ -319,24 +319,30 @@ class StdinFeed:
 
 
 def start_with_streams(argv: list[str], *, env: dict[str, str], cwd: str | None,
-                       stdin: bool, switch: tuple[int, int, list[int]] | None):
+                       stdin: bool, switch: tuple[int, int, list[int]] | None,
+                       output: bool = True):
     """Start a job process (:func:`pydvm.runtime.jobproc.start`) with its
     streams: stdout a pseudo-terminal (line by line, as under mpirun),
     stderr a pipe, stdin a pipe if ``stdin`` (the rank its ``pydvm run``
     feeds) else /dev/null.  Returns the process and the ends kept here:
     ``[stdout's read end, stderr's read end]`` plus stdin's write end; the
     process's own ends are closed here once it has them.  On OSError
-    nothing stays open."""
-    ours: list[int] = []  # the read ends (and stdin's write end) we keep
+    nothing stays open.  ``output`` False (a job whose output is
+    discarded): stdout and stderr are /dev/null, and their ends here None."""
+    ours: list = []  # the read ends (and stdin's write end) we keep
     theirs: list[int] = []  # the ends the process gets
     try:
-        out_r, out_w = output_pty()
-        ours.append(out_r)
-        theirs.append(out_w)
-        err_r, err_w = os.pipe()
-        ours.append(err_r)
-        theirs.append(err_w)
-        os.set_blocking(err_r, False)
+        if output:
+            out_r, out_w = output_pty()
+            ours.append(out_r)
+            theirs.append(out_w)
+            err_r, err_w = os.pipe()
+            ours.append(err_r)
+            theirs.append(err_w)
+            os.set_blocking(err_r, False)
+        else:
+            ours += [None, None]
+            out_w = err_w = jobproc.DEVNULL
         child_stdin = jobproc.DEVNULL
         if stdin:
             in_r, in_w = os.pipe()
@@ -352,7 +358,8 @@ def start_with_streams(argv: list[str], *, env: dict[str, str], cwd: str | None,
                              stderr=err_w, switch=switch)
     except OSError:
         for fd in ours + theirs:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
         raise
     for fd in theirs:
         os.close(fd)

@@ -153,6 +153,9 @@ class JobRecord:
     #: a:2``, a hostfile, else the DVM's); a node running more of its ranks
     #: is oversubscribed.  Empty: the session's (a record built by hand).
     slots: dict[str, int] = field(default_factory=dict)
+    #: its processes' stdout and stderr go to /dev/null on their nodes (a
+    #: ``run`` with ``output: "discard"``): nothing is forwarded.
+    discard_output: bool = False
     #: lines ``--display-allocation`` / ``--display-map`` print before launch.
     display: list[str] = field(default_factory=list)
     #: node -> its ranks, in rank order (made by :func:`build_job`; a record

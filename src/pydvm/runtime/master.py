@@ -26,15 +26,20 @@ component                module                        owns
                                                        socket and handshake
 ``collectives``          ``collectives.py``            Collectives: fence, connect, group,
                                                        dmodex, abort, spawn, events
-``tools``                ``toolreqs.py``               ToolService: run, kill, ps, stop,
-                                                       sessions, store, info
+``queue``                ``jobqueue.py``               JobQueue: jobs waiting for free
+                                                       slots, the slots in use per node
+``events``               ``jobevents.py``              JobEvents: job-event subscriptions
+``tools``                ``toolreqs.py``               ToolService: run, run_many, kill, ps,
+                                                       stop, sessions, store, info
 =======================  ============================  ====================================
 
 Listeners (fan-out): a lost node (:class:`~pydvm.runtime.nodes.NodeListener`)
 goes to collectives, then the process table; a lifetime's end
 (:class:`~pydvm.runtime.processes.ProcessListener`: a master-store purge,
-a process ended, a job ended, a session ended) goes to the data service,
-the direct gate, collectives and the job streams, in that order.
+a job started, a process ended, a job ended, a session ended) goes to the
+data service, the direct gate, collectives, the job streams, the queue and
+the job events, in that order; the queue tells the job events of jobs it
+queues and of queued jobs that end without starting.
 
 The master itself keeps what is the DVM's as a whole -- its id, secret,
 URI, lock, guardian, metrics server, listening sockets and open
@@ -74,6 +79,8 @@ from .dataservice import DataService, MasterRouter
 from .direct import DirectGate
 from .door import Door, Listener
 from .guard import Guardian
+from .jobevents import JobEvents
+from .jobqueue import JobQueue
 from .jobs import HostSpec, JobRecord, SessionRecord
 from .jobstreams import JobStreams
 from .launch import Launcher, make_launcher
@@ -114,6 +121,9 @@ TOOL_MESSAGES: dict[str, tuple[str, str]] = {
     "purge": ("data", "relayed_purge"),
     "stdin": ("streams", "stdin"),
     "run": ("tools", "run"),
+    "run_many": ("tools", "run_many"),
+    "subscribe": ("events", "subscribe"),
+    "unsubscribe": ("events", "unsubscribe"),
     "kill_job": ("tools", "kill_job"),
     "ps": ("tools", "ps"),
     "stop": ("tools", "stop"),
@@ -219,12 +229,17 @@ class Master:
                                  dvmid=self.dvmid, secret=self.secret, multi_user=multi_user,
                                  on_message=self._on_direct, guardian=self.guardian)
         self.collectives = Collectives(self.processes, self.nodes, self.tasks)
-        self.tools = ToolService(self.processes, self.nodes, self.data, self.tasks,
+        self.queue = JobQueue(self.processes, self.nodes, self.tasks, self.values)
+        self.events = JobEvents(self.processes, self.queue, self.values)
+        self.tools = ToolService(self.processes, self.nodes, self.data, self.tasks, self.queue,
                                  stop=self.stop, describe=self.describe)
         self.nodes.add_listener(self.collectives)
         self.nodes.add_listener(self.processes)
-        for listener in (self.data, self.direct, self.collectives, self.streams):
+        self.nodes.add_listener(self.queue)
+        for listener in (self.data, self.direct, self.collectives, self.streams, self.queue,
+                         self.events):
             self.processes.add_listener(listener)
+        self.queue.add_listener(self.events)
         self._daemon_handlers = self._bind(DAEMON_MESSAGES)
         self._tool_handlers = self._bind(TOOL_MESSAGES)
         self._direct_handlers = self._bind(DIRECT_MESSAGES)
@@ -364,6 +379,7 @@ class Master:
         self._stopping = True
         self.nodes.begin_stop()
         log.info("stopping DVM %s", self.dvmid)
+        self.queue.clear("killed while queued because the DVM is stopping")
         self.processes.kill_all("the DVM is stopping")
         await self.processes.wait_all(timeout=15)
         await self._teardown()
@@ -405,6 +421,8 @@ class Master:
         """
         return {
             **self.processes.counts(),
+            **self.queue.counts(),
+            "event_subscriptions": self.events.count(),
             "collectives": self.collectives.count(),
             "stdin_streams": self.streams.count(),
             "connections": len(self._peers),
@@ -489,6 +507,8 @@ class Master:
         if isinstance(peer, DaemonSession):
             self.nodes.link_closed(peer.node, reason)
         elif isinstance(peer, ToolSession):
+            self.queue.tool_gone(peer)
+            self.events.tool_gone(peer)
             self.processes.tool_gone(peer)
         elif isinstance(peer, DirectSession):
             self.direct.gone(peer)

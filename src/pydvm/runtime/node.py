@@ -88,7 +88,7 @@ from .door import Door, Listener
 from .credential import ENV as credential_env
 from .credential import Voucher
 from .guard import Guardian, group_alive
-from . import jobio
+from . import jobdirs, jobio
 from .jobio import PumpState, StdinFeed, drain_output, pump_output
 from .metrics import RequestStats, store_sample
 from .peers import ClientSession, process_caller, route_answer
@@ -304,6 +304,8 @@ class NodeServer:
         rid = msg.get("id")
         if t == "launch":
             self._spawn(self._launch(msg), rid)
+        elif t == "launch_many":
+            self._spawn(self._launch_many(msg), rid)
         elif t == "output_ack":
             job = self.jobs.get(msg.get("nspace"))
             n = msg.get("bytes")
@@ -423,56 +425,30 @@ class NodeServer:
             shutil.rmtree(job.work_dir, ignore_errors=True)
             job.work_dir = None
 
-    def job_dir(self, job: "LocalJob") -> Path:
-        """The job's own directory for what MPI libraries keep per host
-        (shared-memory segments, session files), removed with the job.
-
-        Several nodes of a DVM may run on one machine (local daemons), and
-        Open MPI names such files after the machine's host name: ranks of
-        two nodes would then share a segment name.  A directory per node
-        and job keeps them apart; it is in ``/dev/shm`` where there is one.
-        """
-        if job.work_dir is not None:
-            return job.work_dir
-        if self.shm_dir is None:
-            try:
-                self.shm_dir = make_socket_dir(self.dvmid, f"{self.name}-jobs",
-                                               self.multi_user, root="/dev/shm")
-            except OSError:
-                self.shm_dir = self.socket_dir / "jobs"
-                self.shm_dir.mkdir(mode=0o711 if self.multi_user else 0o700,
-                                   exist_ok=True)
-            self.guardian.remove_on_exit(str(self.shm_dir))
-        d = self.shm_dir / job.nspace.rpartition("@")[2]
-        d.mkdir(mode=0o700, exist_ok=True)
-        if job.uid is not None and job.uid != os.getuid():
-            os.chown(d, job.uid, job.gid if job.gid is not None else -1)
-        job.work_dir = d
-        return d
-
-    def _ompi_envs(self, job: "LocalJob", layout: dict | None,
-                   procs: list[dict]) -> list[dict[str, str]]:
-        """The Open MPI variables of each of ``procs`` (``ompienv``), with
-        each rank's ``OMPI_FILE_LOCATION`` made in the job's directory here
-        (removed with it); none without a layout."""
-        if not layout or self.name not in (layout.get("nodes") or {}):
-            return [{} for _ in procs]
-        base = self.job_dir(job)
-        where = {}
-        for p in procs:
-            d = base / str(p["rank"])
-            d.mkdir(mode=0o700, exist_ok=True)
-            if job.uid is not None and job.uid != os.getuid():
-                os.chown(d, job.uid, job.gid if job.gid is not None else -1)
-            where[p["rank"]] = str(d)
-        return ompienv.launch_envs(layout, self.name, procs, where)
-
     # ------------------------------------------------------------------
     # processes
     # ------------------------------------------------------------------
 
     async def _launch(self, msg: Message) -> None:
-        rid = msg.get("id")
+        """A job's ``launch``: its share here started, answered (see :meth:`_start_share`)."""
+        self.uplink.send({**await self._start_share(msg), "id": msg.get("id")})
+
+    async def _launch_many(self, msg: Message) -> None:
+        """Several jobs' launches in one message (``launches``: each a
+        ``launch`` without its type), answered once with ``results``, one
+        answer per launch in order, when every share has started or failed."""
+        shares = msg.get("launches") if isinstance(msg.get("launches"), list) else []
+        log.debug("%s: %d jobs' launches in one message", self.name, len(shares))
+        out = await asyncio.gather(*[self._start_share(m if isinstance(m, dict) else {})
+                                     for m in shares], return_exceptions=True)
+        self.uplink.send(reply(msg.get("id"), Status.SUCCESS, results=[
+            r if isinstance(r, dict) else
+            reply(None, Status.ERR_UNREACH, f"{self.name}: internal error: {r!r}")
+            for r in out]))
+
+    async def _start_share(self, msg: Message) -> Message:
+        """Start this node's share of a job; its answer (a reply without an id)."""
+        rid = None
         ns = msg.get("nspace")
         if _trace.PATH:
             _trace.mark("node.launch", ns)
@@ -493,15 +469,12 @@ class NodeServer:
             why, code = jobproc.find_program(p["argv"][0], p["env"].get("PATH", os.defpath),
                                              jobproc.workdir(p.get("cwd")))
             if why:
-                self.uplink.send(reply(rid, Status.ERR_NOT_FOUND, f"{self.name}: {why}",
-                                       exit=code))
-                return
+                return reply(rid, Status.ERR_NOT_FOUND, f"{self.name}: {why}", exit=code)
         bind = self.binding.plan(msg, procs)
         if _trace.PATH:
             _trace.mark("node.bound", ns)
         if bind.refusal:
-            self.uplink.send(reply(rid, Status.ERR_OUT_OF_RESOURCE, bind.refusal, exit=1))
-            return
+            return reply(rid, Status.ERR_OUT_OF_RESOURCE, bind.refusal, exit=1)
         layout = msg.get("pmix")
         uid = msg["uid"] if isinstance(msg.get("uid"), int) else os.getuid()
         gid = msg["gid"] if isinstance(msg.get("gid"), int) else os.getgid()
@@ -519,7 +492,7 @@ class NodeServer:
                 _trace.mark("node.registered", ns)
         started = 0
         # what mpirun tells every rank (OMPI_COMM_WORLD_RANK...), PMIx or not
-        ompi_envs = self._ompi_envs(job, layout, procs)
+        ompi_envs = jobdirs.ompi_envs(self, job, layout, procs)
         for p, pmix_env, ompi_env in zip(procs, pmix_envs, ompi_envs):
             env = dict(p["env"])
             if layout and self.pmix.running:
@@ -551,7 +524,7 @@ class NodeServer:
                 spawned = dict(p.get("pmix_env") or {})  # MPI_Comm_spawn passes on the
                 ompienv.drop_stale(spawned)  # parent's OMPI_MCA_*: its launch state goes
                 env.update(spawned)
-                ompienv.own_job_dirs(env, OMPI_JOB_DIRS, str(self.job_dir(job)))
+                ompienv.own_job_dirs(env, OMPI_JOB_DIRS, str(jobdirs.job_dir(self, job)))
             env.update(ompi_env)
             env.update(bind.environment(p["rank"]))  # after drop_stale: pydvm's binding
             cwd = jobproc.workdir(p.get("cwd"))
@@ -559,16 +532,15 @@ class NodeServer:
                 with self.binding.applied(bind.cpus.get(p["rank"])):
                     lp.process, ours = jobio.start_with_streams(
                         p["argv"], env=env, cwd=cwd, stdin=p.get("stdin") is True,
-                        switch=switch)
+                        switch=switch, output=msg.get("output") != "discard")
             except OSError as exc:
                 # Already started ranks of this job are killed by the master.
                 job.procs.pop(p["rank"], None)
-                self.uplink.send(reply(rid, Status.ERR_NOT_FOUND,
-                                       f"{self.name}: cannot start {p['argv'][0]}: {exc}",
-                                       exit=126 if isinstance(exc, PermissionError) else 127))
                 for q in procs[started:]:
                     job.procs.pop(q["rank"], None)
-                return
+                return reply(rid, Status.ERR_NOT_FOUND,
+                             f"{self.name}: cannot start {p['argv'][0]}: {exc}",
+                             exit=126 if isinstance(exc, PermissionError) else 127)
             self.guardian.track(lp.process.pid)
             started += 1
             if len(ours) == 3:
@@ -576,8 +548,7 @@ class NodeServer:
             self._spawn(self._watch(job, lp, ours[0], ours[1]))
         if _trace.PATH:
             _trace.mark("node.started", ns)
-        self.uplink.send(reply(rid, Status.SUCCESS, **({"report": bind.report} if bind.report
-                                                      else {})))
+        return reply(rid, Status.SUCCESS, **({"report": bind.report} if bind.report else {}))
 
     async def _watch(self, job: LocalJob, lp: LocalProc, out_fd: int, err_fd: int) -> None:
         proc = lp.process
@@ -585,7 +556,8 @@ class NodeServer:
         window = self.values["pydvm_output_window"]
         pumps = [self._spawn(pump_output(job, lp.nspace, lp.rank, fd, which, state, window,
                                          self.uplink))
-                 for fd, which, state in ((out_fd, 1, states[0]), (err_fd, 2, states[1]))]
+                 for fd, which, state in ((out_fd, 1, states[0]), (err_fd, 2, states[1]))
+                 if fd is not None]  # None: its output goes to /dev/null
         job.pumps.update(pumps)
         for t, fd in zip(pumps, (out_fd, err_fd)):
             t.add_done_callback(job.pumps.discard)

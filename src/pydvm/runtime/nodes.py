@@ -114,6 +114,9 @@ class NodeTable:
         self.head_node: str | None = None
         #: set by :meth:`begin_stop`: links closing from now on are stops, not losses.
         self.stopping = False
+        #: node -> launches asked for in this turn of the loop, each with the
+        #: future its answer resolves (:meth:`launch`); sent by :meth:`_send_launches`.
+        self._launches: dict[str, list[tuple[Message, asyncio.Future]]] = {}
 
     def add_listener(self, listener: NodeListener) -> None:
         self._listeners.append(listener)
@@ -377,6 +380,55 @@ class NodeTable:
         if not node.up:
             return reply(None, Status.ERR_UNREACH, f"node {name} is not available")
         return await node.channel.call(msg, timeout=ACK_TIMEOUT)
+
+    def launch(self, name: str, msg: Message) -> "asyncio.Future[Message]":
+        """Send node ``name`` a job's ``launch``; resolved with its answer.
+
+        Launches asked for in the same turn of the loop (a ``run_many``, the
+        jobs a queue starts together) go to each node as one ``launch_many``
+        message carrying all of them, answered with one result per launch
+        in order; a lone launch is sent as itself.
+        """
+        fut = asyncio.get_running_loop().create_future()
+        if not self._launches:
+            asyncio.get_running_loop().call_soon(self._send_launches)
+        self._launches.setdefault(name, []).append((msg, fut))
+        return fut
+
+    def _send_launches(self) -> None:
+        batches, self._launches = self._launches, {}
+        for name, items in batches.items():
+            self._tasks.start(self._launch_batch(name, items))
+
+    async def _launch_batch(self, name: str, items: list[tuple[Message, asyncio.Future]]) -> None:
+        try:
+            if len(items) == 1:
+                answers = [await self.call(name, items[0][0])]
+            else:
+                node = self.records[name]
+                launches = [{k: v for k, v in m.items() if k != "t"} for m, _ in items]
+                if not node.up:
+                    r = reply(None, Status.ERR_UNREACH, f"node {name} is not available")
+                else:  # a node spawns each process: give a big batch its time
+                    r = await node.channel.call({"t": "launch_many", "launches": launches},
+                                                timeout=ACK_TIMEOUT + 0.05 * len(items))
+                results = r.get("results")
+                if r.get("status") == 0 and isinstance(results, list) \
+                        and len(results) == len(items):
+                    answers = [a if isinstance(a, dict) else
+                               reply(None, Status.ERR_UNREACH, f"{name}: malformed answer")
+                               for a in results]
+                else:
+                    answers = [r] * len(items)
+        except BaseException as exc:
+            for _, fut in items:
+                if not fut.done():
+                    fut.set_result(reply(None, Status.ERR_UNREACH,
+                                         f"launch on {name} failed: {exc!r}"))
+            raise
+        for (_, fut), a in zip(items, answers):
+            if not fut.done():
+                fut.set_result(a)
 
     def request(self, name: str, msg: Message, answered: Callable[[Message], None]) -> bool:
         """Send a request to node ``name`` (if up); ``answered`` gets its reply."""

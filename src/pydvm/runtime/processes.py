@@ -150,8 +150,13 @@ class ProcessListener:
         server's namespace or session purge)."""
         return []
 
+    def job_started(self, job: JobRecord) -> None:
+        """``job`` is in the table and its launch is being sent (every job:
+        a ``pydvm run``'s, a queued one's, a spawned one)."""
+
     def proc_ended(self, nspace: str, rank: int) -> None:
-        """``nspace:rank`` has ended: nothing may act for it any more."""
+        """``nspace:rank`` has ended (its record says how): nothing may act
+        for it any more."""
 
     def job_ended(self, job: JobRecord) -> None:
         """The job is over and out of the table."""
@@ -378,6 +383,10 @@ class ProcessTable(NodeListener):
         job.display = display_lines(job, specs)
         job.timeout = timeout
         job.stdin = msg.get("stdin") is True
+        output = msg.get("output")
+        if output not in (None, "forward", "discard"):
+            raise ValueError(f"output must be 'forward' or 'discard', not {output!r}")
+        job.discard_output = output == "discard"
         stdin_rank = msg.get("stdin_rank", 0)
         if isinstance(stdin_rank, bool) or not isinstance(stdin_rank, int) or not (
                 0 <= stdin_rank < job.size):
@@ -488,20 +497,25 @@ class ProcessTable(NodeListener):
                      parent: tuple[str, int] | None = None) -> str:
         """The one way a job starts, for ``pydvm run`` and for ``PMIx_Spawn``:
         the core records it, each node gets one launch message (all sent at
-        once), and each answer goes back to the core.  Returns the first
+        once; launches made in the same turn of the loop go to a node as one
+        ``launch_many``: :meth:`NodeTable.launch`), and each answer goes back
+        to the core.  Returns the first
         node's refusal ('' when every node started its share)."""
         self._feed(core.JobSubmitted(job))
+        for listener in self._listeners:
+            listener.job_started(job)
         first = next(iter(per_node.values()), [{}])[0]
         self._launch_env[job.nspace] = (dict(first.get("env") or {}), first.get("cwd") or "/")
         layout = self.layout(job, parent)
         names = list(per_node)
         if _trace.PATH:
             _trace.mark("master.launch", job.nspace)
+        extra = {"output": "discard"} if job.discard_output else {}
         results = await asyncio.gather(*[
-            self._nodes.call(n, {
+            self._nodes.launch(n, {
                 "t": "launch", "nspace": job.nspace, "session_id": job.session_id,
                 "job_size": job.size, "procs": per_node[n], "uid": job.uid, "gid": job.gid,
-                "pmix": layout, "placement": job.placement})
+                "pmix": layout, "placement": job.placement, **extra})
             for n in names
         ])
         if _trace.PATH:

@@ -26,6 +26,7 @@ from ..errors import Status
 from ..wire import Message, reply
 from .core import DEFAULT_SESSION
 from .dataservice import DataService
+from .jobqueue import QUEUED_KILL_EXIT, JobQueue
 from .jobs import HostSpec, JobRecord
 from .nodes import NodeTable
 from .peers import ToolSession
@@ -35,6 +36,9 @@ from .tasks import Tasks
 #: Requests only root or the DVM's owner may make.
 ADMIN_ONLY = frozenset({"stop", "session_end"})
 
+#: The most jobs one ``run_many`` may carry.
+MAX_BATCH = 10_000
+
 
 class ToolService:
     """Handlers for the tools' non-data requests (see the module docstring).
@@ -43,9 +47,10 @@ class ToolService:
     """
 
     def __init__(self, processes: ProcessTable, nodes: NodeTable, data: DataService,
-                 tasks: Tasks, *, stop: Callable[[], Awaitable[None]],
+                 tasks: Tasks, queue: JobQueue, *, stop: Callable[[], Awaitable[None]],
                  describe: Callable[[], dict[str, Any]]) -> None:
         self._processes = processes
+        self._queue = queue
         self._nodes = nodes
         self._data = data
         self._tasks = tasks
@@ -53,39 +58,104 @@ class ToolService:
         self._describe = describe
 
     def run(self, tool: ToolSession, msg: Message) -> None:
-        """``pydvm run``: answered ``started`` at once, then with the job's report."""
+        """``pydvm run``: answered ``started`` at once (or ``queued``, then
+        ``started``: :mod:`~pydvm.runtime.jobqueue`), then with the job's report."""
         if _trace.PATH:
             _trace.mark("master.run")
         rid = msg.get("id")
+        status, text = self._submit(tool, msg)
+        if status != Status.SUCCESS:
+            tool.send(reply(rid, status, text))
+
+    def run_many(self, tool: ToolSession, msg: Message) -> None:
+        """``run_many``: many ``run`` requests in one (``jobs``: each a run's
+        body with its own ``id``, no ``t``).  Answered at once with
+        ``results``, ``[id, status, nspace or error]`` per job in order; each
+        job accepted then goes on as a single ``run`` of its id does.  Jobs
+        that start together are launched with one message per node."""
+        rid, specs = msg.get("id"), msg.get("jobs")
+        if not isinstance(specs, list) or not specs:
+            tool.send(reply(rid, Status.ERR_BAD_PARAM, "run_many needs a non-empty list 'jobs'"))
+            return
+        if len(specs) > MAX_BATCH:
+            tool.send(reply(rid, Status.ERR_BAD_PARAM, f"run_many takes at most {MAX_BATCH} "
+                                                       f"jobs, not {len(specs)}"))
+            return
+        results: list[list] = []
+        accepted: list[tuple[dict, Any]] = []
+        seen: set = set()
+        for i, spec in enumerate(specs):
+            sid = spec.get("id") if isinstance(spec, dict) else None
+            if sid is None or isinstance(sid, (bool, dict, list, bytes)) or sid == rid:
+                results.append([sid if not isinstance(sid, (dict, list)) else None,
+                                int(Status.ERR_BAD_PARAM),
+                                f"job {i}: needs its own id (a number or string)"])
+                continue
+            if sid in seen:
+                results.append([sid, int(Status.ERR_BAD_PARAM), f"job {i}: id {sid!r} repeated"])
+                continue
+            seen.add(sid)
+            spec = {**spec, "t": "run"}
+            status, text = self._plan(tool, spec)
+            results.append([sid, int(status), text])
+            if status == Status.SUCCESS:
+                accepted.append((spec, sid))
+        tool.send(reply(rid, Status.SUCCESS, results=results))
+        for spec, sid in accepted:
+            self._start(tool, sid, spec)
+
+    def _submit(self, tool: ToolSession, msg: Message) -> tuple[Status, str]:
+        status, text = self._plan(tool, msg)
+        if status == Status.SUCCESS:
+            self._start(tool, msg.get("id"), msg)
+        return status, text
+
+    def _plan(self, tool: ToolSession, msg: Message) -> tuple[Status, str]:
+        """Plan a ``run`` (kept in ``msg["_planned"]``): SUCCESS and its
+        namespace, or the refusal."""
         # Jobs run as the submitting user (only a multi-user DVM, run by root,
         # can start them as anyone but itself).
         msg["_uid"], msg["_gid"] = tool.uid, tool.gid
         try:
             job, per_node = self._processes.plan(msg)
         except ValueError as exc:
-            tool.send(reply(rid, Status.ERR_BAD_PARAM, str(exc)))
-            return
+            return Status.ERR_BAD_PARAM, str(exc)
         if msg.get("pmix"):  # --pmix: PMIx on every node of the job
             missing = self._nodes.pmix_missing(job.nodes())
             if missing:
-                tool.send(reply(rid, Status.ERR_BAD_PARAM,
-                                "PMIx is required (--pmix) but not available on: "
-                                + ", ".join(missing)))
-                return
-        self._tasks.start(self._processes.run(tool, rid, job, per_node), (tool.channel, rid))
+                return Status.ERR_BAD_PARAM, ("PMIx is required (--pmix) but not available "
+                                              "on: " + ", ".join(missing))
+        if self._queue.wanted(msg):
+            why = self._queue.refusal(job)
+            if why:
+                return Status.ERR_OUT_OF_RESOURCE, why
+        msg["_planned"] = (job, per_node)
+        return Status.SUCCESS, job.nspace
+
+    def _start(self, tool: ToolSession, rid: Any, msg: Message) -> None:
+        job, per_node = msg.pop("_planned")
+        if self._queue.wanted(msg):
+            self._queue.submit(tool, rid, job, per_node)
+        else:
+            self._tasks.start(self._processes.run(tool, rid, job, per_node), (tool.channel, rid))
 
     def kill_job(self, tool: ToolSession, msg: Message) -> None:
         """End a job: the submitter's own, or any for root and the DVM's owner.
 
         Sent by ``pydvm kill NSPACE`` (with ``wait: true``: answered once the
         job has ended -- its processes reaped, its purges applied -- with
-        ``exit``) and by a ``pydvm run`` interrupted by a signal (``signal``:
-        its number; answered at once).  The job's ``pydvm run`` is told who
-        ended it.
+        ``exit``), by a ``pydvm run`` interrupted by a signal (``signal``:
+        its number; answered at once) and by the job API on the connection
+        that submitted the job (no ``signal``: "killed by its submitter").
+        The job's ``pydvm run`` is told who ended it.
         """
         rid = msg.get("id")
         ns = msg.get("nspace")
         job = self._processes.jobs.get(ns) if isinstance(ns, str) else None
+        queued = self._queue.get(ns) if job is None else None
+        if queued is not None:
+            self._kill_queued(tool, msg, queued)
+            return
         if job is None:
             tool.send(reply(rid, Status.ERR_NOT_FOUND,
                             f"no running job {ns!r} ('pydvm ps' lists the jobs)"))
@@ -95,10 +165,8 @@ class ToolService:
                             f"{ns} is not your job (uid {job.uid}); only its owner, the "
                             "DVM's owner and root may kill it"))
             return
-        sig = msg.get("signal")
         if self._processes.tool_of(ns) is tool:
-            how = f" (signal {sig})" if isinstance(sig, int) and not isinstance(sig, bool) else ""
-            self._processes.kill(ns, f"its pydvm run was interrupted{how}")
+            self._processes.kill(ns, _own_kill(msg.get("signal")))
         else:
             self._processes.kill(ns, f"killed by 'pydvm kill' from {_user(tool.uid)}")
         over = self._processes.when_over(ns)
@@ -111,14 +179,34 @@ class ToolService:
             tool.send(reply(rid, Status.SUCCESS, exit=job.exit_status))
         self._tasks.start(run(), (tool.channel, rid))
 
+    def _kill_queued(self, tool: ToolSession, msg: Message, job: JobRecord) -> None:
+        """``kill_job`` of a queued job: it leaves the queue, its ``run`` is
+        answered as a killed job's; answered at once (``exit`` with ``wait``)."""
+        rid, ns = msg.get("id"), job.nspace
+        if not tool.privileged and job.uid != tool.uid:
+            tool.send(reply(rid, Status.ERR_NO_PERMISSIONS,
+                            f"{ns} is not your job (uid {job.uid}); only its owner, the "
+                            "DVM's owner and root may kill it"))
+            return
+        if self._queue.tool_of(ns) is tool:
+            why = f"killed while queued: {_own_kill(msg.get('signal'))}"
+        else:
+            why = f"killed while queued by 'pydvm kill' from {_user(tool.uid)}"
+        self._queue.remove(ns, why)
+        extra = {"exit": QUEUED_KILL_EXIT} if msg.get("wait") is True else {}
+        tool.send(reply(rid, Status.SUCCESS, **extra))
+
     def ps(self, tool: ToolSession, msg: Message) -> None:
-        """The DVM's jobs, every user's (as ``ps`` shows every process): see
-        :func:`job_row` for the fields."""
-        tool.send(reply(msg.get("id"), Status.SUCCESS,
-                        jobs=[job_row(j) for j in self._processes.jobs.values()]))
+        """The DVM's jobs, every user's (as ``ps`` shows every process), then
+        the queued ones in the order they will start: see :func:`job_row`
+        for the fields."""
+        rows = [job_row(j) for j in self._processes.jobs.values()]
+        rows += [job_row(j, "queued") for j in self._queue.queued()]
+        tool.send(reply(msg.get("id"), Status.SUCCESS, jobs=rows))
 
     def stop(self, tool: ToolSession, msg: Message) -> None:
         """``pydvm stop``: every job killed, the DVM stopped; answered then."""
+        self._queue.clear("killed while queued because the DVM was stopped ('pydvm stop')")
         self._processes.kill_all("killed because the DVM was stopped ('pydvm stop')")
 
         async def run() -> None:
@@ -200,11 +288,12 @@ class ToolService:
         tool.send(reply(msg.get("id"), Status.SUCCESS, **self._describe()))
 
 
-def job_row(job: JobRecord) -> dict:
+def job_row(job: JobRecord, state: str | None = None) -> dict:
     """One job as ``pydvm ps`` shows it.
 
-    ``nspace``, ``uid``, ``session``, ``state`` (:attr:`JobRecord.state`),
-    ``started`` (wall-clock seconds since the epoch), ``apps``
+    ``nspace``, ``uid``, ``session``, ``state`` (:attr:`JobRecord.state`, or
+    ``queued``), ``started`` (wall-clock seconds since the epoch: when it
+    was submitted, for a queued job), ``apps``
     (``[{"argv", "n"}]`` in app order), ``ranks_per_node`` (``{node: n}``),
     ``procs`` (how many), ``ended`` (how many have ended) and ``failed`` (how
     many of those failed on their own).
@@ -213,7 +302,7 @@ def job_row(job: JobRecord) -> dict:
         "nspace": job.nspace,
         "uid": job.uid,
         "session": job.session_id,
-        "state": job.state,
+        "state": state or job.state,
         "started": job.started,
         "apps": [{"argv": list(a.argv), "n": len(a.ranks)} for a in job.apps],
         "ranks_per_node": job.ranks_per_node(),
@@ -221,6 +310,15 @@ def job_row(job: JobRecord) -> dict:
         "ended": job.terminated,
         "failed": len(job.failures),
     }
+
+
+def _own_kill(sig: Any) -> str:
+    """Why a job ended that its own tool killed: a ``pydvm run`` sends the
+    signal that interrupted it; a program's job API (:mod:`pydvm.jobs`)
+    sends none."""
+    if isinstance(sig, int) and not isinstance(sig, bool):
+        return f"its pydvm run was interrupted (signal {sig})"
+    return "killed by its submitter"
 
 
 def _user(uid: int) -> str:
