@@ -411,3 +411,24 @@ def test_the_executors_own_dvm_takes_its_nodes_and_parameters_from_the_config(tm
     assert p.stdout.split()[0] == "COMPLETED"
     assert float(p.stdout.split()[1]) == 1.5
     assert sorted(out.read_text().split()) == ["a", "b"]
+
+
+def test_a_job_that_waits_for_slots_is_queued_until_they_free(ex, dvm, tmp_path):
+    """pydvm.queue: on a DVM of three one-slot nodes, a job of three
+    processes holds every slot; the next waits QUEUED (the DVM queues it)
+    and turns ACTIVE when the first has ended."""
+    go = tmp_path / "go"
+    queue = JobAttributes(custom_attributes={"pydvm.queue": True})
+    first = Job(JobSpec("/bin/bash", ["-c", f"while [ ! -e {go} ]; do sleep 0.05; done"],
+                        attributes=queue, resources=ResourceSpecV1(process_count=3)))
+    ex.submit(first)
+    assert first.wait(timeout=WAIT, target_states=[JobState.ACTIVE]).state == JobState.ACTIVE
+    states: list = []
+    second = Job(JobSpec("/bin/true", attributes=queue))
+    second.set_job_status_callback(lambda j, s: states.append((s.state, first.status.state)))
+    ex.submit(second)
+    assert second.status.state == JobState.QUEUED
+    go.touch()
+    assert second.wait(timeout=WAIT).state == JobState.COMPLETED
+    assert [s for s, _ in states] == [JobState.QUEUED, JobState.ACTIVE, JobState.COMPLETED]
+    assert states[0][1] == JobState.ACTIVE  # queued while the first ran
