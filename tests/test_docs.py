@@ -27,6 +27,8 @@ PUBLIC = ["pydvm", "pydvm.client", "pydvm.aio", "pydvm.client.aiojobs", "pydvm.j
           "pydvm.enums", "pydvm.store", "pydvm.store.rules"]
 if importlib.util.find_spec("torch") is not None:  # an optional integration
     PUBLIC += ["pydvm.torch", "pydvm.torch.rendezvous", "pydvm.torch.elastic"]
+if importlib.util.find_spec("psij") is not None:  # the PSI/J executor
+    PUBLIC += ["pydvm.psij", "pydvm.psij.executor", "pydvm.psij.spec"]
 
 
 def pdoc_command() -> str:
@@ -136,7 +138,8 @@ def _pyproject() -> dict:
 
 #: Subpackages that integrate pydvm with an optional package: they may import
 #: what the extra of the same name declares, and only they may.
-OPTIONAL_INTEGRATIONS = {"torch": REPO / "src" / "pydvm" / "torch"}
+OPTIONAL_INTEGRATIONS = {"torch": REPO / "src" / "pydvm" / "torch",
+                         "psij": REPO / "src" / "pydvm" / "psij"}
 
 
 def _third_party_imports(under: Path | None = None,
