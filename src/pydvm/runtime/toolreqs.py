@@ -160,10 +160,7 @@ class ToolService:
             tool.send(reply(rid, Status.ERR_NOT_FOUND,
                             f"no running job {ns!r} ('pydvm ps' lists the jobs)"))
             return
-        if not tool.privileged and job.uid != tool.uid:
-            tool.send(reply(rid, Status.ERR_NO_PERMISSIONS,
-                            f"{ns} is not your job (uid {job.uid}); only its owner, the "
-                            "DVM's owner and root may kill it"))
+        if _refused_kill(tool, rid, job):
             return
         if self._processes.tool_of(ns) is tool:
             self._processes.kill(ns, _own_kill(msg.get("signal")))
@@ -183,10 +180,7 @@ class ToolService:
         """``kill_job`` of a queued job: it leaves the queue, its ``run`` is
         answered as a killed job's; answered at once (``exit`` with ``wait``)."""
         rid, ns = msg.get("id"), job.nspace
-        if not tool.privileged and job.uid != tool.uid:
-            tool.send(reply(rid, Status.ERR_NO_PERMISSIONS,
-                            f"{ns} is not your job (uid {job.uid}); only its owner, the "
-                            "DVM's owner and root may kill it"))
+        if _refused_kill(tool, rid, job):
             return
         if self._queue.tool_of(ns) is tool:
             why = f"killed while queued: {_own_kill(msg.get('signal'))}"
@@ -319,6 +313,17 @@ def _own_kill(sig: Any) -> str:
     if isinstance(sig, int) and not isinstance(sig, bool):
         return f"its pydvm run was interrupted (signal {sig})"
     return "killed by its submitter"
+
+
+def _refused_kill(tool: ToolSession, rid: Any, job: JobRecord) -> bool:
+    """Refuse (answer NO_PERMISSIONS, return True) a kill of ``job`` by a
+    tool that is neither its owner nor privileged (the DVM's owner, root)."""
+    if tool.privileged or job.uid == tool.uid:
+        return False
+    tool.send(reply(rid, Status.ERR_NO_PERMISSIONS,
+                    f"{job.nspace} is not your job (uid {job.uid}); only its owner, the "
+                    "DVM's owner and root may kill it"))
+    return True
 
 
 def _user(uid: int) -> str:
