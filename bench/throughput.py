@@ -19,7 +19,8 @@ For each: jobs per second (first submit to last end), the submit-to-end
 latency p50 and p99, and for the DVM's rows the master's CPU time per job
 (``/proc``: user + system of the master process; with ``--hosts`` naming
 daemons, the daemons' too, in their own column).  The master's resident
-memory is read before and after everything; ``--soak N`` adds a run of N
+memory is read before and after everything, each time once the DVM has
+been idle long enough to return freed heap; ``--soak N`` adds a run of N
 one-rank jobs in batches of 1,000 and prints the master's memory after
 each batch (records of ended jobs are not kept: it must stay flat).
 
@@ -85,6 +86,15 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
+def idle_rss(pid: int) -> int:
+    """``pid``'s resident memory once its DVM has been idle long enough to
+    hand freed heap back (``pydvm.runtime.memtrim``)."""
+    from pydvm.runtime.memtrim import IDLE_DELAY
+
+    time.sleep(IDLE_DELAY + 0.5)
+    return rss_of(pid)
+
+
 class Row:
     def __init__(self, what: str, n: int, wall: float, lat: list[float],
                  master_cpu: float | None = None, daemon_cpu: float | None = None) -> None:
@@ -93,8 +103,10 @@ class Row:
         self.master_cpu, self.daemon_cpu = master_cpu, daemon_cpu
 
 
-def measured(what: str, n: int, body, master: int | None, daemons: list[int]) -> Row:
-    """Run ``body()`` (returns the latencies) and measure it."""
+def measured(what: str, n: int, body, master: int | None, daemons: list[int]) -> Row | None:
+    """Run ``body()`` (returns the latencies) and measure it (None: a row of no jobs)."""
+    if n <= 0:
+        return None
     m0 = cpu_of(master) if master else None
     d0 = sum(cpu_of(p) for p in daemons)
     t0 = time.perf_counter()
@@ -221,7 +233,7 @@ def main() -> None:
                    if b"daemon" in Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")]
         env["PYDVM_URI"] = str(dvm.uri)
         api_serial(dvm, 20)  # warm up (the topology, the PMIx server's first namespace)
-        rss0 = rss_of(pid)
+        rss0 = idle_rss(pid)
         rows.append(measured(f"API, {a.jobs} x -n 1, one submit each", a.jobs,
                              lambda: api_each(dvm, a.jobs, 1), pid, daemons))
         rows.append(measured(f"API, {a.jobs} x -n 1, bulk (submit_many)", a.jobs,
@@ -235,11 +247,11 @@ def main() -> None:
         rows.append(measured(f"pydvm run -n 1 true, {a.seq} in a row", a.seq,
                              lambda: command_loop(PYDVM + ["run", "-n", "1", "true"], env, a.seq),
                              pid, daemons))
-        rss1 = rss_of(pid)
+        rss1 = idle_rss(pid)
         soak = []
         for done in range(0, a.soak, 1000):
             api_bulk(dvm, min(1000, a.soak - done), 1)
-            soak.append(rss_of(pid))
+            soak.append(idle_rss(pid))
     mpi_row = None
     if mpirun:
         argv = [mpirun, "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0
@@ -253,6 +265,7 @@ def main() -> None:
                              lambda: psij_local(a.psij), None, []))
     except ImportError:
         print("(PSI/J row skipped: psij-python is not installed)", file=sys.stderr)
+    rows = [r for r in rows if r is not None]
     dcol = bool(daemons)
     print(f"{'what':<44} | {'jobs/s':>8} | {'p50 ms':>8} | {'p99 ms':>8} | "
           f"{'master CPU/job':>14}" + (f" | {'daemons CPU/job':>15}" if dcol else ""))
@@ -265,7 +278,8 @@ def main() -> None:
     print(f"master memory: {rss0 / 1024:.1f} MiB after warm-up, {rss1 / 1024:.1f} MiB after "
           f"the rows above" + (f"; soak of {a.soak}: " + ", ".join(
               f"{m / 1024:.1f}" for m in soak) + " MiB after each 1,000" if soak else ""))
-    j = max(rows[0].rate, rows[1].rate)
+    j = max((r.rate for r in rows if "x -n 1," in r.what and "at a time" not in r.what),
+            default=0.0)
     if mpi_row is not None:
         print(f"throughput {j:.0f} jobs/s {j / mpi_row.rate:.1f} x mpirun")
     else:

@@ -153,6 +153,7 @@ class PmixServer:
         self._dmodex_waiters: dict[int, asyncio.Future] = {}
         #: completion callbacks of registrations in flight (kept alive for libpmix).
         self._sync_cbs: dict[int, Any] = {}
+        self._op_done_c = L.op_cbfunc_t(self._op_done)
         #: requests (upcalls handed on), refused by the binding, answered by
         #: ``answer_now`` on libpmix's thread, handlers that raised.
         self.stats = {"requests": 0, "refused": 0, "answered_now": 0, "handler_errors": 0}
@@ -323,24 +324,32 @@ class PmixServer:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
         token = next(self._tokens)
-
-        def cb(status, cbdata):
-            # progress thread, or this thread if libpmix completes at once
-            self._sync_cbs.pop(token, None)
-            loop.call_soon_threadsafe(_set_result, fut, int(status))
-
-        cfunc = L.op_cbfunc_t(cb)
-        self._sync_cbs[token] = (cfunc, keep)
-        rc = call(cfunc, token)
+        # One C callback for every such call (made once: a ctypes callback
+        # costs a trampoline each), which finds its call by the token.
+        self._sync_cbs[token] = (loop, fut, keep)
+        rc = call(self._op_done_c, token)
         if rc != C.SUCCESS:  # answered at once: no callback will come
             self._sync_cbs.pop(token, None)
             return rc
+        timer = loop.call_later(timeout, _set_result, fut, None)
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except asyncio.TimeoutError:
-            # the callback may still come: its closure stays registered until then
+            # shielded: a caller cancelled meanwhile leaves the call to finish
+            status = await asyncio.shield(fut)
+        finally:
+            timer.cancel()
+        if status is None:
+            # the callback may still come: ``keep`` stays registered until then
             log.warning("libpmix did not complete a registration within %.0fs", timeout)
             return C.ERR_TIMEOUT
+        return status
+
+    def _op_done(self, status, cbdata) -> None:
+        """The completion callback of :meth:`_completed`'s calls (libpmix's
+        progress thread, or this thread if libpmix completes at once)."""
+        entry = self._sync_cbs.pop(cbdata or 0, None)
+        if entry is not None:
+            loop, fut, _ = entry
+            loop.call_soon_threadsafe(_set_result, fut, int(status))
 
     async def register_client(self, proc: Proc, uid: int, gid: int) -> None:
         """``PMIx_server_register_client``: libpmix refuses a connecting client whose

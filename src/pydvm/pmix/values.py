@@ -188,8 +188,16 @@ def _dec(b: bytes) -> str:
     return b.decode("utf-8", "surrogateescape")
 
 
+#: Keys already checked, encoded (the fixed PMIx keys of every namespace
+#: registration and event come back again and again; bounded).
+_GOOD_KEYS: dict[str, bytes] = {}
+
+
 def check_key(key: str) -> bytes:
     """Encode a key; refuse (BAD_PARAM) empty keys, NULs and keys over PMIX_MAX_KEYLEN."""
+    good = _GOOD_KEYS.get(key) if type(key) is str else None
+    if good is not None:
+        return good
     if not isinstance(key, str):
         raise PmixValueError(C.ERR_BAD_PARAM, f"key {key!r} is not a str")
     b = _enc(key)
@@ -201,6 +209,10 @@ def check_key(key: str) -> bytes:
         raise PmixValueError(C.ERR_BAD_PARAM,
                              f"key of {len(b)} bytes is longer than PMIX_MAX_KEYLEN "
                              f"({C.MAX_KEYLEN})")
+    if type(key) is str and key.startswith("pmix."):
+        if len(_GOOD_KEYS) >= 1024:
+            _GOOD_KEYS.clear()
+        _GOOD_KEYS[key] = b
     return b
 
 

@@ -23,6 +23,7 @@ the strings.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
@@ -70,22 +71,35 @@ class SharedLoad:
                     or os.path.join(base, f"pydvm-cpuload-{os.geteuid()}"))
         safe = "".join(ch if ch.isalnum() or ch in "._" else "_" for ch in tag)
         self.name = f"{os.getpid()}-{safe}"
+        self._lock_fd = -1   # the lock file, opened on first use and kept
 
     @contextmanager
     def locked(self):
         """Hold the machine-wide lock (read, decide, publish: one step)."""
-        fd = None
+        held = False
         try:
-            os.makedirs(self.dir, mode=0o700, exist_ok=True)
-            fd = os.open(os.path.join(self.dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            if self._lock_fd < 0:
+                os.makedirs(self.dir, mode=0o700, exist_ok=True)
+                self._lock_fd = os.open(os.path.join(self.dir, ".lock"),
+                                        os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            held = True
         except OSError:
             pass
         try:
             yield
         finally:
-            if fd is not None:
-                os.close(fd)  # releases the lock
+            if held:
+                try:
+                    fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        """Close the kept lock file (the entry itself is left to :meth:`publish`)."""
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
     def others(self) -> dict[int, int]:
         """CPU -> processes bound to it by the other live node processes."""
@@ -139,7 +153,16 @@ class NodeBinding:
     A launch's bindings are counted from the moment they are planned (so a
     co-located node planning meanwhile sees them) until the process is
     reaped (:meth:`release`) or its job is cleaned up (:meth:`release_job`:
-    ranks that never started)."""
+    ranks that never started).
+
+    A plan publishes this node's counts at once, under the machine-wide lock
+    (so two nodes planning at the same moment see each other); a release
+    publishes them :data:`RELEASE_DELAY` later, one write for all the
+    releases of that moment -- for that long other nodes count CPUs as busy
+    that are already free, which only spreads their ranks a little more."""
+
+    #: Seconds between a release and the publication of the lower counts.
+    RELEASE_DELAY = 0.05
 
     def __init__(self, node: str) -> None:
         self.node = node
@@ -151,6 +174,7 @@ class NodeBinding:
         #: (nspace, rank) -> its CPUs, while counted in :attr:`load`.
         self._held: dict[tuple[str, int], frozenset[int]] = {}
         self.shared = SharedLoad(node)
+        self._publish_due: asyncio.TimerHandle | None = None
 
     @property
     def topology(self) -> Topology:
@@ -183,8 +207,8 @@ class NodeBinding:
                 if cpus is not None:
                     self.load.add(cpus)
                     self._held[(ns, rank)] = cpus
-            if p.bound:
-                self.shared.publish(self.load.counts)
+            if p.bound or self._publish_due is not None:
+                self._publish_now()
         if placement.get("report_bindings"):
             out.report = binding.report_lines(topo, p, ranks, self.node, os.getpid())
         for rank, cpus in out.cpus.items():
@@ -198,8 +222,33 @@ class NodeBinding:
         cpus = self._held.pop((nspace, rank), None)
         if cpus is not None:
             self.load.remove(cpus)
-            with self.shared.locked():
-                self.shared.publish(self.load.counts)
+            if self._publish_due is None:
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:   # no loop (a unit test): publish now
+                    with self.shared.locked():
+                        self._publish_now()
+                    return
+                self._publish_due = loop.call_later(self.RELEASE_DELAY, self._publish_later)
+
+    def _publish_later(self) -> None:
+        with self.shared.locked():
+            self._publish_now()
+
+    def _publish_now(self) -> None:
+        """Publish this node's counts (the caller holds the lock)."""
+        if self._publish_due is not None:
+            self._publish_due.cancel()
+            self._publish_due = None
+        self.shared.publish(self.load.counts)
+
+    def close(self) -> None:
+        """The node is stopping: it binds nothing any more (its entry goes)."""
+        if self._publish_due is not None:
+            self._publish_due.cancel()
+            self._publish_due = None
+        self.shared.publish({})
+        self.shared.close()
 
     def release_job(self, nspace: str) -> None:
         """Job ``nspace`` is over here: what its ranks still held (ranks that
@@ -214,9 +263,8 @@ class NodeBinding:
         if cpus is None:
             yield
             return
-        before = os.sched_getaffinity(0)
         os.sched_setaffinity(0, cpus)
         try:
             yield
         finally:
-            os.sched_setaffinity(0, before)
+            os.sched_setaffinity(0, self.allowed)

@@ -146,6 +146,14 @@ def workdir(cwd: str | None) -> str | None:
     return cwd if cwd and os.path.isdir(cwd) else None
 
 
+#: (program, PATH, directory) -> the runnable file it was last found as: the
+#: next job of the same program checks that one file instead of searching
+#: PATH again (only the message for a program that cannot run depends on
+#: the search; the exec itself searches PATH as always).
+_FOUND: dict[tuple[str, str, str], str] = {}
+_FOUND_MAX = 512
+
+
 def find_program(exe: str, path: str, cwd: str | None) -> tuple[str, int]:
     """Resolve a job's program as a shell does: ``("", 0)`` when it can be
     run, else a message naming it and the shell's exit status for it (127
@@ -156,6 +164,10 @@ def find_program(exe: str, path: str, cwd: str | None) -> tuple[str, int]:
     ``path`` (``PATH``), whose relative entries are relative to ``cwd`` too.
     """
     base = cwd or os.getcwd()
+    key = (exe, path, base)
+    found = _FOUND.get(key)
+    if found is not None and os.access(found, os.X_OK) and not os.path.isdir(found):
+        return "", 0
     if "/" in exe:
         candidates = [os.path.join(base, exe)]
     else:
@@ -169,6 +181,9 @@ def find_program(exe: str, path: str, cwd: str | None) -> tuple[str, int]:
         elif not os.access(c, os.X_OK):
             unrunnable = unrunnable or f"{exe}: permission denied (the file is not executable)"
         else:
+            if len(_FOUND) >= _FOUND_MAX:
+                _FOUND.clear()
+            _FOUND[key] = c
             return "", 0
     if unrunnable:
         return unrunnable, 126

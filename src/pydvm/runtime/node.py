@@ -84,6 +84,7 @@ from ..store import DataStore, MonotonicClock, StoreParams
 from ..wire import Channel, Message, peer_credentials, refuse, reply
 from . import dataops, jobproc, ompienv
 from .cpubind import NodeBinding
+from .memtrim import IdleTrim
 from .door import Door, Listener
 from .credential import ENV as credential_env
 from .credential import Voucher
@@ -191,6 +192,8 @@ class NodeServer:
         self._stdin: dict[str, StdinFeed] = {}
         #: topology, live bindings, the affinity switch (runtime/cpubind.py).
         self.binding = NodeBinding(node)
+        #: returns the heap's free pages once a burst of jobs has drained
+        self.trim = IdleTrim()
 
     # ------------------------------------------------------------------
     # life cycle
@@ -263,7 +266,8 @@ class NodeServer:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
         if self.shm_dir is not None:
             shutil.rmtree(self.shm_dir, ignore_errors=True)
-        self.binding.shared.publish({})  # this node binds nothing any more
+        self.binding.close()  # this node binds nothing any more
+        self.trim.close()
         self.done.set()
 
     def _stdin_feed(self, nspace: str) -> StdinFeed:
@@ -427,6 +431,8 @@ class NodeServer:
             # those of processes that crashed and never removed theirs
             shutil.rmtree(job.work_dir, ignore_errors=True)
             job.work_dir = None
+        if not self.jobs:
+            self.trim.idle(lambda: not self.jobs)
 
     # ------------------------------------------------------------------
     # processes

@@ -444,8 +444,11 @@ class NodeTable:
         and wait for each to acknowledge; returns (node, reply) pairs."""
         targets = [n for n in self.records.values()
                    if n.up and (nodes is None or n.name in nodes)]
-        replies = await asyncio.gather(*[n.channel.call(dict(msg), timeout=ACK_TIMEOUT)
-                                         for n in targets])
+        if len(targets) == 1:   # the common one-node DVM: no task to gather
+            replies = [await targets[0].channel.call(dict(msg), timeout=ACK_TIMEOUT)]
+        else:
+            replies = await asyncio.gather(*[n.channel.call(dict(msg), timeout=ACK_TIMEOUT)
+                                             for n in targets])
         for node, r in zip(targets, replies):
             if r.get("status") != 0:
                 log.warning("%s not applied on %s: %s", what, node.name, r.get("msg"))
