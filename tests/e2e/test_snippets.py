@@ -30,9 +30,9 @@ NEEDS = (("mpicc", "libopenmpi-dev openmpi-bin"), ("gcc", "gcc"))
 #: runs, how to install it).  Without the package here the snippet is skipped
 #: saying so (the ``test`` extra and .ci/run install them; there a skip fails).
 PACKAGES = (
-    ("torch", "PyTorch", r"import torch|torchrun", r"import torch",
+    ("torch", "PyTorch", r"import torch|torchrun|pydvm\.torch", r"import torch|pydvm\.torch",
      "pip install 'pydvm[torch]'"),
-    ("distributed", "Dask", r"(^|[\s;(])dask\s|\b(import|from) (dask|distributed)\b",
+    ("distributed", "Dask", r"\bdask (scheduler|worker)\b|\b(import|from) (dask|distributed)\b",
      r"\b(import|from) (dask|distributed)\b|\bdask_setup\b",
      "pip install 'dask[distributed]==2026.8.0', as the 'test' extra does"),
 )
@@ -169,3 +169,21 @@ def test_a_dvm_left_running_fails_the_snippet_and_is_stopped(tmp_path):
     assert out.unexpected == [] and len(out.leftovers) == 1, out.report()
     assert not pid_alive(out.leftovers[0])
     assert s.kill_leftovers() == []
+
+
+def test_snippets_are_skipped_for_a_package_only_if_they_use_it():
+    """The Dask snippet of the workflows page needs Dask (through the files it
+    runs, too); its sweep does not; the guide's PyTorch snippet needs PyTorch
+    (its file imports ``pydvm.torch``, not ``torch``)."""
+    def users(doc, module):
+        _, _, in_block, in_file, _ = next(p for p in PACKAGES if p[0] == module)
+        return [b for b in ALL_BLOCKS[doc] if b in RUNNABLE and needs(b, in_block, in_file)]
+
+    workflows, guide = REPO / "docs" / "workflows.md", REPO / "docs" / "guide.md"
+    dask = users(workflows, "distributed")
+    assert len(dask) == 1 and "dask scheduler" in dask[0].text
+    assert users(workflows, "torch") == []
+    assert needs(Block(workflows, 1, "sh", "python3 dask_sum.py\n"), *PACKAGES[1][2:4])
+    assert not needs(Block(workflows, 1, "sh", "python3 sweep.py  # as dask would\n"),
+                     *PACKAGES[1][2:4])
+    assert any("elect.py" in b.text for b in users(guide, "torch"))
