@@ -1,7 +1,7 @@
-"""Every shell and Python snippet of the README and the guide runs as written.
+"""Every shell and Python snippet of the README and the pages in ``DOCS`` runs as written.
 
 The blocks are found when the tests are collected, so a snippet added to
-either file is tested from then on, with no change here.  How a snippet is
+one of these files is tested from then on, with no change here.  How a snippet is
 run, and how one that cannot run here is marked, is in ``snippets.py``.
 """
 
@@ -25,19 +25,36 @@ RUNNABLE = [b for doc in DOCS for b in ALL_BLOCKS[doc] if b.runnable and not b.f
 NEEDS = (("mpicc", "libopenmpi-dev openmpi-bin"), ("gcc", "gcc"))
 
 
-def needs_torch(block: Block) -> bool:
-    """The snippet runs PyTorch: it imports it, runs torchrun, or runs a
-    Python file of its document that imports it."""
-    if "import torch" in block.text or "torchrun" in block.text:
+#: Python packages a snippet may need: (module, name, what shows it in a
+#: snippet, what shows it in a Python file of the document that the snippet
+#: runs, how to install it).  Without the package here the snippet is skipped
+#: saying so (the ``test`` extra and .ci/run install them; there a skip fails).
+PACKAGES = (
+    ("torch", "PyTorch", r"import torch|torchrun|pydvm\.torch", r"import torch|pydvm\.torch",
+     "pip install 'pydvm[torch]'"),
+    ("distributed", "Dask", r"\bdask (scheduler|worker)\b|\b(import|from) (dask|distributed)\b",
+     r"\b(import|from) (dask|distributed)\b|\bdask_setup\b",
+     "pip install 'dask[distributed]==2026.8.0', as the 'test' extra does"),
+)
+
+
+def needs(block: Block, in_block: str, in_file: str) -> bool:
+    """The snippet uses a package: its own text shows it (``in_block``), or it
+    runs a Python file of its document whose text shows it (``in_file``)."""
+    if re.search(in_block, block.text, re.M):
         return True
-    return any(b.filename and b.filename in block.text and "import torch" in b.text
+    return any(b.filename and b.filename in block.text and re.search(in_file, b.text, re.M)
                for b in ALL_BLOCKS[block.path])
 
 
-def torch_missing() -> bool:
+def missing(module: str) -> bool:
+    """``module`` cannot be imported here -- or, for Dask, its ``dask`` command
+    is not on PATH."""
     import importlib.util
 
-    return importlib.util.find_spec("torch") is None
+    if importlib.util.find_spec(module) is None:
+        return True
+    return module == "distributed" and shutil.which("dask") is None
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +79,9 @@ def test_snippet_runs_as_written(scratch, block: Block):
     for tool, package in NEEDS:
         if re.search(rf"(^|\s){re.escape(tool)}\s", block.text) and not shutil.which(tool):
             pytest.skip(f"{block.id} needs {tool} (apt-get install {package})")
-    if needs_torch(block) and torch_missing():
-        pytest.skip(f"{block.id} needs PyTorch (pip install 'pydvm[torch]')")
+    for module, name, in_block, in_file, install in PACKAGES:
+        if needs(block, in_block, in_file) and missing(module):
+            pytest.skip(f"{block.id} needs {name} ({install})")
     s = scratch(block.path)
     out = s.run_python(block) if block.lang == "python" else s.run_shell(block.text)
     problems = out.problems() + (unshown(block.text, out) if block.lang != "python" else [])
@@ -151,3 +169,21 @@ def test_a_dvm_left_running_fails_the_snippet_and_is_stopped(tmp_path):
     assert out.unexpected == [] and len(out.leftovers) == 1, out.report()
     assert not pid_alive(out.leftovers[0])
     assert s.kill_leftovers() == []
+
+
+def test_snippets_are_skipped_for_a_package_only_if_they_use_it():
+    """The Dask snippet of the workflows page needs Dask (through the files it
+    runs, too); its sweep does not; the guide's PyTorch snippet needs PyTorch
+    (its file imports ``pydvm.torch``, not ``torch``)."""
+    def users(doc, module):
+        _, _, in_block, in_file, _ = next(p for p in PACKAGES if p[0] == module)
+        return [b for b in ALL_BLOCKS[doc] if b in RUNNABLE and needs(b, in_block, in_file)]
+
+    workflows, guide = REPO / "docs" / "workflows.md", REPO / "docs" / "guide.md"
+    dask = users(workflows, "distributed")
+    assert len(dask) == 1 and "dask scheduler" in dask[0].text
+    assert users(workflows, "torch") == []
+    assert needs(Block(workflows, 1, "sh", "python3 dask_sum.py\n"), *PACKAGES[1][2:4])
+    assert not needs(Block(workflows, 1, "sh", "python3 sweep.py  # as dask would\n"),
+                     *PACKAGES[1][2:4])
+    assert any("elect.py" in b.text for b in users(guide, "torch"))
