@@ -23,7 +23,6 @@ the strings.
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import json
 import os
@@ -153,16 +152,9 @@ class NodeBinding:
     A launch's bindings are counted from the moment they are planned (so a
     co-located node planning meanwhile sees them) until the process is
     reaped (:meth:`release`) or its job is cleaned up (:meth:`release_job`:
-    ranks that never started).
-
-    A plan publishes this node's counts at once, under the machine-wide lock
-    (so two nodes planning at the same moment see each other); a release
-    publishes them :data:`RELEASE_DELAY` later, one write for all the
-    releases of that moment -- for that long other nodes count CPUs as busy
-    that are already free, which only spreads their ranks a little more."""
-
-    #: Seconds between a release and the publication of the lower counts.
-    RELEASE_DELAY = 0.05
+    ranks that never started).  Each publishes this node's counts at once,
+    under the machine-wide lock: a job started on a co-located node right
+    after another ended sees its CPUs free."""
 
     def __init__(self, node: str) -> None:
         self.node = node
@@ -174,7 +166,6 @@ class NodeBinding:
         #: (nspace, rank) -> its CPUs, while counted in :attr:`load`.
         self._held: dict[tuple[str, int], frozenset[int]] = {}
         self.shared = SharedLoad(node)
-        self._publish_due: asyncio.TimerHandle | None = None
 
     @property
     def topology(self) -> Topology:
@@ -207,8 +198,8 @@ class NodeBinding:
                 if cpus is not None:
                     self.load.add(cpus)
                     self._held[(ns, rank)] = cpus
-            if p.bound or self._publish_due is not None:
-                self._publish_now()
+            if p.bound:
+                self.shared.publish(self.load.counts)
         if placement.get("report_bindings"):
             out.report = binding.report_lines(topo, p, ranks, self.node, os.getpid())
         for rank, cpus in out.cpus.items():
@@ -222,31 +213,11 @@ class NodeBinding:
         cpus = self._held.pop((nspace, rank), None)
         if cpus is not None:
             self.load.remove(cpus)
-            if self._publish_due is None:
-                try:
-                    loop = asyncio.get_running_loop()
-                except RuntimeError:   # no loop (a unit test): publish now
-                    with self.shared.locked():
-                        self._publish_now()
-                    return
-                self._publish_due = loop.call_later(self.RELEASE_DELAY, self._publish_later)
-
-    def _publish_later(self) -> None:
-        with self.shared.locked():
-            self._publish_now()
-
-    def _publish_now(self) -> None:
-        """Publish this node's counts (the caller holds the lock)."""
-        if self._publish_due is not None:
-            self._publish_due.cancel()
-            self._publish_due = None
-        self.shared.publish(self.load.counts)
+            with self.shared.locked():
+                self.shared.publish(self.load.counts)
 
     def close(self) -> None:
         """The node is stopping: it binds nothing any more (its entry goes)."""
-        if self._publish_due is not None:
-            self._publish_due.cancel()
-            self._publish_due = None
         self.shared.publish({})
         self.shared.close()
 

@@ -226,19 +226,27 @@ class JobQueue(ProcessListener, NodeListener):
         self._pump_due = False
         blocked: set[str] = set()
         every = len(self._nodes.records)
-        for ns, w in list(self._waiting.items()):
+        ended: list[Waiting] = []
+        starting: list[Waiting] = []
+        # No copy of the whole queue per pass: a pass stops at the first
+        # job once every node is blocked, however long the queue is.
+        for w in self._waiting.values():
             session = self._processes.sessions.get(w.job.session_id)
             if session is None or session.ending:
-                self._end(w, QUEUED_KILL_EXIT, f"killed while queued: session "
-                                               f"{w.job.session_id} was ended")
+                ended.append(w)
                 continue
             if blocked.isdisjoint(w.need) and self._fits(w):
-                self._unwait(ns)
-                self._start(w)
+                self._start(w)   # reserves its slots: the next _fits counts them
+                starting.append(w)
             else:
                 blocked.update(w.need)
                 if len(blocked) >= every:
                     break  # nothing later can start
+        for w in ended:
+            self._end(w, QUEUED_KILL_EXIT, f"killed while queued: session "
+                                           f"{w.job.session_id} was ended")
+        for w in starting:
+            self._unwait(w.job.nspace)
 
     # ------------------------------------------------------------------
     # leaving the queue without starting
