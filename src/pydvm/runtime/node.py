@@ -84,7 +84,7 @@ from ..store import DataStore, MonotonicClock, StoreParams
 from ..wire import Channel, Message, peer_credentials, refuse, reply
 from . import dataops, jobproc, ompienv
 from .cpubind import NodeBinding
-from .memtrim import IdleTrim
+from .heap import IdleTrim, tune as tune_heap
 from .door import Door, Listener
 from .credential import ENV as credential_env
 from .credential import Voucher
@@ -236,6 +236,7 @@ class NodeServer:
             ready["holders"] = []  # from now on announced (see _holder_changed)
         self.uplink.send(ready)
         log.info("node %s serving clients at %s", self.name, self.socket_path)
+        tune_heap()
         if not jobproc.death_signal_available():
             log.warning("node %s: setpriv (util-linux) not found: job processes get no "
                         "parent-death signal; only the guardian ends them if this process "
