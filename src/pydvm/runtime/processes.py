@@ -434,7 +434,8 @@ class ProcessTable(NodeListener):
         ns = job.nspace
         self._tool[ns] = tool
         over = self._over[ns] = asyncio.get_running_loop().create_future()
-        tool.send({"t": "started", "ref": rid, "nspace": ns, "size": job.size})
+        tool.send({"t": "started", "ref": rid, "nspace": ns, "size": job.size,
+                   "nodes": list(per_node)})  # in first-rank order (plan's)
         timer = None
         if job.timeout is not None:
             timer = asyncio.get_running_loop().call_later(job.timeout, self._time_up, job)
