@@ -27,7 +27,7 @@ from ..errors import Status
 from ..wire import Message, reply
 from .core import DEFAULT_SESSION
 from .dataservice import DataService
-from .jobqueue import QUEUED_KILL_EXIT, JobQueue
+from .jobqueue import QUEUED_KILL_EXIT, JobQueue, pmix_refusal
 from .jobs import HostSpec, JobRecord, ProcState
 from .nodes import NodeTable
 from .peers import ToolSession
@@ -121,11 +121,9 @@ class ToolService:
             job, per_node = self._processes.plan(msg)
         except ValueError as exc:
             return Status.ERR_BAD_PARAM, str(exc)
-        if msg.get("pmix"):  # --pmix: PMIx on every node of the job
-            missing = self._nodes.pmix_missing(job.nodes())
-            if missing:
-                return Status.ERR_BAD_PARAM, ("PMIx is required (--pmix) but not available "
-                                              "on: " + ", ".join(missing))
+        why = pmix_refusal(self._nodes, msg, job)
+        if why:
+            return Status.ERR_BAD_PARAM, why
         if self._queue.wanted(msg):
             why = self._queue.refusal(job)
             if why:
@@ -136,7 +134,7 @@ class ToolService:
     def _start(self, tool: ToolSession, rid: Any, msg: Message) -> None:
         job, per_node = msg.pop("_planned")
         if self._queue.wanted(msg):
-            self._queue.submit(tool, rid, job, per_node)
+            self._queue.submit(tool, rid, job, per_node, msg)
         else:
             self._tasks.start(self._processes.run(tool, rid, job, per_node), (tool.channel, rid))
 
