@@ -156,7 +156,8 @@ def test_every_family_is_declared_once_with_help_and_a_conventional_name():
         assert not name.endswith("_total")
         assert kind != "histogram" or name.endswith("_seconds")
         assert (help_[0].isupper() or help_[0].isdigit()) and help_.endswith(".")
-        assert set(labels) <= {"store", "uid", "reason", "op", "status", "state"}
+        assert set(labels) <= {"store", "uid", "reason", "op", "status", "state", "result",
+                               "kind"}
 
 
 def test_job_state_follows_its_processes():

@@ -55,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,9 @@ log = logging.getLogger("pydvm.master")
 #: The exit status of a job killed while it was queued: a killed running
 #: job's (128 + SIGTERM), so scripts see the same status either way.
 QUEUED_KILL_EXIT = 143
+
+#: Upper bounds (seconds) of the queue-wait histogram's buckets (+Inf implied).
+WAIT_BUCKETS: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0, 60.0, 600.0, 3600.0, 36000.0)
 
 
 @dataclass
@@ -123,6 +127,13 @@ class JobQueue(ProcessListener, NodeListener):
         self._wanted: dict[str, int] = {}
         self._listeners: list[QueueListener] = []
         self._pump_due = False
+        #: figures for the metrics (:meth:`stats`): jobs that had to wait,
+        #: jobs that left without starting, the wait of each job started
+        #: from the queue (counts per :data:`WAIT_BUCKETS` bound, and +Inf).
+        self.jobs_queued = 0
+        self.jobs_left = 0
+        self._wait_counts = [0] * (len(WAIT_BUCKETS) + 1)
+        self._wait_sum = 0.0
 
     def add_listener(self, listener: QueueListener) -> None:
         self._listeners.append(listener)
@@ -149,6 +160,14 @@ class JobQueue(ProcessListener, NodeListener):
     def queued(self) -> list[JobRecord]:
         """The waiting jobs, first to start first."""
         return [w.job for w in self._waiting.values()]
+
+    def stats(self) -> dict[str, Any]:
+        """The queue's figures for the metrics endpoint: ``waiting`` (now),
+        ``queued`` and ``left`` (totals), ``wait`` (per-bucket counts of
+        :data:`WAIT_BUCKETS` and +Inf, not cumulative) and ``wait_sum``."""
+        return {"waiting": len(self._waiting), "queued": self.jobs_queued,
+                "left": self.jobs_left, "wait": list(self._wait_counts),
+                "wait_sum": self._wait_sum}
 
     def counts(self) -> dict[str, int]:
         """Records held (``pydvm info``): waiting jobs, jobs started but not
@@ -186,6 +205,7 @@ class JobQueue(ProcessListener, NodeListener):
             self._start(w)
             return
         self._waiting[job.nspace] = w
+        self.jobs_queued += 1
         _add(self._wanted, {n: 1 for n in need})
         position = len(self._waiting)
         tool.send({"t": "queued", "ref": rid, "nspace": job.nspace, "position": position})
@@ -205,7 +225,11 @@ class JobQueue(ProcessListener, NodeListener):
         ns = w.job.nspace
         self._reserved[ns] = w.need
         _add(self._reserved_on, w.need)
-        w.job.started = time.time()
+        now = time.time()
+        wait = max(0.0, now - w.job.started)  # since its submission
+        self._wait_counts[bisect_left(WAIT_BUCKETS, wait)] += 1
+        self._wait_sum += wait
+        w.job.started = now
 
         async def run() -> None:
             try:
@@ -282,6 +306,7 @@ class JobQueue(ProcessListener, NodeListener):
     def _end(self, w: Waiting, exit: int, reason: str) -> None:
         job = w.job
         self._unwait(job.nspace)
+        self.jobs_left += 1
         log.info("queued job %s ended: %s", job.nspace, reason)
         w.tool.send(reply(w.rid, Status.SUCCESS, reason, nspace=job.nspace, exit=exit,
                           failures=[], failed=0, killed=0, apps=len(job.apps)))
