@@ -369,14 +369,19 @@ class PydvmJobExecutor(JobExecutor):
             early = self._early.pop(nspace, [])
         self._set_job_status(job, JobStatus(JobState.QUEUED, time=time.time(),
                                             metadata={"nativeId": nspace}))
-        # its start (and end) told by the job API itself: no events needed, no polling
+        self._follow(entry)
+        for ev in early:
+            self._on_event(ev)
+        handle.add_done_callback(lambda h, e=entry: _later(lambda: self._ended(e, h)))
+
+    def _follow(self, entry: _Entry) -> None:
+        """ACTIVE when the job API says the job started (its state callback:
+        no events needed, nothing polled), or at once if it has."""
+        handle = entry.handle
         handle.add_state_callback(lambda h, e=entry: h.state == "running" and _later(
             lambda: self._activate(e)))
         if handle.state == "running" or handle.done():
             self._activate(entry)
-        for ev in early:
-            self._on_event(ev)
-        handle.add_done_callback(lambda h, e=entry: _later(lambda: self._ended(e, h)))
 
     def _wake(self) -> None:
         with self._named:
@@ -465,6 +470,7 @@ class PydvmJobExecutor(JobExecutor):
         for ev in early:
             self._on_event(ev)
         if entry.handle is not None:
+            self._follow(entry)
             entry.handle.add_done_callback(lambda h, e=entry: _later(lambda: self._ended(e, h)))
         else:
             self._ensure_watcher()
