@@ -169,6 +169,10 @@ class Dvm:
         (:meth:`pydvm.jobs.Dvm.kill`)."""
         return await self._run(self.sync.kill, nspace, wait, signal)
 
+    async def processes(self, nspace: str) -> "dict[int, ProcessInfo] | None":
+        """A running job's processes by name (:meth:`pydvm.jobs.Dvm.processes`)."""
+        return await self._run(self.sync.processes, nspace)
+
     async def nodes(self) -> list[NodeInfo]:
         """The DVM's nodes (:meth:`pydvm.jobs.Dvm.nodes`)."""
         return await self._run(self.sync.nodes)

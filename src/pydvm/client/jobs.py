@@ -184,7 +184,7 @@ class Job(Future):
         failures).  Not from an output or done callback (the reader thread)."""
         if self.nspace is None or self.state in (SUBMITTED, QUEUED, ENDED):
             return None
-        return self.dvm._processes(self.nspace)
+        return self.dvm.processes(self.nspace)
 
     def add_state_callback(self, fn: "Callable[[Job], Any]") -> None:
         """Call ``fn(job)`` at each change of :attr:`state` (``queued``,
@@ -500,8 +500,12 @@ class Dvm:
         return [NodeInfo(row, reasons.get(row[0]) if row else None)
                 for row in r.get("nodes") or ()]
 
-    def _processes(self, nspace: str) -> "dict[int, ProcessInfo] | None":
-        """A job's processes (``job_procs``); None once the DVM has no such job."""
+    def processes(self, nspace: str) -> "dict[int, ProcessInfo] | None":
+        """The processes of the running job ``nspace`` by rank
+        (:class:`ProcessInfo`; see :meth:`Job.processes`); None if it is
+        queued or the DVM has no such job.
+        :class:`~pydvm.errors.NoPermissionsError` for another user's job
+        (root and the DVM's owner see every job's)."""
         from ..errors import NotFoundError
 
         try:
