@@ -344,5 +344,23 @@ def test_a_lost_node_replans_the_queued_jobs_that_still_fit_and_refuses_the_othe
     assert records(dvm)["queued_jobs"] == 0
 
 
+def test_a_job_waiting_for_a_lost_node_starts_at_once_on_the_nodes_left(make_dvm, tmp_path):
+    """What a queued job waited for was on the node that is lost: laid out
+    again on the nodes left, it fits, and starts there at once."""
+    dvm = make_dvm("a:1,b:1,c:1")
+    t = Inbox(tool(dvm))
+    go = tmp_path / "go"
+    t.peer.send(run_msg(1, hold(go)) | {"apps": [{"argv": hold(go), "n": 1,
+                                                  "hosts": [["b", 1]]}]})
+    t.first("started", 1)
+    t.peer.send(run_msg(2, ["true"], n=2))  # a and b; b is busy
+    t.first("queued", 2)
+    os.kill(dvm.daemon_pids["b"], signal.SIGKILL)
+    assert t.first("reply", 1)["exit"] == 255  # it ran there
+    assert t.first("started", 2)["nodes"] == ["a", "c"]
+    assert t.first("reply", 2)["exit"] == 0
+    go.touch()
+
+
 def _ps_jobs(dvm) -> list[dict]:
     return json.loads(dvm.cmd("ps", "--json", check=True).stdout)["jobs"]
