@@ -190,8 +190,9 @@ class Job(Future):
         """Call ``fn(job)`` at each change of :attr:`state` (``queued``,
         ``running``, ``ended`` -- then the Future is already resolved;
         ``nspace`` is set from ``queued`` or ``running`` on), on the
-        connection's reader thread -- keep it short.  A job already ended
-        is reported at once."""
+        connection's reader thread -- keep it short.  Changes from this
+        call on (look at ``state`` after adding it: it may have changed
+        before); a job already ended is reported at once."""
         self._state_callbacks.append(fn)
         if self.state == ENDED:
             self._tell_state()
