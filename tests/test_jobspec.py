@@ -117,3 +117,19 @@ def test_a_text_stream_is_written_through_its_buffer(tmp_path):
         out.write(0, b"bytes\n")
         out.close()
     assert (tmp_path / "t").read_text() == "bytes\n"
+
+
+def test_signal_number_takes_numbers_names_and_refuses_the_rest():
+    import signal
+
+    from pydvm.client.jobspec import signal_number
+
+    assert signal_number(signal.SIGUSR1) == signal_number("USR1") == signal.SIGUSR1
+    assert signal_number("sigkill") == signal_number(" SIGKILL ") == 9
+    assert signal_number("RTMIN+1") == signal.SIGRTMIN + 1
+    for bad in ("NOPE", "SIG", "", 0, -9, 100_000):
+        with pytest.raises(ValueError):
+            signal_number(bad)
+    for bad in (True, 1.5, None, b"USR1"):
+        with pytest.raises(TypeError):
+            signal_number(bad)

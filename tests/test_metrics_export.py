@@ -156,7 +156,8 @@ def test_every_family_is_declared_once_with_help_and_a_conventional_name():
         assert not name.endswith("_total")
         assert kind != "histogram" or name.endswith("_seconds")
         assert (help_[0].isupper() or help_[0].isdigit()) and help_.endswith(".")
-        assert set(labels) <= {"store", "uid", "reason", "op", "status", "state"}
+        assert set(labels) <= {"store", "uid", "reason", "op", "status", "state", "result",
+                               "kind"}
 
 
 def test_job_state_follows_its_processes():
@@ -172,3 +173,34 @@ def test_job_state_follows_its_processes():
     job.proc_ended(0, 0)
     job.proc_ended(1, 0)
     assert job.state == "ending"
+
+
+def test_queue_and_event_figures_round_trip_with_cumulative_wait_buckets():
+    """The queue's per-bucket wait counts become cumulative buckets; jobs
+    ended, events by kind and the gauges come back as given."""
+    from pydvm.runtime.jobqueue import WAIT_BUCKETS
+
+    wait = [0] * (len(WAIT_BUCKETS) + 1)
+    wait[0], wait[2], wait[-1] = 2, 1, 1  # two under 10 ms, one under 1 s, one past 10 h
+    text = _text(_snap([], queue={"waiting": 3, "queued": 5, "left": 1, "wait": wait,
+                                  "wait_sum": 40000.5},
+                       events={"subscriptions": 2, "sent": {"queued": 5, "ended": 4},
+                               "dropped": 1, "ended": {"ok": 3, "killed": 1}}))
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for f in text_string_to_metric_families(text) for s in f.samples}
+    assert got[("pydvm_queue_jobs", ())] == 3
+    assert got[("pydvm_queue_jobs_queued_total", ())] == 5
+    assert got[("pydvm_queue_jobs_left_total", ())] == 1
+    assert got[("pydvm_queue_wait_seconds_bucket", (("le", "0.01"),))] == 2
+    assert got[("pydvm_queue_wait_seconds_bucket", (("le", "0.1"),))] == 2
+    assert got[("pydvm_queue_wait_seconds_bucket", (("le", "1.0"),))] == 3
+    assert got[("pydvm_queue_wait_seconds_bucket", (("le", "36000.0"),))] == 3
+    assert got[("pydvm_queue_wait_seconds_bucket", (("le", "+Inf"),))] == 4
+    assert got[("pydvm_queue_wait_seconds_count", ())] == 4
+    assert got[("pydvm_queue_wait_seconds_sum", ())] == 40000.5
+    assert got[("pydvm_jobs_ended_total", (("result", "ok"),))] == 3
+    assert got[("pydvm_jobs_ended_total", (("result", "failed"),))] == 0
+    assert got[("pydvm_job_events_total", (("kind", "proc_exit"),))] == 0
+    assert got[("pydvm_job_events_total", (("kind", "ended"),))] == 4
+    assert got[("pydvm_job_event_subscriptions", ())] == 2
+    assert got[("pydvm_job_event_subscriptions_dropped_total", ())] == 1

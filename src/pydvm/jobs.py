@@ -21,8 +21,8 @@
 from .client.executor import Executor
 from .client.jobs import Dvm, Job, Subscription, connect, start
 from .client.jobspec import (App, JobEvent, JobFailedError, JobInfo, JobResult, JobSpec,
-                             ProcessFailure, UnsupportedError)
+                             NodeInfo, ProcessFailure, ProcessInfo, UnsupportedError)
 
 __all__ = ["App", "Dvm", "Executor", "Job", "JobEvent", "JobFailedError", "JobInfo",
-           "JobResult", "JobSpec", "ProcessFailure", "Subscription", "UnsupportedError",
-           "connect", "start"]
+           "JobResult", "JobSpec", "NodeInfo", "ProcessFailure", "ProcessInfo", "Subscription",
+           "UnsupportedError", "connect", "start"]

@@ -283,6 +283,94 @@ def test_latency_histogram_counts_every_request_served(metrics_dvm):
 # ----------------------------------------------------------------------
 
 
+def test_queue_jobs_and_job_events_are_counted(metrics_dvm, monkeypatch):
+    """A DVM of one slot that queues: a holder runs, three jobs wait; one is
+    killed while queued, the holder is killed, the other two run (one
+    fails).  The scrapes show the queue's length, what waited and how long,
+    how jobs ended, the event subscription and every event sent to it."""
+    import threading
+
+    import pydvm.jobs as pj
+
+    dvm, url = metrics_dvm("a:1", pydvm_queue="on")
+    monkeypatch.setenv("PYDVM_STATE_DIR", dvm.env["PYDVM_STATE_DIR"])
+    s = scrape(url)
+    assert s.value("pydvm_queue_jobs") == 0
+    assert s.value("pydvm_queue_jobs_queued_total") == 0
+    assert s.value("pydvm_queue_jobs_left_total") == 0
+    assert s.value("pydvm_queue_wait_seconds_count") == 0
+    assert s.by("pydvm_jobs_ended_total", "result") == {"ok": 0, "failed": 0, "killed": 0}
+    assert s.value("pydvm_job_event_subscriptions") == 0
+    assert s.value("pydvm_job_event_subscriptions_dropped_total") == 0
+    with pj.connect(dvm.uri) as api:
+        sub = api.on_event(lambda ev: None)
+        ready = threading.Event()
+        hold = api.submit(["sh", "-c", "echo READY; exec sleep 120"],
+                          stdout=lambda rank, line: ready.set())
+        assert ready.wait(30)
+        waiting = [api.submit("true"), api.submit("false"), api.submit("true")]
+        wait_for(lambda: all(j.state == "queued" for j in waiting), what="three jobs queued")
+        s = scrape(url)
+        assert s.value("pydvm_queue_jobs") == 3
+        assert s.value("pydvm_queue_jobs_queued_total") == 3
+        assert s.value("pydvm_queue_wait_seconds_count") == 1  # the holder, at once
+        assert s.value("pydvm_job_event_subscriptions") == 1
+        assert s.by("pydvm_job_events_total", "kind") == {
+            "queued": 3, "started": 1, "proc_exit": 0, "ended": 0, "dropped": 0}
+        waiting[2].kill()
+        assert waiting[2].result(60).returncode == 143
+        hold.kill()
+        assert hold.result(60).killed == 1
+        assert waiting[0].result(60).returncode == 0
+        assert waiting[1].result(60).returncode == 1
+        s = scrape(url)
+        assert s.value("pydvm_queue_jobs") == 0
+        assert s.value("pydvm_queue_jobs_left_total") == 1
+        assert s.value("pydvm_queue_wait_seconds_count") == 3
+        assert s.value("pydvm_queue_wait_seconds_sum") > 0
+        assert s.value("pydvm_queue_wait_seconds_bucket", le="+Inf") == 3
+        assert s.by("pydvm_jobs_ended_total", "result") == {"ok": 1, "failed": 1, "killed": 1}
+        assert s.value("pydvm_jobs_started_total") == 3
+        assert s.by("pydvm_job_events_total", "kind") == {
+            "queued": 3, "started": 3, "proc_exit": 3, "ended": 4, "dropped": 0}
+        sub.close()
+        wait_for(lambda: scrape(url).value("pydvm_job_event_subscriptions") == 0,
+                 what="the subscription gone")
+
+
+def test_a_subscriber_dropped_for_not_reading_is_counted(metrics_dvm):
+    """A tool subscribes and never reads (small socket buffers, so what it
+    leaves unread piles up at the master): past pydvm_event_backlog its
+    subscription is dropped, and the scrape counts it."""
+    from rawpeers import Peer, master_uri, tool
+
+    from pydvm.protocol import mac
+
+    dvm, url = metrics_dvm("a:4", pydvm_event_backlog="1k")
+    uri = master_uri(dvm)
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 536)
+    s.connect((uri.host, uri.port))
+    lazy = Peer(s, "lazy")
+    challenge = lazy.recv()
+    assert lazy.call({"t": "auth", "role": "tool",
+                      "mac": mac(dvm.secret(), challenge["nonce"], "tool")})["status"] == 0
+    assert lazy.call({"t": "subscribe", "id": 1})["status"] == 0
+    assert scrape(url).value("pydvm_job_event_subscriptions") == 1
+    t = tool(dvm)
+    specs = [{"id": 100 + i, "apps": [{"argv": ["true"], "n": 1}], "env": dict(os.environ),
+              "cwd": "/", "queue": True, "output": "discard"} for i in range(300)]
+    t.send({"t": "run_many", "id": 1, "jobs": specs})
+    wait_for(lambda: scrape(url).value("pydvm_job_event_subscriptions_dropped_total") == 1,
+             timeout=60, what="the lazy subscription dropped")
+    sc = scrape(url)
+    assert sc.value("pydvm_job_event_subscriptions") == 0
+    assert sc.value("pydvm_job_events_total", kind="dropped") == 1
+    t.close()
+    lazy.close()
+
+
 def test_a_killed_daemon_shows_as_a_lost_node_and_its_store_is_no_longer_asked(metrics_dvm):
     """SIGKILL the daemon of b: the scrape then counts two nodes up and one lost,
     and exports no store b (it is gone with its daemon)."""

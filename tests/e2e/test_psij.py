@@ -432,3 +432,31 @@ def test_a_job_that_waits_for_slots_is_queued_until_they_free(ex, dvm, tmp_path)
     assert second.wait(timeout=WAIT).state == JobState.COMPLETED
     assert [s for s, _ in states] == [JobState.QUEUED, JobState.ACTIVE, JobState.COMPLETED]
     assert states[0][1] == JobState.ACTIVE  # queued while the first ran
+
+
+def test_without_job_events_a_queued_job_turns_active_with_nothing_polled(dvm, tmp_path,
+                                                                          monkeypatch):
+    """A DVM that pushes no job events (the subscription refused): a job the
+    executor submitted still goes QUEUED -> ACTIVE -> COMPLETED, told by
+    the job API's own answers -- no watcher thread looks at the DVM."""
+    import pydvm.psij.executor as pex
+
+    monkeypatch.setenv("PYDVM_STATE_DIR", dvm.env["PYDVM_STATE_DIR"])
+    monkeypatch.setattr(pex, "_listen", lambda d, ex: False)
+    ex = pex.PydvmJobExecutor(url=dvm.uri)
+    go = tmp_path / "go"
+    queue = JobAttributes(custom_attributes={"pydvm.queue": True})
+    first = Job(JobSpec("/bin/bash", ["-c", f"while [ ! -e {go} ]; do sleep 0.05; done"],
+                        attributes=queue, resources=ResourceSpecV1(process_count=3)))
+    ex.submit(first)
+    assert first.wait(timeout=WAIT, target_states=[JobState.ACTIVE]).state == JobState.ACTIVE
+    states: list = []
+    second = Job(JobSpec("/bin/true", attributes=queue))
+    second.set_job_status_callback(lambda j, s: states.append(s.state))
+    ex.submit(second)
+    assert second.status.state == JobState.QUEUED and ex._events is False
+    go.touch()
+    assert second.wait(timeout=WAIT).state == JobState.COMPLETED
+    assert states == [JobState.QUEUED, JobState.ACTIVE, JobState.COMPLETED]
+    assert first.wait(timeout=WAIT).state == JobState.COMPLETED
+    assert ex._watcher is None  # nothing polled the DVM

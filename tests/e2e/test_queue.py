@@ -299,25 +299,68 @@ def test_jobs_submitted_together_reach_each_node_in_one_launch_message(make_dvm,
         assert len(said) == 1 and f"{node}: 50 jobs' launches in one message" in said[0], said
 
 
-def test_a_lost_node_ends_the_queued_jobs_laid_out_on_it_and_no_other(make_dvm, tmp_path):
-    dvm = make_dvm("a:1,b:1")
+def test_a_lost_node_replans_the_queued_jobs_that_still_fit_and_refuses_the_others(
+        make_dvm, tmp_path):
+    """Jobs waiting on a node that is lost are laid out again on the nodes
+    left, as a job submitted now would be: one that still fits waits on (and
+    runs there), one that no longer can is refused, saying why; the others
+    are left alone."""
+    dvm = make_dvm("a:1,b:1,c:1")
     t = Inbox(tool(dvm))
     go = tmp_path / "go"
 
     def on(rid, hosts, n=1, argv=None):
-        return run_msg(rid, argv or hold(go)) | {"apps": [{"argv": argv or hold(go), "n": n,
-                                                           "hosts": [[h, 1] for h in hosts]}]}
+        argv = argv or hold(go)
+        app = {"argv": argv, "n": n}
+        if hosts:
+            app["hosts"] = [[h, 1] for h in hosts]
+        return run_msg(rid, argv) | {"apps": [app]}
     t.peer.send(on(1, "a"))
     t.first("started", 1)
-    t.peer.send(on(2, "ab", n=2))
-    t.first("queued", 2)
-    t.peer.send(on(3, "a", argv=["true"]))
-    ns3 = t.first("queued", 3)["nspace"]
+    t.peer.send(on(2, "", n=2, argv=["true"]))  # the DVM's nodes: a and b
+    ns2 = t.first("queued", 2)["nspace"]
+    t.peer.send(on(3, "ab", n=2))  # asks for a and b by name
+    t.first("queued", 3)
+    t.peer.send(on(4, "a", argv=["true"]))
+    ns4 = t.first("queued", 4)["nspace"]
+    assert [j["ranks_per_node"] for j in _ps_jobs(dvm) if j["nspace"] == ns2] == [
+        {"a": 1, "b": 1}]
     os.kill(dvm.daemon_pids["b"], signal.SIGKILL)
-    r = t.first("reply", 2)
+    r = t.first("reply", 3)
     assert r["status"] == 0 and r["exit"] == 255, r
     assert r["msg"].startswith("node b was lost while the job was queued"), r["msg"]
-    assert ps(dvm)[ns3] == "queued"
+    assert "the nodes left cannot run it" in r["msg"] and "node a" in r["msg"], r["msg"]
+    # job 2 is laid out again on a and c, and still waits for a
+    wait_for(lambda: [j["ranks_per_node"] for j in _ps_jobs(dvm) if j["nspace"] == ns2]
+             == [{"a": 1, "c": 1}], what="job 2 laid out on a and c")
+    states = ps(dvm)
+    assert states[ns2] == "queued" and states[ns4] == "queued", states
     go.touch()
     assert t.first("reply", 1)["exit"] == 0
-    assert t.first("reply", 3)["exit"] == 0
+    assert t.first("started", 2)["nodes"] == ["a", "c"]
+    assert t.first("reply", 2)["exit"] == 0
+    assert t.first("reply", 4)["exit"] == 0
+    assert t.index("started", 2) < t.index("started", 4)  # FIFO on a kept
+    assert records(dvm)["queued_jobs"] == 0
+
+
+def test_a_job_waiting_for_a_lost_node_starts_at_once_on_the_nodes_left(make_dvm, tmp_path):
+    """What a queued job waited for was on the node that is lost: laid out
+    again on the nodes left, it fits, and starts there at once."""
+    dvm = make_dvm("a:1,b:1,c:1")
+    t = Inbox(tool(dvm))
+    go = tmp_path / "go"
+    t.peer.send(run_msg(1, hold(go)) | {"apps": [{"argv": hold(go), "n": 1,
+                                                  "hosts": [["b", 1]]}]})
+    t.first("started", 1)
+    t.peer.send(run_msg(2, ["true"], n=2))  # a and b; b is busy
+    t.first("queued", 2)
+    os.kill(dvm.daemon_pids["b"], signal.SIGKILL)
+    assert t.first("reply", 1)["exit"] == 255  # it ran there
+    assert t.first("started", 2)["nodes"] == ["a", "c"]
+    assert t.first("reply", 2)["exit"] == 0
+    go.touch()
+
+
+def _ps_jobs(dvm) -> list[dict]:
+    return json.loads(dvm.cmd("ps", "--json", check=True).stdout)["jobs"]

@@ -36,6 +36,12 @@ with pydvm.jobs.connect(sys.argv[1]) as dvm:
         dvm.kill(sys.argv[2])
     except NoPermissionsError as exc:
         print("REFUSED", exc)
+    for what, call in (("signal", lambda: dvm.kill(sys.argv[2], signal="USR1")),
+                       ("procs", lambda: dvm.processes(sys.argv[2]))):
+        try:
+            call()
+        except NoPermissionsError as exc:
+            print("REFUSED", what, exc)
 """
 
 
@@ -52,6 +58,8 @@ def test_a_users_jobs_run_as_that_user_and_others_cannot_kill_them(mudvm, users,
         assert p.returncode == 0, p.stderr
         assert p.stdout.startswith("REFUSED PMIX_ERR_NO_PERMISSIONS") and "not your job" in \
             p.stdout, p.stdout
+        assert "REFUSED signal PMIX_ERR_NO_PERMISSIONS" in p.stdout, p.stdout
+        assert "REFUSED procs PMIX_ERR_NO_PERMISSIONS" in p.stdout, p.stdout
         out, err = holder.communicate("go\n", timeout=60)
         assert holder.returncode == 0, err
         assert out.split() == ["KILLED", "1"]

@@ -95,7 +95,10 @@ def cmd_kill(a) -> int:
     code = 0
     for ns in a.nspace:
         try:
-            _tool(a, {"t": "kill_job", "nspace": ns, "wait": True})
+            if a.signal is not None:
+                _tool(a, {"t": "signal_job", "nspace": ns, "signal": a.signal, "wait": True})
+            else:
+                _tool(a, {"t": "kill_job", "nspace": ns, "wait": True})
         except (ToolError, ValueError) as exc:
             code = tool_failed(exc, a.dvm)
             if isinstance(exc, (DvmUnreachable, UriError)) or code == 2:

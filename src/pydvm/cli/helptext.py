@@ -156,6 +156,16 @@ def id_number(text: str) -> int:
     return v
 
 
+def signal_arg(text: str) -> int:
+    """A signal: its number or name (``USR1``, ``SIGUSR1``)."""
+    from ..client.jobspec import signal_number
+
+    try:
+        return signal_number(int(text) if text.strip().isdigit() else text)
+    except ValueError as exc:
+        raise _bad(f"{exc} (a signal is a number or a name such as USR1)") from None
+
+
 def count(text: str) -> int:
     """A non-negative integer."""
     try:

@@ -15,7 +15,7 @@ import argparse
 
 from .helptext import (ACCESS_HELP, LOOKUP_OUTPUT_HELP, MAIN_DESCRIPTION, MAIN_EPILOG,
                        PERSISTENCES_HELP, PUBLISH_VALUES_HELP, RANGES_HELP, count, id_number,
-                       port, seconds)
+                       port, seconds, signal_arg)
 from ..enums import Persistence, Range
 
 
@@ -141,7 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
                 "End each job named (its processes get SIGTERM, then SIGKILL); return once "
                 "it has ended and its data has been purged.  Its pydvm run says it was "
                 "killed by 'pydvm kill'.  Your own jobs; root and the DVM's owner may kill "
-                "any.  Exit 1 if a job could not be killed.")
+                "any.  Exit 1 if a job could not be killed.  With --signal, every process "
+                "of each job gets that signal instead: TERM is the plain kill, KILL ends "
+                "the job at once (no SIGTERM first); any other signal returns once "
+                "delivered and the job goes on.  A queued job is taken off the queue.")
+    s.add_argument("-s", "--signal", type=signal_arg, metavar="SIG",
+                   help="the signal to send, by number or name (USR1, SIGUSR1)")
     s.add_argument("nspace", nargs="+", metavar="NSPACE", help="a job's namespace (pydvm ps)")
     _dvm_option(s)
     s.set_defaults(func=cmd_kill)

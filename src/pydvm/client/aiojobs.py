@@ -26,14 +26,15 @@ import asyncio
 
 from . import jobs as _jobs
 from .jobspec import (App, JobEvent, JobFailedError, JobInfo, JobResult, JobSpec,  # noqa: F401
-                      ProcessFailure, UnsupportedError)
+                      NodeInfo, ProcessFailure, ProcessInfo, UnsupportedError)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 
 __all__ = ["App", "Dvm", "EventStream", "Job", "JobEvent", "JobFailedError", "JobInfo", "JobResult",
-           "JobSpec", "ProcessFailure", "UnsupportedError", "connect", "start"]
+           "JobSpec", "NodeInfo", "ProcessFailure", "ProcessInfo", "UnsupportedError", "connect",
+           "start"]
 
 
 async def connect(uri: str | None = None) -> "Dvm":
@@ -53,8 +54,9 @@ async def start(hosts: "str | list[str] | None" = None, **kw: Any) -> "Dvm":
 class Job:
     """A job: ``await job`` gives its :class:`JobResult` (or raises as the
     blocking :class:`pydvm.jobs.Job`'s ``result()`` does).  ``state``,
-    ``nspace``, ``size``, ``position``, :meth:`kill`, :meth:`cancel`,
-    :meth:`done` are the blocking job's; ``future`` is it (a
+    ``nspace``, ``size``, ``nodes``, ``position``, :meth:`kill`,
+    :meth:`cancel`, :meth:`done` are the blocking job's, :meth:`processes`
+    its awaitable twin; ``future`` is it (a
     :class:`concurrent.futures.Future`)."""
 
     __slots__ = ("future",)
@@ -87,6 +89,11 @@ class Job:
         return self.future.size
 
     @property
+    def nodes(self) -> list[str] | None:
+        """The names of the nodes it runs on, once started (kept after its end)."""
+        return self.future.nodes
+
+    @property
     def position(self) -> int | None:
         """Its place in the DVM's queue while queued."""
         return self.future.position
@@ -95,9 +102,15 @@ class Job:
         """The job has ended (or failed, or was cancelled)."""
         return self.future.done()
 
-    def kill(self) -> None:
-        """Kill the job; awaiting it gives the report (see :meth:`pydvm.jobs.Job.kill`)."""
-        self.future.kill()
+    def kill(self, signal: "int | str | None" = None) -> None:
+        """Kill the job, or send its processes ``signal``; awaiting it gives
+        the report (see :meth:`pydvm.jobs.Job.kill`)."""
+        self.future.kill(signal)
+
+    async def processes(self) -> "dict[int, ProcessInfo] | None":
+        """Its processes by rank, as the DVM knows them now
+        (:meth:`pydvm.jobs.Job.processes`); None unless it runs."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.future.processes)
 
     def cancel(self) -> bool:
         """Kill the job and cancel it (see :meth:`pydvm.jobs.Job.cancel`)."""
@@ -150,9 +163,19 @@ class Dvm:
         """The job ``nspace`` as ``pydvm ps`` lists it; None if not there."""
         return await self._run(self.sync.job, nspace)
 
-    async def kill(self, nspace: str, wait: bool = False) -> int | None:
-        """Kill a job by name (:meth:`pydvm.jobs.Dvm.kill`)."""
-        return await self._run(self.sync.kill, nspace, wait)
+    async def kill(self, nspace: str, wait: bool = False,
+                   signal: "int | str | None" = None) -> int | None:
+        """Kill a job by name, or send its processes ``signal``
+        (:meth:`pydvm.jobs.Dvm.kill`)."""
+        return await self._run(self.sync.kill, nspace, wait, signal)
+
+    async def processes(self, nspace: str) -> "dict[int, ProcessInfo] | None":
+        """A running job's processes by name (:meth:`pydvm.jobs.Dvm.processes`)."""
+        return await self._run(self.sync.processes, nspace)
+
+    async def nodes(self) -> list[NodeInfo]:
+        """The DVM's nodes (:meth:`pydvm.jobs.Dvm.nodes`)."""
+        return await self._run(self.sync.nodes)
 
     async def events(self, nspace: str | None = None, session: int | None = None
                      ) -> "EventStream":

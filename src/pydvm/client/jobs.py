@@ -41,15 +41,18 @@ from ..errors import PMIxError, Status, UnreachableError, error_for
 from ..protocol import HANDSHAKE_TIMEOUT, DvmUri, FrameDecoder, FrameError, pack
 from .jobconn import open_tool, start_dvm, stop_dvm
 from .jobspec import (ENDED, QUEUED, RUNNING, SUBMITTED, App, JobEvent, JobFailedError,  # noqa: F401
-                      JobInfo, JobResult, JobSpec, ProcessFailure, StdinFeed,
-                      UnsupportedError, output_sinks, run_request, unknown_request)
+                      JobInfo, JobResult, JobSpec, NodeInfo, ProcessFailure, ProcessInfo,
+                      StdinFeed, UnsupportedError, output_sinks, run_request, signal_number,
+                      unknown_request)
+from .subscription import Subscription
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Iterator
 
 __all__ = ["App", "Dvm", "Job", "JobEvent", "JobFailedError", "JobInfo", "JobResult",
-           "JobSpec", "ProcessFailure", "Subscription", "UnsupportedError", "connect", "start"]
+           "JobSpec", "NodeInfo", "ProcessFailure", "ProcessInfo", "Subscription",
+           "UnsupportedError", "connect", "start"]
 
 
 def connect(uri: "str | None" = None, *, timeout: float = HANDSHAKE_TIMEOUT) -> "Dvm":
@@ -100,14 +103,20 @@ class Job(Future):
     ``state``: ``"submitted"``, ``"queued"`` (waiting for free slots),
     ``"running"`` (started: its processes are launched or running),
     ``"ended"``; ``nspace`` (known once queued or started), ``size`` (its
-    process count, once started), ``position`` (its place in the DVM's
-    queue, while queued).
+    process count, once started), ``nodes`` (the names of the nodes it
+    runs on, in the order of their first rank: filled when it starts --
+    ``state`` ``"running"``, the ``started`` event -- and kept after its
+    end; None before), ``position`` (its place in the DVM's queue, while
+    queued).  :meth:`processes` asks the DVM for its processes (rank,
+    node, pid, state) while it runs.  :meth:`add_state_callback` is told
+    each change of ``state``.
 
     :meth:`cancel` kills a job that has not ended and returns True: the
     Future is cancelled at once (``result()`` raises CancelledError), and
     the DVM ends the processes right after (``state`` becomes ``"ended"``
     when it has).  :meth:`kill` kills it too but lets the Future resolve
-    with the report (``reason`` says who ended it).  The Future is never
+    with the report (``reason`` says who ended it); ``kill(signal=...)``
+    sends its processes a signal of your choice.  The Future is never
     ``running()`` in the Executor sense before it ends -- ``running()``
     says whether the job's processes have started.
     """
@@ -120,11 +129,14 @@ class Job(Future):
         self.state = SUBMITTED
         self.nspace: str | None = None
         self.size: int | None = None
+        self.nodes: list[str] | None = None
         self.position: int | None = None
         self._out = out
         self._err = err
         self._stdin = stdin
         self._kill_asked = False
+        self._signals: list[int] = []  # asked for before the DVM named the job
+        self._state_callbacks: list[Callable[[Job], Any]] = []
 
     def __repr__(self) -> str:
         return f"<Job {self.nspace or '#' + str(self.id)} {self.state}>"
@@ -133,16 +145,64 @@ class Job(Future):
         """Whether the job has started and not ended."""
         return self.state == RUNNING
 
-    def kill(self) -> None:
-        """Kill the job (SIGTERM to its processes, SIGKILL after the DVM's
-        kill grace), queued or running; its Future resolves with the report.
-        Nothing happens if it has ended.  A job not yet queued or started
-        is killed as soon as the DVM names it."""
+    def kill(self, signal: "int | str | None" = None) -> None:
+        """Kill the job, queued or running, as ``pydvm kill`` does (SIGTERM to
+        its processes, SIGKILL after the DVM's kill grace); its Future
+        resolves with the report.  Nothing happens if it has ended.  A job
+        not yet queued or started is killed as soon as the DVM names it.
+
+        ``signal`` (a number, :class:`signal.Signals` or name: ``"USR1"``)
+        sends that signal to every process of the job instead -- to each
+        process's group, as a kill does -- and the job goes on: a process
+        that handles it carries on, one that it ends counts as failed on
+        its own.  ``SIGTERM`` is the plain kill; ``SIGKILL`` ends the job at
+        once, with no SIGTERM before it; either way the report's ``reason``
+        names the signal and who sent it.  A queued job is taken off the
+        queue whatever the signal (its Future resolves with ``returncode``
+        143).  ValueError for what is not a signal; like the kill, this
+        returns at once (:meth:`Dvm.kill` waits for the DVM's answer)."""
+        if signal is not None:
+            sig = signal_number(signal)
+            if self.state == ENDED:
+                return
+            if self.nspace is None:
+                self._signals.append(sig)
+            else:
+                self.dvm._signal(self.nspace, sig)
+            return
         if self.state == ENDED or self._kill_asked:
             return
         self._kill_asked = True
         if self.nspace is not None:
             self.dvm._kill(self.nspace)
+
+    def processes(self) -> "dict[int, ProcessInfo] | None":
+        """The job's processes now, by rank (:class:`ProcessInfo`: ``node``,
+        ``pid``, ``state``, ``status``), as the DVM knows them -- asked each
+        time; None while the job is queued or not named yet, and once it
+        has ended (the DVM forgets it then: its :class:`JobResult` has the
+        failures).  Not from an output or done callback (the reader thread)."""
+        if self.nspace is None or self.state in (SUBMITTED, QUEUED, ENDED):
+            return None
+        return self.dvm.processes(self.nspace)
+
+    def add_state_callback(self, fn: "Callable[[Job], Any]") -> None:
+        """Call ``fn(job)`` at each change of :attr:`state` (``queued``,
+        ``running``, ``ended`` -- then the Future is already resolved;
+        ``nspace`` is set from ``queued`` or ``running`` on), on the
+        connection's reader thread -- keep it short.  Changes from this
+        call on (look at ``state`` after adding it: it may have changed
+        before); a job already ended is reported at once."""
+        self._state_callbacks.append(fn)
+        if self.state == ENDED:
+            self._tell_state()
+
+    def _tell_state(self) -> None:
+        for fn in list(self._state_callbacks):
+            try:
+                fn(self)
+            except Exception:  # a callback's error must not stop the connection
+                pass
 
     def cancel(self) -> bool:
         """Kill the job if it has not ended and cancel the Future (True);
@@ -180,8 +240,13 @@ class Job(Future):
         if isinstance(nspace, str):
             self.nspace = nspace
         self.state = state
-        if self._kill_asked and self.nspace is not None:
-            self.dvm._kill(self.nspace)
+        if self.nspace is not None:
+            for sig in self._signals:
+                self.dvm._signal(self.nspace, sig)
+            self._signals.clear()
+            if self._kill_asked:
+                self.dvm._kill(self.nspace)
+        self._tell_state()
 
     def _output(self, rank: int, fd: Any, data: bytes) -> None:
         sink = self._err if fd == 2 else self._out
@@ -206,11 +271,12 @@ class Job(Future):
         if reply.get("status") != 0:
             exc = error_for(Status.coerce(reply.get("status")), reply.get("msg") or "")
             self._settle(exc=exc)
-            return
-        if self.nspace is None:
-            self.nspace = reply.get("nspace")
-        self._settle(JobResult(reply, self.size, out.value() if out is not None else None,
-                               err.value() if err is not None else None))
+        else:
+            if self.nspace is None:
+                self.nspace = reply.get("nspace")
+            self._settle(JobResult(reply, self.size, out.value() if out is not None else None,
+                                   err.value() if err is not None else None))
+        self._tell_state()  # once the Future is resolved
 
     def _settle(self, result: Any = None, exc: BaseException | None = None) -> None:
         """Resolve the Future, unless it was cancelled meanwhile."""
@@ -223,92 +289,6 @@ class Job(Future):
                 self.set_result(result)
         except InvalidStateError:
             pass  # cancelled
-
-
-class Subscription:
-    """Job events pushed by the DVM (``subscribe``): iterate over it
-    (:class:`JobEvent`; the iteration ends when it is closed, or -- for one
-    job's events -- after its ``ended``), or give it a callback
-    (:meth:`Dvm.on_event`).  :meth:`close` unsubscribes.  A subscriber that
-    reads too slowly is dropped by the DVM (which holds a bounded backlog
-    per connection): the iteration then raises
-    :class:`~pydvm.errors.OutOfResourceError`, and ``error`` says so; so
-    does a lost connection (:class:`~pydvm.errors.UnreachableError`)."""
-
-    def __init__(self, dvm: "Dvm", rid: int, callback: Callable[[JobEvent], Any] | None,
-                 nspace: str | None, on_end: Callable[[], Any] | None = None) -> None:
-        import collections
-
-        self._on_end = on_end
-        self.dvm = dvm
-        self.id = rid
-        self.nspace = nspace
-        self._callback = callback
-        self._queue: Any = collections.deque()
-        self._cv = threading.Condition()
-        self.closed = False
-        self.error: BaseException | None = None
-
-    def _event(self, msg: dict) -> None:
-        ev = JobEvent(msg)
-        if ev.kind == "dropped":  # we read too slowly: the DVM ended the subscription
-            from ..errors import OutOfResourceError
-
-            self.dvm._subs.pop(self.id, None)
-            self._end(OutOfResourceError(f"the DVM dropped the subscription: "
-                                         f"{ev.fields.get('reason') or 'not read in time'}"))
-            return
-        if self._callback is not None:
-            self._callback(ev)
-        else:
-            with self._cv:
-                self._queue.append(ev)
-                self._cv.notify_all()
-        if ev.kind == "ended" and self.nspace is not None and ev.nspace == self.nspace:
-            self.close()
-
-    def _end(self, error: BaseException | None) -> None:
-        with self._cv:
-            if self.closed:
-                return
-            self.closed = True
-            self.error = self.error or error
-            self._cv.notify_all()
-        if self._on_end is not None:
-            self._on_end()
-
-    def get(self, timeout: float | None = None) -> JobEvent | None:
-        """The next event (None once closed and drained); TimeoutError if
-        none comes within ``timeout`` seconds."""
-        with self._cv:
-            if not self._cv.wait_for(lambda: self._queue or self.closed, timeout):
-                raise TimeoutError("no job event in time")
-            if self._queue:
-                return self._queue.popleft()
-            if self.error is not None:
-                raise self.error
-            return None
-
-    def __iter__(self) -> Iterator[JobEvent]:
-        while True:
-            ev = self.get()
-            if ev is None:
-                return
-            yield ev
-
-    def close(self) -> None:
-        """Unsubscribe (events already received stay to be read)."""
-        if self.closed:
-            return
-        self._end(None)
-        if self.dvm._subs.pop(self.id, None) is not None:
-            self.dvm._post({"t": "unsubscribe", "id": self.dvm._new_id(), "ref": self.id})
-
-    def __enter__(self) -> "Subscription":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 class Dvm:
@@ -493,15 +473,49 @@ class Dvm:
                 return info
         return None
 
-    def kill(self, nspace: str, wait: bool = False) -> int | None:
-        """Kill any job the DVM runs that we may kill (our own; any for the
-        DVM's owner); with ``wait``, return its exit status once it has
-        ended.  :class:`~pydvm.errors.NotFoundError` if there is no such job,
-        :class:`~pydvm.errors.NoPermissionsError` if it is not ours."""
+    def kill(self, nspace: str, wait: bool = False,
+             signal: "int | str | None" = None) -> int | None:
+        """Kill any job the DVM runs or queues that we may kill (our own;
+        any for the DVM's owner and root), as ``pydvm kill`` does; with
+        ``wait``, return its exit status once it has ended (143 for a
+        queued one).  ``signal``: send that signal to every process of the
+        job instead (``pydvm kill --signal``; see :meth:`Job.kill`): for any
+        signal but SIGTERM and SIGKILL this returns once every node of the
+        job has delivered it, and the job goes on.
+        :class:`~pydvm.errors.NotFoundError` if there is no such job,
+        :class:`~pydvm.errors.NoPermissionsError` if it is not ours,
+        ValueError for what is not a signal."""
         msg: dict = {"t": "kill_job", "nspace": nspace}
+        if signal is not None:
+            msg = {"t": "signal_job", "nspace": nspace, "signal": signal_number(signal)}
         if wait:
             msg["wait"] = True
         return self._call(msg).get("exit")
+
+    def nodes(self) -> list[NodeInfo]:
+        """The DVM's nodes, in its order (:class:`NodeInfo`: ``name``,
+        ``slots``, ``state``, a lost node's ``reason``), as ``pydvm info``
+        lists them."""
+        r = self._call({"t": "info"})
+        reasons = r.get("node_reasons") or {}
+        return [NodeInfo(row, reasons.get(row[0]) if row else None)
+                for row in r.get("nodes") or ()]
+
+    def processes(self, nspace: str) -> "dict[int, ProcessInfo] | None":
+        """The processes of the running job ``nspace`` by rank
+        (:class:`ProcessInfo`; see :meth:`Job.processes`); None if it is
+        queued or the DVM has no such job.
+        :class:`~pydvm.errors.NoPermissionsError` for another user's job
+        (root and the DVM's owner see every job's)."""
+        from ..errors import NotFoundError
+
+        try:
+            r = self._call({"t": "job_procs", "nspace": nspace})
+        except NotFoundError:
+            return None
+        if r.get("queued"):
+            return None
+        return {p.rank: p for p in (ProcessInfo(row) for row in r.get("procs") or ())}
 
     # -- events ------------------------------------------------------------------
 
@@ -605,6 +619,9 @@ class Dvm:
     def _kill(self, nspace: str) -> None:
         self._post({"t": "kill_job", "id": self._new_id(), "nspace": nspace})
 
+    def _signal(self, nspace: str, sig: int) -> None:
+        self._post({"t": "signal_job", "id": self._new_id(), "nspace": nspace, "signal": sig})
+
     def _call_future(self, rid: int) -> Future:
         f: Future = Future()
         with self._lock:
@@ -681,8 +698,9 @@ class Dvm:
             if isinstance(ns, str):
                 self._by_ns[ns] = job
             if t == "started":
-                size = msg.get("size")
+                size, nodes = msg.get("size"), msg.get("nodes")
                 job.size = size if isinstance(size, int) else None
+                job.nodes = list(nodes) if isinstance(nodes, list) else None
                 job.position = None
                 job._named(ns, RUNNING)
                 feed = job._stdin
@@ -729,6 +747,7 @@ class Dvm:
             job._release()
             job.state = ENDED
             job._settle(exc=UnreachableError(exc.message))
+            job._tell_state()
         for f in calls.values():
             f.set_result({"status": int(Status.ERR_UNREACH), "msg": exc.message})
         for sub in subs.values():

@@ -511,3 +511,71 @@ class JobEvent:
     def __repr__(self) -> str:
         extra = "".join(f", {k}={v!r}" for k, v in self.fields.items())
         return f"JobEvent({self.kind!r}, {self.nspace!r}{extra})"
+
+
+class ProcessInfo:
+    """One process of a running job (:meth:`pydvm.jobs.Job.processes`):
+    ``rank``, ``node``, ``pid`` (on its node; 0 before it has started),
+    ``state`` (``pending``: not started yet, ``running``, ``ended``),
+    ``status`` (once ended: its exit status, 128+N for signal N; else None)
+    and ``signal`` (the signal that ended it, 0 if none)."""
+
+    __slots__ = ("rank", "node", "pid", "state", "status", "signal")
+
+    def __init__(self, row: list) -> None:
+        row = list(row) + [None] * (6 - len(row))
+        self.rank, self.node, self.pid, self.state, self.status, self.signal = row[:6]
+        self.pid = self.pid or 0
+        self.signal = self.signal or 0
+
+    def __repr__(self) -> str:
+        end = f", status={self.status}" if self.state == "ended" else ""
+        return (f"ProcessInfo(rank={self.rank}, node={self.node!r}, pid={self.pid}, "
+                f"state={self.state!r}{end})")
+
+
+class NodeInfo:
+    """One node of a DVM (:meth:`pydvm.jobs.Dvm.nodes`): ``name``, ``slots``,
+    ``state`` (``launching``, ``joining``, ``up``, ``lost``, ``stopped``)
+    and, for a lost node, ``reason`` (else None); ``up``: it runs jobs."""
+
+    __slots__ = ("name", "slots", "state", "reason")
+
+    def __init__(self, row: list, reason: str | None = None) -> None:
+        row = list(row) + [None] * (3 - len(row))
+        self.name, self.slots, self.state = row[:3]
+        self.reason = reason or None
+
+    @property
+    def up(self) -> bool:
+        """The node is up: it runs jobs."""
+        return self.state == "up"
+
+    def __repr__(self) -> str:
+        why = f", reason={self.reason!r}" if self.reason else ""
+        return f"NodeInfo({self.name!r}, slots={self.slots}, state={self.state!r}{why})"
+
+
+def signal_number(sig: Any) -> int:
+    """A signal as the DVM takes it: a number, a :class:`signal.Signals`, or
+    a name (``"SIGUSR1"``, ``"USR1"``, any case).  ValueError names what is
+    not a signal of this system."""
+    import signal as _signal
+
+    if isinstance(sig, str):
+        name = sig.strip().upper()
+        name = name if name.startswith("SIG") else "SIG" + name
+        try:
+            return int(_signal.Signals[name])
+        except KeyError:
+            if name.startswith("SIGRTMIN+") or name.startswith("SIGRTMAX-"):
+                base, _, k = name[3:].partition("+" if "+" in name else "-")
+                if k.isdigit():
+                    return signal_number(int(getattr(_signal, "SIG" + base))
+                                         + (int(k) if "+" in name else -int(k)))
+            raise ValueError(f"not a signal name: {sig!r}") from None
+    if isinstance(sig, int) and not isinstance(sig, bool):
+        if sig > 0 and sig in _signal.valid_signals():
+            return int(sig)
+        raise ValueError(f"not a signal number of this system: {sig!r}")
+    raise TypeError(f"a signal is a number or a name, not {type(sig).__name__}")

@@ -233,8 +233,8 @@ class PydvmJobExecutor(JobExecutor):
 
     #: seconds :meth:`submit` waits for the DVM to name a job
     NAME_TIMEOUT = 60.0
-    #: seconds between looks at queued and attached jobs when the DVM does
-    #: not push job events
+    #: seconds between looks at attached jobs when the DVM does not push job
+    #: events (jobs submitted here are told of by the job API itself)
     WATCH_INTERVAL = 0.2
 
     def __init__(self, url: Optional[str] = None,
@@ -287,7 +287,7 @@ class PydvmJobExecutor(JobExecutor):
 
     def _events_lost(self) -> None:
         """The DVM dropped our subscription (we read too slowly): look at
-        queued and attached jobs instead."""
+        attached jobs instead."""
         with self._lock:
             self._events = False
         self._ensure_watcher()
@@ -296,11 +296,10 @@ class PydvmJobExecutor(JobExecutor):
     def _nodes(dvm: Any) -> list[tuple[str, int]]:
         """The DVM's up nodes: ``(name, slots)`` in its order."""
         try:
-            info = dvm._call({"t": "info"})
+            nodes = dvm.nodes()
         except Exception as exc:
             raise SubmitException(f"cannot read the DVM's nodes: {exc}") from exc
-        return [(row[0], int(row[1])) for row in info.get("nodes") or ()
-                if len(row) >= 3 and row[2] == "up"]
+        return [(n.name, int(n.slots)) for n in nodes if n.up]
 
     # -- PSI/J's interface ---------------------------------------------
 
@@ -349,7 +348,7 @@ class PydvmJobExecutor(JobExecutor):
             self._drop_nodefile(entry)
             raise SubmitException(f"cannot submit to the DVM: {exc}", exception=exc) from exc
         entry.handle = handle
-        handle.add_done_callback(lambda h: self._wake())
+        handle.add_state_callback(lambda h: self._wake())  # named (queued, running) or ended
         nspace = self._wait_named(handle)
         if nspace is None:  # refused before it was named
             self._drop_nodefile(entry)
@@ -370,13 +369,19 @@ class PydvmJobExecutor(JobExecutor):
             early = self._early.pop(nspace, [])
         self._set_job_status(job, JobStatus(JobState.QUEUED, time=time.time(),
                                             metadata={"nativeId": nspace}))
-        if handle.state == "running" or handle.done():
-            self._activate(entry)
+        self._follow(entry)
         for ev in early:
             self._on_event(ev)
         handle.add_done_callback(lambda h, e=entry: _later(lambda: self._ended(e, h)))
-        if not handle.done() and handle.state != "running":
-            self._ensure_watcher()
+
+    def _follow(self, entry: _Entry) -> None:
+        """ACTIVE when the job API says the job started (its state callback:
+        no events needed, nothing polled), or at once if it has."""
+        handle = entry.handle
+        handle.add_state_callback(lambda h, e=entry: h.state == "running" and _later(
+            lambda: self._activate(e)))
+        if handle.state == "running" or handle.done():
+            self._activate(entry)
 
     def _wake(self) -> None:
         with self._named:
@@ -384,16 +389,15 @@ class PydvmJobExecutor(JobExecutor):
 
     def _wait_named(self, handle: Any) -> Optional[str]:
         """Wait until the DVM names the job (queued or started: ``nspace``
-        set), or refuses it; its namespace, or None."""
+        set), or refuses it; its namespace, or None.  Woken by the job's
+        state callback (its first answer names it; its end), not by polling."""
         deadline = time.monotonic() + self.NAME_TIMEOUT
         with self._named:
             while handle.nspace is None and not handle.done():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
-                # woken by any job event or by the job's end; a DVM that pushes
-                # no events names a job in its first answer, looked at here
-                self._named.wait(min(left, 0.01))
+                self._named.wait(left)
         if handle.nspace is None:
             return None
         if handle.done() and handle.exception(0) is not None:
@@ -466,6 +470,7 @@ class PydvmJobExecutor(JobExecutor):
         for ev in early:
             self._on_event(ev)
         if entry.handle is not None:
+            self._follow(entry)
             entry.handle.add_done_callback(lambda h, e=entry: _later(lambda: self._ended(e, h)))
         else:
             self._ensure_watcher()
@@ -516,8 +521,8 @@ class PydvmJobExecutor(JobExecutor):
                                                     ev.fields.get("reason"), started=True))
 
     def _ensure_watcher(self) -> None:
-        """Without job events, a thread looks at queued and attached jobs
-        every :data:`WATCH_INTERVAL` seconds (it ends when none is left)."""
+        """Without job events, a thread looks at attached jobs every
+        :data:`WATCH_INTERVAL` seconds (it ends when none is left)."""
         with self._lock:
             if self._events or (self._watcher is not None and self._watcher.is_alive()):
                 return
@@ -529,16 +534,12 @@ class PydvmJobExecutor(JobExecutor):
         while True:
             with self._lock:
                 watched = [e for es in self._entries.values() for e in es
-                           if not e.job.status.final and (e.handle is None or not e.active)]
+                           if not e.job.status.final and e.handle is None]
                 if not watched:
                     self._watcher = None
                     return
             listed: Optional[dict] = None
             for entry in watched:
-                if entry.handle is not None:
-                    if entry.handle.state in ("running", "ended"):
-                        self._activate(entry)
-                    continue
                 if listed is None:
                     try:
                         listed = {j.nspace: j for j in self._connect().jobs()}

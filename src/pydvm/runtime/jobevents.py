@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,13 @@ log = logging.getLogger("pydvm.master")
 
 #: Subscriptions one connection may hold at once.
 MAX_SUBSCRIPTIONS = 256
+
+#: Event kinds, as the metrics list them.
+KINDS = ("queued", "started", "proc_exit", "ended", "dropped")
+#: How a started job ended, as the metrics count them: every process
+#: exited 0; it failed (a non-zero status); it was killed (``pydvm kill``,
+#: its time limit, a lost node, ``--abort-on-failure``...).
+RESULTS = ("ok", "failed", "killed")
 
 
 @dataclass
@@ -79,10 +87,25 @@ class JobEvents(ProcessListener, QueueListener):
         self.values = values
         #: tool -> {subscribe request id -> what it asked for}.
         self._subs: dict[ToolSession, dict[Any, Subscription]] = {}
+        #: figures for the metrics (:meth:`stats`): events sent by kind (one
+        #: per subscription told), subscriptions dropped for their backlog,
+        #: jobs started (spawned ones too; not those that left the queue
+        #: without starting), started jobs ended by result (:data:`RESULTS`).
+        self.sent: Counter = Counter()
+        self.dropped = 0
+        self.started = 0
+        self.ended: Counter = Counter()
 
     def count(self) -> int:
         """Subscriptions held (``pydvm info``'s records)."""
         return sum(len(s) for s in self._subs.values())
+
+    def stats(self) -> dict[str, Any]:
+        """Figures for the metrics endpoint: ``subscriptions`` (now),
+        ``sent`` (``{kind: events}``), ``dropped`` (subscriptions dropped for
+        not reading), ``started`` (jobs), ``ended`` (``{result: started jobs}``)."""
+        return {"subscriptions": self.count(), "sent": dict(self.sent),
+                "dropped": self.dropped, "started": self.started, "ended": dict(self.ended)}
 
     # ------------------------------------------------------------------
     # requests
@@ -143,6 +166,7 @@ class JobEvents(ProcessListener, QueueListener):
         self._emit(job, "queued", position=position)
 
     def job_started(self, job: JobRecord) -> None:
+        self.started += 1
         if self._subs:
             self._emit(job, "started", size=job.size, nodes=job.by_node())
 
@@ -156,6 +180,7 @@ class JobEvents(ProcessListener, QueueListener):
                        signal=p.signal)
 
     def job_ended(self, job: JobRecord) -> None:
+        self.ended["killed" if job.killed else "failed" if job.exit_status else "ok"] += 1
         self._ended(job, job.exit_status, len(job.failures), job.killed_procs,
                     job.error or job.kill_reason)
 
@@ -200,9 +225,12 @@ class JobEvents(ProcessListener, QueueListener):
                 continue
             for rid in refs:
                 tool.send({**base, "ref": rid})
+            self.sent[kind] += len(refs)
 
     def _drop(self, tool: ToolSession, why: str) -> None:
         subs = self._subs.pop(tool, {})
+        self.dropped += len(subs)
+        self.sent["dropped"] += len(subs)
         log.warning("%s: %d job-event subscription(s) dropped: %s", tool.name, len(subs), why)
         for rid in subs:
             tool.send({"t": "job_event", "ref": rid, "kind": "dropped", "time": time.time(),

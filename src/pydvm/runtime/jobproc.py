@@ -38,6 +38,10 @@ import subprocess
 
 DEVNULL = subprocess.DEVNULL
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 _setpriv: list[str | None] = []  # [path or None] once looked up
 
 
@@ -196,6 +200,20 @@ def signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def signal_all(job: "Any", sig: "Any") -> int:
+    """Send ``sig`` to the group of each of a node's job processes still
+    running (``job``: the node's ``LocalJob``, or None); how many."""
+    if job is None or not isinstance(sig, int) or isinstance(sig, bool) or sig <= 0:
+        return 0
+    n = 0
+    for lp in job.procs.values():
+        p = lp.process
+        if p is not None and p.returncode is None and not lp.ended:
+            signal_group(p.pid, sig)
+            n += 1
+    return n
 
 
 async def end_groups(procs: list[ChildProcess], grace: float) -> None:

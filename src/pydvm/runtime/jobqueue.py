@@ -27,10 +27,20 @@ waits for, so no stream of small jobs can delay a large one (on its nodes
 the queue is strict FIFO; jobs on other nodes -- another session's, or
 disjoint ``--host`` sets -- run meanwhile).
 
+**A lost node.**  A waiting job whose layout uses a node that is lost is
+laid out again from its ``run`` request, with its namespace, on the nodes
+left -- as if it were submitted now (:meth:`ProcessTable.plan`: an app
+without ``--host`` uses its session's nodes that are up, one with it the
+named ones that are up).  If it still could start from the queue it waits
+on in its place, with its new layout; if not (no node left for it, more
+ranks on a node than its slots, PMIx missing) it is refused: ended as
+below, ``exit`` 255, ``msg`` naming the node and why the nodes left cannot
+run it.
+
 **Ends.**  A waiting job leaves the queue by starting, or by being ended
-while queued: ``pydvm kill`` (``kill_job``), its tool's connection ending,
-its session ending, the DVM stopping, or a node of its layout being lost
-(it could never run as planned).  Its ``run`` is then answered as a killed
+while queued: ``pydvm kill`` (``kill_job``, ``signal_job``), its tool's
+connection ending, its session ending, the DVM stopping, or a lost node
+leaving nothing it can run on.  Its ``run`` is then answered as a killed
 job's: status 0, ``exit`` :data:`QUEUED_KILL_EXIT` (a lost node's: 255),
 the reason in ``msg``, no failures.  Nothing of it stays here.
 
@@ -45,11 +55,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import Status
-from ..wire import reply
+from ..wire import Message, reply
 from .core import LOST_STATUS
 from .jobs import JobRecord
 from .nodes import NodeListener, NodeTable
@@ -63,12 +74,16 @@ log = logging.getLogger("pydvm.master")
 #: job's (128 + SIGTERM), so scripts see the same status either way.
 QUEUED_KILL_EXIT = 143
 
+#: Upper bounds (seconds) of the queue-wait histogram's buckets (+Inf implied).
+WAIT_BUCKETS: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0, 60.0, 600.0, 3600.0, 36000.0)
+
 
 @dataclass
 class Waiting:
     """A queued job: who waits for it (``tool``, ``rid``), the planned job
     and each node's share, its ranks per node (``need``) and the most it may
-    have there (``cap``)."""
+    have there (``cap``); its ``run`` request (``msg``: to lay it out again
+    if a node of it is lost)."""
 
     tool: ToolSession
     rid: Any
@@ -76,6 +91,7 @@ class Waiting:
     per_node: dict[str, list[dict]]
     need: dict[str, int]
     cap: dict[str, int]
+    msg: dict | None = None
 
 
 class QueueListener:
@@ -111,6 +127,13 @@ class JobQueue(ProcessListener, NodeListener):
         self._wanted: dict[str, int] = {}
         self._listeners: list[QueueListener] = []
         self._pump_due = False
+        #: figures for the metrics (:meth:`stats`): jobs that had to wait,
+        #: jobs that left without starting, the wait of each job started
+        #: from the queue (counts per :data:`WAIT_BUCKETS` bound, and +Inf).
+        self.jobs_queued = 0
+        self.jobs_left = 0
+        self._wait_counts = [0] * (len(WAIT_BUCKETS) + 1)
+        self._wait_sum = 0.0
 
     def add_listener(self, listener: QueueListener) -> None:
         self._listeners.append(listener)
@@ -138,6 +161,14 @@ class JobQueue(ProcessListener, NodeListener):
         """The waiting jobs, first to start first."""
         return [w.job for w in self._waiting.values()]
 
+    def stats(self) -> dict[str, Any]:
+        """The queue's figures for the metrics endpoint: ``waiting`` (now),
+        ``queued`` and ``left`` (totals), ``wait`` (per-bucket counts of
+        :data:`WAIT_BUCKETS` and +Inf, not cumulative) and ``wait_sum``."""
+        return {"waiting": len(self._waiting), "queued": self.jobs_queued,
+                "left": self.jobs_left, "wait": list(self._wait_counts),
+                "wait_sum": self._wait_sum}
+
     def counts(self) -> dict[str, int]:
         """Records held (``pydvm info``): waiting jobs, jobs started but not
         yet in the process table, nodes with processes running."""
@@ -163,17 +194,18 @@ class JobQueue(ProcessListener, NodeListener):
         return ""
 
     def submit(self, tool: ToolSession, rid: Any, job: JobRecord,
-               per_node: dict[str, list[dict]]) -> None:
+               per_node: dict[str, list[dict]], msg: dict | None = None) -> None:
         """Queue a planned job (:meth:`refusal` said it may be): started at
         once if it fits and no earlier job waits for its nodes, else it
-        waits and its tool is told ``queued``."""
-        need = job.ranks_per_node()
-        cap = {node: max(job.slots.get(node, 0), k) for node, k in need.items()}
-        w = Waiting(tool, rid, job, per_node, need, cap)
+        waits and its tool is told ``queued``.  ``msg``: its ``run`` request
+        (kept while it waits, to lay it out again should a node be lost)."""
+        need, cap = _need_cap(job)
+        w = Waiting(tool, rid, job, per_node, need, cap, msg)
         if not any(n in self._wanted for n in need) and self._fits(w):
             self._start(w)
             return
         self._waiting[job.nspace] = w
+        self.jobs_queued += 1
         _add(self._wanted, {n: 1 for n in need})
         position = len(self._waiting)
         tool.send({"t": "queued", "ref": rid, "nspace": job.nspace, "position": position})
@@ -193,7 +225,11 @@ class JobQueue(ProcessListener, NodeListener):
         ns = w.job.nspace
         self._reserved[ns] = w.need
         _add(self._reserved_on, w.need)
-        w.job.started = time.time()
+        now = time.time()
+        wait = max(0.0, now - w.job.started)  # since its submission
+        self._wait_counts[bisect_left(WAIT_BUCKETS, wait)] += 1
+        self._wait_sum += wait
+        w.job.started = now
 
         async def run() -> None:
             try:
@@ -278,6 +314,7 @@ class JobQueue(ProcessListener, NodeListener):
     def _end(self, w: Waiting, exit: int, reason: str) -> None:
         job = w.job
         self._unwait(job.nspace)
+        self.jobs_left += 1
         log.info("queued job %s ended: %s", job.nspace, reason)
         w.tool.send(reply(w.rid, Status.SUCCESS, reason, nspace=job.nspace, exit=exit,
                           failures=[], failed=0, killed=0, apps=len(job.apps)))
@@ -310,12 +347,52 @@ class JobQueue(ProcessListener, NodeListener):
             self._end(w, QUEUED_KILL_EXIT, f"killed while queued: session {sid} was ended")
 
     def node_lost(self, name: str, reason: str) -> None:
-        """A node of a waiting job's layout is gone: it can never run as
-        planned (its layout was fixed when it was submitted)."""
+        """A node of a waiting job's layout is gone: the job is laid out
+        again on the nodes left, or refused (the module docstring)."""
         for w in [w for w in self._waiting.values() if name in w.need]:
-            self._end(w, LOST_STATUS, f"node {name} was lost while the job was queued "
-                                      f"({reason}): it can no longer run as planned")
+            why = self._replan(w)
+            if why:
+                self._end(w, LOST_STATUS, f"node {name} was lost while the job was queued "
+                                          f"({reason}): the nodes left cannot run it: {why}")
+            else:
+                log.info("queued job %s laid out again after node %s was lost: %s",
+                         w.job.nspace, name, w.need)
         self._pump_soon()
+
+    def _replan(self, w: Waiting) -> str:
+        """Lay ``w``'s job out again on the nodes up now (in place, keeping
+        its namespace and its place in the queue); why it cannot be ('' if
+        it was)."""
+        if w.msg is None:
+            return "its request was not kept"
+        try:
+            job, per_node = self._processes.plan(w.msg, w.job.nspace)
+        except ValueError as exc:
+            return str(exc)
+        why = pmix_refusal(self._nodes, w.msg, job) or self.refusal(job)
+        if why:
+            return why
+        job.started = w.job.started  # its submission time (pydvm ps)
+        _add(self._wanted, {n: 1 for n in w.need}, -1)
+        w.job, w.per_node = job, per_node
+        w.need, w.cap = _need_cap(job)
+        _add(self._wanted, {n: 1 for n in w.need})
+        return ""
+
+
+def pmix_refusal(nodes: NodeTable, msg: Message, job: JobRecord) -> str:
+    """Why a ``run`` with ``pmix`` (``--pmix``) cannot run as planned ('' if it can)."""
+    if msg.get("pmix"):
+        missing = nodes.pmix_missing(job.nodes())
+        if missing:
+            return "PMIx is required (--pmix) but not available on: " + ", ".join(missing)
+    return ""
+
+
+def _need_cap(job: JobRecord) -> tuple[dict[str, int], dict[str, int]]:
+    """A planned job's ranks per node, and the most it may have running there."""
+    need = job.ranks_per_node()
+    return need, {node: max(job.slots.get(node, 0), k) for node, k in need.items()}
 
 
 def _add(counts: dict[str, int], by: dict[str, int], sign: int = 1) -> None:

@@ -125,6 +125,8 @@ TOOL_MESSAGES: dict[str, tuple[str, str]] = {
     "subscribe": ("events", "subscribe"),
     "unsubscribe": ("events", "unsubscribe"),
     "kill_job": ("tools", "kill_job"),
+    "signal_job": ("tools", "signal_job"),
+    "job_procs": ("tools", "job_procs"),
     "ps": ("tools", "ps"),
     "stop": ("tools", "stop"),
     "session_new": ("tools", "session_new"),

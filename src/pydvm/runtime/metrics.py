@@ -253,8 +253,10 @@ async def snapshot(master: "Master", timeout: float = SCRAPE_TIMEOUT) -> dict[st
         "unanswered": unanswered,
         "nodes": nodes,
         "jobs": jobs,
-        "jobs_started": master.processes.jobs_started,
+        "jobs_started": master.events.started,
         "sessions": len(master.sessions),
+        "queue": master.queue.stats(),
+        "events": master.events.stats(),
     }
 
 
@@ -297,8 +299,32 @@ FAMILIES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("pydvm_jobs", "gauge",
      "Jobs of the DVM that have not ended yet, by state (starting, running, killing, "
      "ending).", ("state",)),
-    ("pydvm_jobs_started", "counter", "Jobs the DVM has started.", ()),
+    ("pydvm_jobs_started", "counter",
+     "Jobs the DVM has started (launched; a job that left the queue without starting is "
+     "not counted).", ()),
     ("pydvm_sessions", "gauge", "Open sessions of the DVM, the default session included.", ()),
+    ("pydvm_jobs_ended", "counter",
+     "Jobs the DVM started that have ended, by result: ok (every process exited 0), failed "
+     "(a non-zero status), killed (pydvm kill, a signal that ends it, its time limit, a "
+     "lost node, abort on failure).", ("result",)),
+    ("pydvm_queue_jobs", "gauge", "Jobs waiting in the queue for free slots now.", ()),
+    ("pydvm_queue_jobs_queued", "counter",
+     "Jobs that had to wait in the queue (submitted with queue and not started at once).",
+     ()),
+    ("pydvm_queue_jobs_left", "counter",
+     "Queued jobs that left the queue without starting (killed, their tool or session "
+     "gone, the DVM stopping, a lost node leaving nothing to run on).", ()),
+    ("pydvm_queue_wait_seconds", "histogram",
+     "Time from submission to start of each job started from the queue (0 for one that "
+     "fitted at once).", ()),
+    ("pydvm_job_event_subscriptions", "gauge",
+     "Job-event subscriptions held now ('pydvm events', the job API's events).", ()),
+    ("pydvm_job_events", "counter",
+     "Job events sent, one per subscription told, by kind (dropped: a subscription ended "
+     "for not reading).", ("kind",)),
+    ("pydvm_job_event_subscriptions_dropped", "counter",
+     "Job-event subscriptions dropped because their connection left more than "
+     "pydvm_event_backlog bytes unread.", ()),
 )
 
 
@@ -349,7 +375,35 @@ def families(snap: dict[str, Any]) -> list:
         fam["pydvm_jobs"].add_metric([state], snap["jobs"].get(state, 0))
     fam["pydvm_jobs_started"].add_metric([], snap["jobs_started"])
     fam["pydvm_sessions"].add_metric([], snap["sessions"])
+    _queue_and_events(fam, snap.get("queue") or {}, snap.get("events") or {})
     return list(fam.values())
+
+
+def _queue_and_events(fam: dict, queue: dict[str, Any], events: dict[str, Any]) -> None:
+    """The queue's and the job events' families (:meth:`JobQueue.stats`,
+    :meth:`JobEvents.stats`)."""
+    from prometheus_client.utils import floatToGoString
+
+    from .jobevents import KINDS, RESULTS
+    from .jobqueue import WAIT_BUCKETS
+
+    ended = events.get("ended", {})
+    for result in RESULTS:
+        fam["pydvm_jobs_ended"].add_metric([result], ended.get(result, 0))
+    fam["pydvm_queue_jobs"].add_metric([], queue.get("waiting", 0))
+    fam["pydvm_queue_jobs_queued"].add_metric([], queue.get("queued", 0))
+    fam["pydvm_queue_jobs_left"].add_metric([], queue.get("left", 0))
+    counts = queue.get("wait") or [0] * (len(WAIT_BUCKETS) + 1)
+    cumulative, total = [], 0
+    for le, n in zip([floatToGoString(b) for b in WAIT_BUCKETS] + ["+Inf"], counts):
+        total += n
+        cumulative.append((le, total))
+    fam["pydvm_queue_wait_seconds"].add_metric([], cumulative, queue.get("wait_sum", 0.0))
+    fam["pydvm_job_event_subscriptions"].add_metric([], events.get("subscriptions", 0))
+    sent = events.get("sent", {})
+    for kind in KINDS:
+        fam["pydvm_job_events"].add_metric([kind], sent.get(kind, 0))
+    fam["pydvm_job_event_subscriptions_dropped"].add_metric([], events.get("dropped", 0))
 
 
 class DvmCollector:

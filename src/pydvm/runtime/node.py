@@ -345,6 +345,10 @@ class NodeServer:
             self._spawn(dmodex(), rid)
         elif t == "pids":
             ch.send(reply(rid, Status.SUCCESS, pids=pmixquery.pids_of(self, msg.get("nspace"))))
+        elif t == "signal":  # signal_job: one signal to each live process's group
+            n = jobproc.signal_all(self.jobs.get(msg.get("nspace")), msg.get("signal"))
+            if rid is not None:
+                ch.send(reply(rid, Status.SUCCESS, signalled=n))
         elif t == "event":
             async def event() -> None:
                 ch.send(reply(rid, await self.pmix.deliver_event(msg)))

@@ -294,12 +294,15 @@ class ProcessTable(NodeListener):
     # planning and launching
     # ------------------------------------------------------------------
 
-    def plan(self, msg: Message) -> tuple[JobRecord, dict[str, list[dict]]]:
+    def plan(self, msg: Message, nspace: str | None = None
+             ) -> tuple[JobRecord, dict[str, list[dict]]]:
         """Validate a ``run`` request and lay the job out on live nodes.
 
         Without ``--host`` an app uses the nodes of its session that are up;
         with it, the named nodes that are up.  Raises ValueError (the text
         is shown to the user) when nothing it could run on is up.
+        ``nspace``: lay out again a job already named (a queued job whose
+        node was lost), else a new namespace is taken.
         """
         sid = msg.get("session", DEFAULT_SESSION)
         if sid is None:
@@ -366,9 +369,10 @@ class ProcessTable(NodeListener):
             app_envs.append({**env, **app_env} if app_env else env)
             app_cwds.append(app_cwd or cwd)
             specs.append((argv, n, live))
-        nspace = f"{self.dvm_nspace}@{self._next_job}"
+        if nspace is None:
+            nspace = f"{self.dvm_nspace}@{self._next_job}"
+            self._next_job += 1
         job = build_job(nspace, sid, specs, placement, self._nodes.topologies())
-        self._next_job += 1
         for _argv, _n, live in specs:
             for h in live:
                 job.slots.setdefault(h.name, h.slots)
@@ -434,7 +438,8 @@ class ProcessTable(NodeListener):
         ns = job.nspace
         self._tool[ns] = tool
         over = self._over[ns] = asyncio.get_running_loop().create_future()
-        tool.send({"t": "started", "ref": rid, "nspace": ns, "size": job.size})
+        tool.send({"t": "started", "ref": rid, "nspace": ns, "size": job.size,
+                   "nodes": list(per_node)})  # in first-rank order (plan's)
         timer = None
         if job.timeout is not None:
             timer = asyncio.get_running_loop().call_later(job.timeout, self._time_up, job)

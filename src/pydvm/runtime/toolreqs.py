@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
+import signal as _signal
 from typing import Any, Awaitable, Callable
 
 from .. import _trace
@@ -26,8 +27,8 @@ from ..errors import Status
 from ..wire import Message, reply
 from .core import DEFAULT_SESSION
 from .dataservice import DataService
-from .jobqueue import QUEUED_KILL_EXIT, JobQueue
-from .jobs import HostSpec, JobRecord
+from .jobqueue import QUEUED_KILL_EXIT, JobQueue, pmix_refusal
+from .jobs import HostSpec, JobRecord, ProcState
 from .nodes import NodeTable
 from .peers import ToolSession
 from .processes import ProcessTable
@@ -120,11 +121,9 @@ class ToolService:
             job, per_node = self._processes.plan(msg)
         except ValueError as exc:
             return Status.ERR_BAD_PARAM, str(exc)
-        if msg.get("pmix"):  # --pmix: PMIx on every node of the job
-            missing = self._nodes.pmix_missing(job.nodes())
-            if missing:
-                return Status.ERR_BAD_PARAM, ("PMIx is required (--pmix) but not available "
-                                              "on: " + ", ".join(missing))
+        why = pmix_refusal(self._nodes, msg, job)
+        if why:
+            return Status.ERR_BAD_PARAM, why
         if self._queue.wanted(msg):
             why = self._queue.refusal(job)
             if why:
@@ -135,7 +134,7 @@ class ToolService:
     def _start(self, tool: ToolSession, rid: Any, msg: Message) -> None:
         job, per_node = msg.pop("_planned")
         if self._queue.wanted(msg):
-            self._queue.submit(tool, rid, job, per_node)
+            self._queue.submit(tool, rid, job, per_node, msg)
         else:
             self._tasks.start(self._processes.run(tool, rid, job, per_node), (tool.channel, rid))
 
@@ -166,8 +165,12 @@ class ToolService:
             self._processes.kill(ns, _own_kill(msg.get("signal")))
         else:
             self._processes.kill(ns, f"killed by 'pydvm kill' from {_user(tool.uid)}")
+        self._answer_kill(tool, rid, ns, msg.get("wait") is True)
+
+    def _answer_kill(self, tool: ToolSession, rid: Any, ns: str, wait: bool) -> None:
+        """Answer a kill: at once, or (``wait``) once the job is over, with ``exit``."""
         over = self._processes.when_over(ns)
-        if msg.get("wait") is not True or over is None:
+        if not wait or over is None:
             tool.send(reply(rid, Status.SUCCESS))
             return
 
@@ -189,6 +192,102 @@ class ToolService:
         self._queue.remove(ns, why)
         extra = {"exit": QUEUED_KILL_EXIT} if msg.get("wait") is True else {}
         tool.send(reply(rid, Status.SUCCESS, **extra))
+
+    def signal_job(self, tool: ToolSession, msg: Message) -> None:
+        """Send one signal (``signal``: its number) to every process of a job
+        (each process's group, as a kill does); who may: as ``kill_job``.
+
+        SIGTERM and SIGKILL end the job as ``pydvm kill`` does -- SIGTERM is
+        ``kill_job`` itself (SIGKILL after the grace), SIGKILL goes first
+        (no grace) -- and its report names the signal and who sent it; with
+        ``wait: true`` answered once the job has ended, with ``exit``.  Any
+        other signal is only delivered: answered once every node of the job
+        has (``signalled``: how many processes got it); the job goes on, and
+        a process the signal ends counts as failed on its own.  A queued job
+        is taken off the queue, whatever the signal.
+        """
+        rid, ns, sig = msg.get("id"), msg.get("nspace"), msg.get("signal")
+        if (not isinstance(sig, int) or isinstance(sig, bool) or sig <= 0
+                or sig not in _signal.valid_signals()):
+            tool.send(reply(rid, Status.ERR_BAD_PARAM,
+                            f"signal must be a signal number (1 to {int(_signal.SIGRTMAX)}), "
+                            f"not {sig!r}"))
+            return
+        name = _sig_name(sig)
+        job = self._processes.jobs.get(ns) if isinstance(ns, str) else None
+        queued = self._queue.get(ns) if job is None else None
+        if queued is not None:
+            if not _refused_kill(tool, rid, queued):
+                if self._queue.tool_of(ns) is tool:
+                    why = f"killed while queued: killed by its submitter ({name})"
+                else:
+                    why = f"killed while queued by 'pydvm kill' ({name}) from {_user(tool.uid)}"
+                self._queue.remove(ns, why)
+                extra = {"exit": QUEUED_KILL_EXIT} if msg.get("wait") is True else {}
+                tool.send(reply(rid, Status.SUCCESS, **extra))
+            return
+        if job is None:
+            tool.send(reply(rid, Status.ERR_NOT_FOUND,
+                            f"no running job {ns!r} ('pydvm ps' lists the jobs)"))
+            return
+        if _refused_kill(tool, rid, job):
+            return
+        if sig in (_signal.SIGTERM, _signal.SIGKILL):
+            if sig == _signal.SIGKILL:  # ahead of the kill on each link: no SIGTERM first
+                for node in job.nodes():
+                    self._nodes.send(node, {"t": "signal", "nspace": ns, "signal": sig})
+            if self._processes.tool_of(ns) is tool:
+                why = f"killed by its submitter ({name})"
+            else:
+                why = f"killed by 'pydvm kill' ({name}) from {_user(tool.uid)}"
+            self._processes.kill(ns, why)
+            self._answer_kill(tool, rid, ns, msg.get("wait") is True)
+            return
+
+        async def deliver() -> None:
+            answers = await self._nodes.broadcast({"t": "signal", "nspace": ns, "signal": sig},
+                                                  job.nodes(), what=f"{name} to {ns}")
+            n = sum(r.get("signalled") or 0 for _, r in answers if r.get("status") == 0)
+            tool.send(reply(rid, Status.SUCCESS, signalled=n))
+        self._tasks.start(deliver(), (tool.channel, rid))
+
+    def job_procs(self, tool: ToolSession, msg: Message) -> None:
+        """A running job's processes, for its owner (and the DVM's owner,
+        root): ``procs``, one ``[rank, node, pid, state, status, signal]``
+        per rank -- ``state`` ``pending`` (not started yet), ``running`` or
+        ``ended`` (then ``status``: 128+N for signal N, and ``signal``);
+        ``pid`` as its node reports it (0 if it has none).  A queued job is
+        answered with ``queued: true`` and no processes."""
+        rid, ns = msg.get("id"), msg.get("nspace")
+        job = self._processes.jobs.get(ns) if isinstance(ns, str) else None
+        queued = self._queue.get(ns) if job is None else None
+        if job is None and queued is None:
+            tool.send(reply(rid, Status.ERR_NOT_FOUND,
+                            f"no running or queued job {ns!r} ('pydvm ps' lists them)"))
+            return
+        if not (tool.privileged or (job or queued).uid == tool.uid):
+            tool.send(reply(rid, Status.ERR_NO_PERMISSIONS,
+                            f"{ns} is not your job: only its owner, the DVM's owner and root "
+                            "see its processes"))
+            return
+        if job is None:
+            tool.send(reply(rid, Status.SUCCESS, queued=True, procs=[]))
+            return
+
+        async def run() -> None:
+            pids: dict[int, int] = {}
+            live = {p.node for p in job.procs.values() if p.state is ProcState.RUNNING}
+            for _, r in await self._nodes.broadcast({"t": "pids", "nspace": ns}, live,
+                                                    what="pids"):
+                for rank, pid in r.get("pids") or ():
+                    pids[int(rank)] = int(pid)
+            rows = []
+            for rank in sorted(job.procs):
+                p = job.procs[rank]
+                rows.append([rank, p.node, pids.get(rank, 0), p.state.value, p.exit_status,
+                             p.signal])
+            tool.send(reply(rid, Status.SUCCESS, procs=rows))
+        self._tasks.start(run(), (tool.channel, rid))
 
     def ps(self, tool: ToolSession, msg: Message) -> None:
         """The DVM's jobs, every user's (as ``ps`` shows every process), then
@@ -324,6 +423,14 @@ def _refused_kill(tool: ToolSession, rid: Any, job: JobRecord) -> bool:
                     f"{job.nspace} is not your job (uid {job.uid}); only its owner, the "
                     "DVM's owner and root may kill it"))
     return True
+
+
+def _sig_name(sig: int) -> str:
+    """``SIGUSR1``; ``signal 40`` for one without a name."""
+    try:
+        return _signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
 
 
 def _user(uid: int) -> str:
