@@ -658,6 +658,14 @@ class PmixHost:
         from .pmixquery import serve
         serve(self, req)
 
+    def _up_job_control(self, req) -> None:
+        from .pmixjobctl import serve
+        serve(self, req)
+
+    def _up_allocate(self, req) -> None:
+        from .pmixjobctl import serve_allocate
+        serve_allocate(self, req)
+
     # -- the master asks us ------------------------------------------------
 
     async def dmodex(self, msg: Message) -> Message:
