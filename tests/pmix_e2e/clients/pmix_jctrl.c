@@ -1,6 +1,6 @@
 /* PMIx job control and allocation requests from a process of a job.
  *
- *   pmix_jctrl MODE
+ *   pmix_jctrl MODE [SECONDS]
  *
  * Every rank connects, says READY, and fences with the others; then:
  *
@@ -8,11 +8,11 @@
  *            SIGUSR1 to rank 1 and prints the status; rank 1 prints
  *            SIGNALLED once its handler ran; both fence again and finish.
  *   kill     rank 0 asks for rank 1 to be killed (PMIX_JOB_CTRL_KILL) and
- *            prints the status; rank 1 waits to be killed (60 s at most,
- *            then says SURVIVED); rank 0 waits likewise for the job's end.
+ *            prints the status; rank 1 waits to be killed (then says
+ *            SURVIVED); rank 0 waits likewise for the job's end.
  *   term     rank 0 asks for its whole namespace to be terminated
  *            (PMIX_JOB_CTRL_TERMINATE, rank PMIX_RANK_WILDCARD); every
- *            rank waits to be ended (SURVIVED after 60 s).
+ *            rank waits to be ended (SURVIVED after the wait).
  *   self     as term with no targets at all (the caller's namespace).
  *   notes    rank 0 declares itself preemptible with a checkpoint method
  *            (nothing to do for a host that never preempts): the status.
@@ -23,6 +23,7 @@
  *            release its allocation, and queries an allocation's status:
  *            one line each with the status.
  *
+ * SECONDS (default 60) bounds every wait above.
  * Each status line: "<WHAT> rank=R status=N (NAME)".
  */
 
@@ -38,6 +39,7 @@
 
 static pmix_proc_t me;
 static volatile sig_atomic_t got_signal = 0;
+static int wait_tenths = 600;
 
 static void on_usr1(int sig) { got_signal = sig; }
 
@@ -60,7 +62,7 @@ static void fence(void)
 
 static void wait_to_die(void)
 {
-    for (int i = 0; i < 600; i++)
+    for (int i = 0; i < wait_tenths; i++)
         usleep(100000);
     printf("SURVIVED rank=%u\n", me.rank);
     fflush(stdout);
@@ -98,10 +100,12 @@ static pmix_status_t alloc(pmix_alloc_directive_t directive)
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s MODE\n", argv[0]);
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: %s MODE [SECONDS]\n", argv[0]);
         return 2;
     }
+    if (argc == 3)
+        wait_tenths = 10 * atoi(argv[2]);
     const char *mode = argv[1];
     pmix_status_t rc = PMIx_Init(&me, NULL, 0);
     if (PMIX_SUCCESS != rc) {
@@ -128,7 +132,7 @@ int main(int argc, char **argv)
             PMIX_INFO_LOAD(&dir, PMIX_JOB_CTRL_SIGNAL, &sig, PMIX_INT);
             say("JCTRL", jctrl(&target, 1, &dir, 1));
         } else if (1 == me.rank) {
-            for (int i = 0; i < 600 && !got_signal; i++)
+            for (int i = 0; i < wait_tenths && !got_signal; i++)
                 usleep(100000);
             printf("SIGNALLED rank=%u sig=%d\n", me.rank, (int) got_signal);
         }
