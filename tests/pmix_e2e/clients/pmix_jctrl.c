@@ -19,6 +19,8 @@
  *   other    rank 0 signals a process of a namespace that does not exist.
  *   badsig   rank 0 asks for signal 0 (no signal): the status.
  *   ckpt     rank 0 asks for a checkpoint: the status.
+ *   killns   rank 0 asks for namespace SECONDS (here a namespace, not a
+ *            number) to be killed: the status.
  *   alloc    rank 0 asks for a new allocation of 12 nodes, to extend and to
  *            release its allocation, and queries an allocation's status:
  *            one line each with the status.
@@ -100,13 +102,13 @@ static pmix_status_t alloc(pmix_alloc_directive_t directive)
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *mode = argv[1];
     if (argc != 2 && argc != 3) {
         fprintf(stderr, "usage: %s MODE [SECONDS]\n", argv[0]);
         return 2;
     }
-    if (argc == 3)
+    if (argc == 3 && 0 != strcmp(mode, "killns"))
         wait_tenths = 10 * atoi(argv[2]);
-    const char *mode = argv[1];
     pmix_status_t rc = PMIx_Init(&me, NULL, 0);
     if (PMIX_SUCCESS != rc) {
         fprintf(stderr, "PMIx_Init: %s\n", PMIx_Error_string(rc));
@@ -179,6 +181,10 @@ int main(int argc, char **argv)
     } else if (0 == me.rank && 0 == strcmp(mode, "ckpt")) {
         PMIX_LOAD_PROCID(&target, me.nspace, PMIX_RANK_WILDCARD);
         PMIX_INFO_LOAD(&dir, PMIX_JOB_CTRL_CHECKPOINT, "ckpt-1", PMIX_STRING);
+        say("JCTRL", jctrl(&target, 1, &dir, 1));
+    } else if (0 == me.rank && 0 == strcmp(mode, "killns") && argc == 3) {
+        PMIX_LOAD_PROCID(&target, argv[2], PMIX_RANK_WILDCARD);
+        PMIX_INFO_LOAD(&dir, PMIX_JOB_CTRL_KILL, &yes, PMIX_BOOL);
         say("JCTRL", jctrl(&target, 1, &dir, 1));
     } else if (0 == me.rank && 0 == strcmp(mode, "alloc")) {
         say("ALLOC_NEW", alloc(PMIX_ALLOC_NEW));
