@@ -18,6 +18,8 @@ unpublish                  when a store here can answer at once, else
 fence, direct modex,       the master (:mod:`pydvm.runtime.collectives`) over
 connect, disconnect,       the node's uplink; the master asks the node hosting
 spawn, abort               a rank for its modex data (``dmodex`` below)
+job control, allocate      :mod:`pydvm.runtime.pmixjobctl` (job control
+                           through the master; allocations refused here)
 client finalized,          answered here
 client connected
 =========================  ==================================================
