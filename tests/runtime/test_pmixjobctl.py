@@ -155,3 +155,34 @@ def test_the_requests_cross_an_agents_link():
     al = Allocate(Proc("a@1", 0), J.ALLOC_NEW, {"pmix.alloc.nnodes": Value(12, C.UINT64)})
     back = decode_request(encode_request(al))
     assert (back.kind, back.directive, back.info) == ("allocate", J.ALLOC_NEW, al.info)
+
+
+class Channel:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, msg):
+        self.sent.append(msg)
+
+
+class Node:
+    jobs: dict = {}
+
+
+@pytest.mark.parametrize("msg", [
+    {"nspace": "a@1", "ranks": [0], "action": "explode", "signal": 0},
+    {"nspace": "a@1", "ranks": [[0]], "action": "kill", "signal": 0},
+    {"nspace": "a@1", "ranks": [0], "action": "signal", "signal": None},
+    {"nspace": "a@1", "ranks": "0", "action": "signal", "signal": 10},
+])
+def test_a_node_refuses_a_malformed_jobctl_and_answers_it(msg):
+    ch = Channel()
+    PJ.on_master(Node(), ch, {"t": "jobctl", "id": 7, **msg})
+    assert [(m["id"], m["status"]) for m in ch.sent] == [(7, Status.ERR_BAD_PARAM)]
+
+
+def test_a_node_answers_a_jobctl_for_a_job_it_no_longer_has():
+    ch = Channel()
+    PJ.on_master(Node(), ch, {"t": "jobctl", "id": 8, "nspace": "gone@1", "ranks": [0],
+                              "action": "signal", "signal": 10})
+    assert [(m["status"], m["procs"]) for m in ch.sent] == [(Status.SUCCESS, 0)]

@@ -119,7 +119,9 @@ def on_master(node, ch, msg: Message) -> None:
     job = node.jobs.get(msg.get("nspace"))
     ranks = msg.get("ranks") or []
     action, sig = msg.get("action"), msg.get("signal")
-    if action not in ACTIONS or not isinstance(ranks, list):
+    if (action not in ACTIONS or not isinstance(ranks, list)
+            or not all(isinstance(r, int) for r in ranks)
+            or (action == "signal" and not (isinstance(sig, int) and 0 < sig <= J.MAX_SIGNAL))):
         ch.send(reply(rid, Status.ERR_BAD_PARAM, "malformed jobctl"))
         return
     procs = []
