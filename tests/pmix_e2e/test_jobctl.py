@@ -50,20 +50,20 @@ def test_rank_0_signals_rank_1_whose_handler_sees_it(pdvm, pmixcc, mpirun):
 
 
 def test_rank_0_kills_rank_1_and_the_jobs_end_reports_it(pdvm, pmixcc, mpirun):
-    """Under both, the request succeeds and rank 1 dies at once (it never
-    says SURVIVED).  mpirun then lets rank 0 run on; under pydvm rank 1's
-    death is a failure of a PMIx job, which ends the job, reporting rank 1
-    killed by SIGKILL -- no process is left waiting."""
+    """Under both, the request succeeds, rank 1 dies (it never says SURVIVED)
+    and rank 0 finishes: a process killed on request is no failure, the job
+    exits 0.  pydvm's run names the killed rank and who asked (mpirun says
+    nothing)."""
     exe = pmixcc("pmix_jctrl")
-    ref = mpirun(2, exe, "kill", "3", timeout=60)
-    assert statuses(ref.stdout) == [0], ref.stdout + ref.stderr
-    assert "SURVIVED rank=1" not in ref.stdout
+    ref = mpirun(2, exe, "kill", timeout=60)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    assert statuses(ref.stdout) == [0] and "SURVIVED" not in ref.stdout, ref.stdout
     p = run(pdvm, exe, "kill")
-    assert statuses(p.stdout) == [0], p.stdout + p.stderr
-    assert "SURVIVED" not in p.stdout, p.stdout
-    assert p.returncode == 137, p.stdout + p.stderr
-    assert re.search(r"process \[\S+,1\] on node \S+ was killed by signal SIGKILL", p.stderr), \
-        p.stderr
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert statuses(p.stdout) == [0] and "SURVIVED" not in p.stdout, p.stdout
+    assert re.search(r"process \[(\S+),1\] on node \S+ was killed by signal SIGKILL \(9\): "
+                     r"ended by PMIx_Job_control from \1:0 \(uid \d+\)", p.stderr), p.stderr
+    assert "aborted" not in p.stderr
 
 
 def test_terminating_the_namespace_ends_the_job_saying_who_asked(pdvm, pmixcc):

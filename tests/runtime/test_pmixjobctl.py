@@ -75,6 +75,9 @@ class Processes:
     def kill(self, ns, why):
         self.killed.append((ns, why))
 
+    def end_requested(self, ns, ranks, why):
+        self.killed.append((ns, list(ranks), why))
+
 
 class Nodes:
     def __init__(self):
@@ -129,6 +132,7 @@ def test_killing_ranks_ends_only_those_that_run():
     status, r = ask(mjc, 1001, [["a@1", 0], ["a@1", 1]], "kill", 0)
     assert (status, r["procs"]) == (Status.SUCCESS, 1)
     assert [m["ranks"] for _, m in nodes.sent] == [[0]]
+    assert mjc._processes.killed == [("a@1", [0], "PMIx_Job_control from a@1:0 (uid 1001)")]
 
 
 def test_only_the_jobs_own_uid_or_root_may_and_nothing_is_done_on_a_refusal():

@@ -82,6 +82,9 @@ class ProcRecord:
     #: what it did with PMIx, as its node saw it: None, "connected"
     #: (PMIx_Init) or "finalized" (PMIx_Finalize too).
     pmix: str | None = None
+    #: who asked for it to be ended while it ran (PMIx_Job_control), in
+    #: words; its end is then no failure.
+    ended_by: str = ""
 
     @property
     def unfinalized(self) -> bool:
@@ -129,6 +132,8 @@ class JobRecord:
     failures: list[int] = field(default_factory=list)
     #: processes that had started and ended after the job was killed.
     killed_procs: int = 0
+    #: ranks ended on request (their ``ended_by``), in the order asked.
+    ended_on_request: list[int] = field(default_factory=list)
     #: the submitting user; the job's processes run as them.
     uid: int | None = None
     gid: int | None = None
@@ -243,7 +248,8 @@ class JobRecord:
         p.signal = signal
         p.pmix = pmix
         # a PMIx process that never finalized failed, even with status 0
-        failed = status != 0 or p.unfinalized
+        # ... unless it was ended on request (ended_by)
+        failed = (status != 0 or p.unfinalized) and not p.ended_by
         if failed and self.first_failure is None:
             self.first_failure = status or 1
         if self.killed:

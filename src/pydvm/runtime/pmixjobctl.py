@@ -24,10 +24,10 @@ control every job).  Then:
   kills it (SIGTERM, SIGKILL after the grace), its ``pydvm run`` saying
   who asked;
 * kill or terminate some ranks: each node hosting them ends them (kill:
-  SIGKILL at once; terminate: SIGTERM, SIGKILL after the grace).  Such a
-  process ended by a signal: its job treats it as any failed process (an
-  MPI/PMIx job ends at its first failure, ``--no-abort-on-failure`` keeps
-  the others running);
+  SIGKILL at once; terminate: SIGTERM, SIGKILL after the grace).  Their
+  ends are no failures (the core's ``EndRequested``): the others run on and
+  the job's exit status is theirs, as under ``mpirun`` and PRRTE, and the
+  job's ``pydvm run`` reports each such process with who asked;
 * signal: each node hosting a target sends the signal to its process group.
 
 The answer comes once every node concerned has acted (``procs``: how many
@@ -171,6 +171,11 @@ class MasterJobControl:
                 p = job.procs[rank]
                 if p.state is ProcState.RUNNING:
                     per_node.setdefault((ns, p.node), []).append(rank)
+        if action != "signal":
+            for ns in {ns for ns, _node in per_node}:
+                self._processes.end_requested(
+                    ns, [r for (n, _), rs in per_node.items() if n == ns for r in rs],
+                    f"PMIx_Job_control from {who} (uid {uid})")
         for (ns, node), ranks in per_node.items():
             for _name, r in await self._nodes.broadcast(
                     {"t": "jobctl", "nspace": ns, "ranks": ranks, "action": action,

@@ -7,9 +7,9 @@
  *   signal   rank 1 catches SIGUSR1; rank 0 asks PMIx_Job_control to send
  *            SIGUSR1 to rank 1 and prints the status; rank 1 prints
  *            SIGNALLED once its handler ran; both fence again and finish.
- *   kill     rank 0 asks for rank 1 to be killed (PMIX_JOB_CTRL_KILL) and
- *            prints the status; rank 1 waits to be killed (then says
- *            SURVIVED); rank 0 waits likewise for the job's end.
+ *   kill     rank 0 asks for rank 1 to be killed (PMIX_JOB_CTRL_KILL),
+ *            prints the status and finishes; rank 1 waits to be killed
+ *            (then says SURVIVED).
  *   term     rank 0 asks for its whole namespace to be terminated
  *            (PMIX_JOB_CTRL_TERMINATE, rank PMIX_RANK_WILDCARD); every
  *            rank waits to be ended (SURVIVED after the wait).
@@ -144,8 +144,9 @@ int main(int argc, char **argv)
             PMIX_LOAD_PROCID(&target, me.nspace, 1);
             PMIX_INFO_LOAD(&dir, PMIX_JOB_CTRL_KILL, &yes, PMIX_BOOL);
             say("JCTRL", jctrl(&target, 1, &dir, 1));
+        } else {
+            wait_to_die();
         }
-        wait_to_die();
     } else if (0 == strcmp(mode, "term") || 0 == strcmp(mode, "self")) {
         if (0 == me.rank) {
             PMIX_LOAD_PROCID(&target, me.nspace, PMIX_RANK_WILDCARD);
