@@ -16,7 +16,10 @@ failures are recorded for its ``pydvm run`` to report:
   naming who ended the job (``kill_reason``) explains all of them;
 * a process that called ``PMIx_Init`` and ended without ``PMIx_Finalize``
   ended abnormally whatever its status: with status 0 it fails, and the
-  job's status is 1 (as under ``mpirun``).
+  job's status is 1 (as under ``mpirun``);
+* a process ended on request while it ran (``PMIx_Job_control``: its
+  ``ended_by``) did not fail, whatever its status (as under ``mpirun`` and
+  PRRTE); its rank goes into ``ended_on_request`` for the report.
 
 Whether a failure ends the whole job is :meth:`JobRecord.ends_at_failure`:
 always with ``--abort-on-failure``, never with ``--no-abort-on-failure``,
