@@ -144,6 +144,18 @@ def test_only_the_jobs_own_uid_or_root_may_and_nothing_is_done_on_a_refusal():
     assert procs.killed and procs.killed[0][0] == "b@2"
 
 
+@pytest.mark.parametrize("bad", [{"uid": "root"}, {"action": "explode"}, {"targets": []},
+                                 {"targets": [["a@1"]]}, {"requester": None}])
+def test_a_malformed_request_is_answered_bad_param_and_changes_nothing(bad):
+    procs, nodes = Processes(job("a@1", 1001)), Nodes()
+    d = Daemon()
+    msg = {"t": "jobctl", "id": 3, "uid": 1001, "requester": ["a@1", 0],
+           "targets": [["a@1", W]], "action": "kill", "signal": 0, **bad}
+    asyncio.run(PJ.MasterJobControl(procs, nodes).request(d, msg))
+    assert [(m["id"], m["status"]) for m in d.sent] == [(3, Status.ERR_BAD_PARAM)]
+    assert procs.killed == [] and nodes.sent == []
+
+
 def test_unknown_targets_and_bad_requests():
     mjc = PJ.MasterJobControl(Processes(job("a@1", 1001)), Nodes())
     assert ask(mjc, 1001, [["z@9", 0]])[0] == Status.ERR_NOT_FOUND

@@ -159,6 +159,9 @@ class MasterJobControl:
         except _Refused as r:
             daemon.send(reply(rid, r.status, str(r)))
             return
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            daemon.send(reply(rid, Status.ERR_BAD_PARAM, f"malformed jobctl: {exc}"))
+            return
         done = 0
         per_node: dict[tuple[str, str], list[int]] = {}
         for ns, ranks in plan.items():
