@@ -117,3 +117,26 @@ def test_allocation_requests_are_refused_as_under_mpirun(pdvm, pmixcc, mpirun):
             [PMIX_ERR_NOT_SUPPORTED], (what, p.stdout, ref.stdout)
     assert statuses(p.stdout, "ALLOC_QUERY") == statuses(ref.stdout, "ALLOC_QUERY") == \
         [PMIX_ERR_NOT_FOUND], (p.stdout, ref.stdout)
+
+
+def test_a_process_kills_another_job_of_its_user(pdvm, pmixcc):
+    """PMIX_JOB_CTRL_KILL of {another job's nspace, PMIX_RANK_WILDCARD}: that
+    job ends as by ``pydvm kill``, its pydvm run naming the requester; the
+    requester's own job goes on to its normal end."""
+    exe = pmixcc("pmix_jctrl")
+    bg = pdvm.run_bg("--host", FAR, "-n", "2", "sh", "-c",
+                     'echo "NS=$PMIX_NAMESPACE"; exec sleep 600')
+    try:
+        line = bg.stdout.readline()
+        assert line.startswith("NS="), line
+        victim = line.split("=", 1)[1].strip()
+        p = pdvm.run("--host", HEAD, "-n", "1", exe, "killns", victim, timeout=60)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert statuses(p.stdout) == [0], p.stdout
+        _out, err = bg.communicate(timeout=60)
+        assert bg.returncode == 143, err
+        assert f"{victim}: killed by PMIx_Job_control from " in err, err
+    finally:
+        if bg.poll() is None:
+            bg.kill()
+            bg.wait()
