@@ -267,7 +267,9 @@ def test_pmix_queries_answer_only_about_the_askers_jobs(mudvm, users):
 def test_pmix_job_control_acts_only_on_the_askers_jobs_and_roots_on_all(mudvm, users, progs):
     """B's process cannot kill A's running job (PMIX_ERR_NO_PERMISSIONS, A's job
     runs on); B's own rank 0 signals its rank 1 through B's PMIx servers on
-    both nodes; a process of root's job kills A's job (runtime/pmixjobctl.py)."""
+    both nodes, and its statements and allocation requests are answered through
+    them as through the owner's; a process of root's job kills A's job
+    (runtime/pmixjobctl.py)."""
     bg = mudvm.popen_as("pdvmtesta", "run", "--pmix", "--host", "a", "-n", "1", "sh", "-c",
                         'echo "NS=$PMIX_NAMESPACE"; exec sleep 600')
     a_ns = _read_until(bg, "NS=").split("NS=", 1)[1].split()[0]
@@ -281,6 +283,13 @@ def test_pmix_job_control_acts_only_on_the_askers_jobs_and_roots_on_all(mudvm, u
                           progs["pmix_jctrl"], "signal")
         assert p.returncode == 0, p.stdout + p.stderr
         assert "JCTRL rank=0 status=0 " in p.stdout and "SIGNALLED rank=1 sig=10" in p.stdout
+        # statements (a data array of infos) and allocation requests across the agent's link
+        p = mudvm.as_user("pdvmtestb", "run", "--host", "a", "-n", "1", progs["pmix_jctrl"],
+                          "notes")
+        assert "JCTRL rank=0 status=0 " in p.stdout, p.stdout + p.stderr
+        p = mudvm.as_user("pdvmtestb", "run", "--host", "a", "-n", "1", progs["pmix_jctrl"],
+                          "alloc")
+        assert "ALLOC_NEW rank=0 status=-47 " in p.stdout, p.stdout + p.stderr
         p = mudvm.as_user(None, "run", "--host", "b", "-n", "1", progs["pmix_jctrl"],
                           "killns", a_ns)
         assert "JCTRL rank=0 status=0 " in p.stdout, p.stdout + p.stderr
