@@ -30,14 +30,16 @@ CLIENTS = [HERE.parent / "pmix" / "clients", HERE.parent / "pmix_e2e" / "clients
 
 @pytest.fixture(scope="module")
 def progs():
-    """pmix_ops, pmix_keys and mpi_allreduce, built where every test user can run them."""
+    """pmix_ops, pmix_keys, pmix_jctrl and mpi_allreduce, built where every test user
+    can run them."""
     require_libpmix()
     if not shutil.which("gcc") or not shutil.which("mpicc"):
         pytest.skip("gcc and mpicc are needed (apt-get install gcc libopenmpi-dev)")
     d = Path(tempfile.mkdtemp(prefix="pydvm-mu-pmix-"))
     os.chmod(d, 0o755)
     out = {}
-    for name, cc in (("pmix_ops", "gcc"), ("pmix_keys", "gcc"), ("mpi_allreduce", "mpicc")):
+    for name, cc in (("pmix_ops", "gcc"), ("pmix_keys", "gcc"), ("pmix_jctrl", "gcc"),
+                     ("mpi_allreduce", "mpicc")):
         src = next(c / f"{name}.c" for c in CLIENTS if (c / f"{name}.c").exists())
         flags = pmix_cflags() if cc == "gcc" else []
         r = subprocess.run([cc, "-O1", "-o", str(d / name), str(src), *flags],
@@ -256,6 +258,42 @@ def test_pmix_queries_answer_only_about_the_askers_jobs(mudvm, users):
             assert m, p.stderr
             seen = set(m.group(1).split(","))
             assert seen == ({own} if user else {own, a_ns}), (user, seen)
+    finally:
+        if bg.poll() is None:
+            mudvm.as_user(None, "kill", a_ns)
+        bg.wait(timeout=60)
+
+
+def test_pmix_job_control_acts_only_on_the_askers_jobs_and_roots_on_all(mudvm, users, progs):
+    """B's process cannot kill A's running job (PMIX_ERR_NO_PERMISSIONS, A's job
+    runs on); B's own rank 0 signals its rank 1 through B's PMIx servers on
+    both nodes, and its statements and allocation requests are answered through
+    them as through the owner's; a process of root's job kills A's job
+    (runtime/pmixjobctl.py)."""
+    bg = mudvm.popen_as("pdvmtesta", "run", "--pmix", "--host", "a", "-n", "1", "sh", "-c",
+                        'echo "NS=$PMIX_NAMESPACE"; exec sleep 600')
+    a_ns = _read_until(bg, "NS=").split("NS=", 1)[1].split()[0]
+    try:
+        p = mudvm.as_user("pdvmtestb", "run", "--host", "a", "-n", "1", progs["pmix_jctrl"],
+                          "killns", a_ns)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "JCTRL rank=0 status=-23 " in p.stdout, p.stdout
+        assert bg.poll() is None
+        p = mudvm.as_user("pdvmtestb", "run", "--host", "a:1,b:1", "-n", "2",
+                          progs["pmix_jctrl"], "signal")
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "JCTRL rank=0 status=0 " in p.stdout and "SIGNALLED rank=1 sig=10" in p.stdout
+        # statements (a data array of infos) and allocation requests across the agent's link
+        p = mudvm.as_user("pdvmtestb", "run", "--host", "a", "-n", "1", progs["pmix_jctrl"],
+                          "notes")
+        assert "JCTRL rank=0 status=0 " in p.stdout, p.stdout + p.stderr
+        p = mudvm.as_user("pdvmtestb", "run", "--host", "a", "-n", "1", progs["pmix_jctrl"],
+                          "alloc")
+        assert "ALLOC_NEW rank=0 status=-47 " in p.stdout, p.stdout + p.stderr
+        p = mudvm.as_user(None, "run", "--host", "b", "-n", "1", progs["pmix_jctrl"],
+                          "killns", a_ns)
+        assert "JCTRL rank=0 status=0 " in p.stdout, p.stdout + p.stderr
+        assert bg.wait(timeout=60) == 143  # its sleep ended by SIGTERM, as by pydvm kill
     finally:
         if bg.poll() is None:
             mudvm.as_user(None, "kill", a_ns)

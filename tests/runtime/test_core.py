@@ -33,7 +33,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from pydvm.enums import Persistence as P
 from pydvm.runtime.core import (
-    DEFAULT_SESSION, LOST_STATUS, AnnounceFailure, AppPurged, FailureAnnounced, JobEnded,
+    DEFAULT_SESSION, LOST_STATUS, AnnounceFailure, AppPurged, EndRequested, FailureAnnounced,
+    JobEnded,
     JobSubmitted, KillRequested, LaunchAnswered, LifetimeCore, NamespacePurged, NodeLost,
     ProcExited, ProcGone, PurgeNodes, PurgeStore, SendKill, SessionEnded, SessionEndRequested,
     SessionPurged,
@@ -142,6 +143,22 @@ def test_a_pmix_process_that_never_finalized_fails_with_status_one_and_ends_the_
     assert any(isinstance(e, AnnounceFailure) for e in out)
     assert j.failures == [0] and j.exit_status == 1
     assert c.handle(FailureAnnounced("ns@1", 0)) == [SendKill("ns@1", frozenset({"a"}))]
+
+
+def test_a_process_ended_on_request_is_no_failure_and_its_job_runs_on():
+    """PMIx_Job_control killing rank 1 of an MPI job: as under mpirun and PRRTE,
+    no announcement, no kill, and the job's status is its other processes'."""
+    c = core_with()
+    j = job("ns@1", [(2, ["a", "b"])], pmix_required=True)
+    launched(c, j)
+    assert c.handle(EndRequested("ns@1", (1, 7), "PMIx_Job_control from ns@1:0")) == []
+    out = c.handle(ProcExited("ns@1", 1, "b", 137, signal=9, pmix="connected"))
+    assert not any(isinstance(e, (AnnounceFailure, SendKill)) for e in out)
+    assert j.failures == [] and not j.killed and j.ended_on_request == [1]
+    assert j.procs[1].ended_by == "PMIx_Job_control from ns@1:0"
+    c.handle(ProcExited("ns@1", 0, "a", 0, pmix="finalized"))
+    assert j.exit_status == 0
+    c.validate()
 
 
 def test_no_abort_on_failure_keeps_an_mpi_job_running():

@@ -87,6 +87,8 @@ def test_forms_of_the_answered_keys():
 def test_refusals_and_partial_answers():
     mq = PQ.MasterQueries(Processes(job("a@1", 1001)), Nodes())
     assert ask(mq, 1001, (["pmix.qry.mem"], {}))[0] == C.ERR_NOT_SUPPORTED
+    assert ask(mq, 1001, (["pmix.query.alloc"], {"pmix.alloc.id": "x"}))[0] == \
+        Status.ERR_NOT_FOUND
     assert ask(mq, 1001, (["pmix.qry.ptable"], {}))[0] == Status.ERR_BAD_PARAM
     status, res = ask(mq, 1001, (["pmix.qry.ns", "pmix.qry.mem"], {}))
     assert status == PQ.Q.PARTIAL_SUCCESS and set(res) == {"pmix.qry.ns"}

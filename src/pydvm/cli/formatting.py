@@ -174,6 +174,11 @@ def job_end_lines(r: dict, interrupted: bool, exit_status: int | None = None) ->
         app = f" (app {app_idx})" if several_apps else ""
         out.append(f"pydvm run: process [{ns},{rank}]{app} on node {node} "
                    f"{_how(status, signum, unfinalized)}")
+    for row in r.get("ended") or ():
+        rank, app_idx, node, status, signum, who = row[:6]
+        app = f" (app {app_idx})" if several_apps else ""
+        out.append(f"pydvm run: process [{ns},{rank}]{app} on node {node} "
+                   f"{_how(status, signum)}: ended by {who}")
     failed = r.get("failed") or 0
     if failed > len(rows):
         out.append(f"pydvm run: {ns}: ... and {failed - len(rows)} more failed processes")

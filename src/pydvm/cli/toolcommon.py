@@ -253,8 +253,8 @@ def job_exit(r: dict, signum: int | None, output: JobOutput) -> int:
             except (BrokenPipeError, OSError):
                 pass
         return code
-    if output.quiet or not r.get("failures") and not r.get("failed") and (
-            not r.get("msg") or signum is not None):
+    if output.quiet or not r.get("failures") and not r.get("failed") and not r.get(
+            "ended") and (not r.get("msg") or signum is not None):
         return code  # nothing to report (the usual end: not worth an import)
     from .formatting import job_end_lines
 

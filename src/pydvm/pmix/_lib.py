@@ -215,6 +215,10 @@ UPCALL_TYPES: dict[str, tuple[int, object]] = {
     "group": (25, ctypes.CFUNCTYPE(pmix_status_t, ctypes.c_int, ctypes.c_char_p, _P, _S, _P,
                                    _S, _P, _P)),
     "client_connected2": (27, ctypes.CFUNCTYPE(pmix_status_t, _P, _P, _P, _S, _P, _P)),
+    # PMIx_Allocation_request (client, directive, data, ndata, cbfunc, cbdata) and
+    # PMIx_Job_control (requestor, targets, ntargets, directives, ndirs, cbfunc, cbdata)
+    "allocate": (18, ctypes.CFUNCTYPE(pmix_status_t, _P, ctypes.c_uint8, _P, _S, _P, _P)),
+    "job_control": (19, ctypes.CFUNCTYPE(pmix_status_t, _P, _P, _S, _P, _S, _P, _P)),
 }
 MODULE_SLOTS = 28
 

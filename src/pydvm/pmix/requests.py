@@ -266,6 +266,39 @@ class Group(Request):
 
 
 @dataclass(eq=False)
+class JobControl(Request):
+    """``PMIx_Job_control``: act on ``procs`` (a rank of ``PMIX_RANK_WILDCARD``
+    stands for its whole namespace; none at all for the requester's own).
+
+    ``proc`` is the requester as libpmix authenticated it.  ``directives``
+    are the copied ones (``PMIX_JOB_CTRL_KILL``, ``_SIGNAL``, ...);
+    ``unreadable`` names those the binding could not copy.  Libpmix serves
+    cleanup registrations (``PMIX_REGISTER_CLEANUP``...) itself and never
+    hands those on.  Answer with ``(status, info)``.
+    """
+
+    proc: Proc
+    procs: list[Proc]
+    directives: dict[str, Value]
+    unreadable: list[str]
+    reply: "InfoReply" = field(repr=False, default=None)
+    kind = "job_control"
+
+
+@dataclass(eq=False)
+class Allocate(Request):
+    """``PMIx_Allocation_request``: ``directive`` is a ``PMIX_ALLOC_*`` number
+    (new, extend, release, reacquire, external); ``info`` describes what is
+    asked.  Answer with ``(status, info)``."""
+
+    proc: Proc
+    directive: int
+    info: dict[str, Value]
+    reply: "InfoReply" = field(repr=False, default=None)
+    kind = "allocate"
+
+
+@dataclass(eq=False)
 class QueryItem:
     """One ``pmix_query_t``: its keys and its qualifiers."""
 
@@ -297,4 +330,4 @@ def info_dict(items) -> dict[str, Any]:
 
 REQUEST_TYPES = (ClientConnected, ClientFinalized, Abort, Fence, DirectModex, Publish,
                  Lookup, Unpublish, Spawn, Connect, Disconnect, RegisterEvents,
-                 DeregisterEvents, NotifyEvent, Group, Query)
+                 DeregisterEvents, NotifyEvent, Group, Query, JobControl, Allocate)

@@ -480,7 +480,8 @@ class PmixServer:
             "group": self._up_group,
             "query": self._up_query,
         }
-        for name, fn in impls.items():
+        from .jobctl import upcalls as job_upcalls   # job_control, allocate
+        for name, fn in {**impls, **job_upcalls(self)}.items():
             slot, proto = L.UPCALL_TYPES[name]
             cf = proto(_guarded(name, fn, self))
             self._cfuncs.append(cf)           # kept for the server's life

@@ -22,6 +22,8 @@ in-process one), as a request the master answers exactly once::
                 the other nodes in its range
     query       {uid, node, queries} -> {results}: PMIx_Query_info, answered by
                 :class:`~pydvm.runtime.pmixquery.MasterQueries`
+    jobctl      {uid, requester, targets, action, signal} -> {procs}:
+                PMIx_Job_control, :class:`~pydvm.runtime.pmixjobctl.MasterJobControl`
 
 A **collective** (fence, connect, disconnect) is identified by its kind and
 its participants (a rank of ``RANK_WILDCARD`` stands for the whole
@@ -64,7 +66,7 @@ log = logging.getLogger("pydvm.master")
 
 COLLECTIVES = frozenset({"fence", "connect", "disconnect", "group"})
 #: Every PMIx request a node's uplink sends the master (:meth:`Collectives.request`).
-PMIX_REQUESTS = COLLECTIVES | {"dmodex", "abort", "spawn", "notify", "query"}
+PMIX_REQUESTS = COLLECTIVES | {"dmodex", "abort", "spawn", "notify", "query", "jobctl"}
 
 
 def _lost_status(key: tuple) -> int:
@@ -104,6 +106,8 @@ class Collectives(ProcessListener, NodeListener):
         self._next_ctxid = 0
         from .pmixquery import MasterQueries
         self._queries = MasterQueries(processes, nodes)
+        from .pmixjobctl import MasterJobControl
+        self._jobctl = MasterJobControl(processes, nodes)
 
     def count(self) -> int:
         """Collectives in progress (``pydvm info``'s records)."""
@@ -130,6 +134,8 @@ class Collectives(ProcessListener, NodeListener):
                 self._tasks.start(self._client_event(daemon, msg), (daemon.channel, rid))
             elif t == "query":
                 self._tasks.start(self._queries.request(daemon, msg), (daemon.channel, rid))
+            elif t == "jobctl":
+                self._tasks.start(self._jobctl.request(daemon, msg), (daemon.channel, rid))
         except (ValueError, TypeError, KeyError) as exc:
             daemon.send(reply(rid, Status.ERR_BAD_PARAM, f"malformed {t}: {exc}"))
 

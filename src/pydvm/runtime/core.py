@@ -118,6 +118,19 @@ class AbortRequested(Event):
 
 
 @dataclass(frozen=True)
+class EndRequested(Event):
+    """Running ``ranks`` of a job are being ended on request (``PMIx_Job_control``
+    from a process of the job's uid; the shell signals them): ``why`` names
+    who asked.  Their ends are then no failures -- under ``mpirun`` and
+    PRRTE a process killed on request does not abort its job either -- and
+    its ``pydvm run`` reports them with ``why``."""
+
+    nspace: str
+    ranks: tuple[int, ...]
+    why: str
+
+
+@dataclass(frozen=True)
 class NodeLost(Event):
     node: str
     reason: str
@@ -339,6 +352,15 @@ class LifetimeCore:
             job.first_failure = ev.status if ev.status else 1
         job.error = job.error or ev.why
         return self._kill(job, ev.why)
+
+    def _on_EndRequested(self, ev: EndRequested) -> list[Effect]:
+        job = self.jobs.get(ev.nspace)
+        for rank in ev.ranks if job is not None else ():
+            p = job.procs.get(rank)
+            if p is not None and p.state is ProcState.RUNNING and not p.ended_by:
+                p.ended_by = ev.why
+                job.ended_on_request.append(rank)
+        return []
 
     def _on_NodeLost(self, ev: NodeLost) -> list[Effect]:
         out: list[Effect] = []

@@ -16,7 +16,10 @@ failures are recorded for its ``pydvm run`` to report:
   naming who ended the job (``kill_reason``) explains all of them;
 * a process that called ``PMIx_Init`` and ended without ``PMIx_Finalize``
   ended abnormally whatever its status: with status 0 it fails, and the
-  job's status is 1 (as under ``mpirun``).
+  job's status is 1 (as under ``mpirun``);
+* a process ended on request while it ran (``PMIx_Job_control``: its
+  ``ended_by``) did not fail, whatever its status (as under ``mpirun`` and
+  PRRTE); its rank goes into ``ended_on_request`` for the report.
 
 Whether a failure ends the whole job is :meth:`JobRecord.ends_at_failure`:
 always with ``--abort-on-failure``, never with ``--no-abort-on-failure``,
@@ -82,6 +85,9 @@ class ProcRecord:
     #: what it did with PMIx, as its node saw it: None, "connected"
     #: (PMIx_Init) or "finalized" (PMIx_Finalize too).
     pmix: str | None = None
+    #: who asked for it to be ended while it ran (PMIx_Job_control), in
+    #: words; its end is then no failure.
+    ended_by: str = ""
 
     @property
     def unfinalized(self) -> bool:
@@ -129,6 +135,8 @@ class JobRecord:
     failures: list[int] = field(default_factory=list)
     #: processes that had started and ended after the job was killed.
     killed_procs: int = 0
+    #: ranks ended on request (their ``ended_by``), in the order asked.
+    ended_on_request: list[int] = field(default_factory=list)
     #: the submitting user; the job's processes run as them.
     uid: int | None = None
     gid: int | None = None
@@ -243,7 +251,8 @@ class JobRecord:
         p.signal = signal
         p.pmix = pmix
         # a PMIx process that never finalized failed, even with status 0
-        failed = status != 0 or p.unfinalized
+        # ... unless it was ended on request (ended_by)
+        failed = (status != 0 or p.unfinalized) and not p.ended_by
         if failed and self.first_failure is None:
             self.first_failure = status or 1
         if self.killed:

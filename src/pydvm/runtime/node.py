@@ -93,7 +93,7 @@ from . import jobdirs, jobio
 from .jobio import PumpState, StdinFeed, drain_output, pump_output
 from .metrics import RequestStats, store_sample
 from .peers import ClientSession, process_caller, route_answer
-from . import pmixquery
+from . import pmixjobctl, pmixquery
 from .pmixhost import FOREIGN_LAUNCH_PREFIXES, OMPI_JOB_DIRS, PmixHost
 from .sockdir import make_socket_dir, same_host_socket
 from .storeguard import GuardedStats, StoreGuard, guard_for, guarded_store
@@ -343,6 +343,8 @@ class NodeServer:
             async def dmodex() -> None:
                 ch.send(await self.pmix.dmodex(msg))
             self._spawn(dmodex(), rid)
+        elif t == "jobctl":
+            pmixjobctl.on_master(self, ch, msg)
         elif t == "pids":
             ch.send(reply(rid, Status.SUCCESS, pids=pmixquery.pids_of(self, msg.get("nspace"))))
         elif t == "signal":  # signal_job: one signal to each live process's group

@@ -18,6 +18,8 @@ unpublish                  when a store here can answer at once, else
 fence, direct modex,       the master (:mod:`pydvm.runtime.collectives`) over
 connect, disconnect,       the node's uplink; the master asks the node hosting
 spawn, abort               a rank for its modex data (``dmodex`` below)
+job control, allocate      :mod:`pydvm.runtime.pmixjobctl` (job control
+                           through the master; allocations refused here)
 client finalized,          answered here
 client connected
 =========================  ==================================================
@@ -657,6 +659,14 @@ class PmixHost:
     def _up_query(self, req) -> None:
         from .pmixquery import serve
         serve(self, req)
+
+    def _up_job_control(self, req) -> None:
+        from .pmixjobctl import serve
+        serve(self, req)
+
+    def _up_allocate(self, req) -> None:
+        from .pmixjobctl import serve_allocate
+        serve_allocate(self, req)
 
     # -- the master asks us ------------------------------------------------
 

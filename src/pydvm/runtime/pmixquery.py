@@ -31,7 +31,8 @@ killed), ``_PROC_TABLE`` / ``_LOCAL_PROC_TABLE`` (array of
 ``PMIX_NSPACE`` qualifier, else of the DVM --, ``_SPAWN_SUPPORT`` and
 ``_DEBUG_SUPPORT`` (strings: the attributes honoured; none), ``_NUM_PSETS``
 (size, 0), ``_PSET_NAMES`` (string, empty), ``_PSET_MEMBERSHIP`` (none
-defined: not found), ``_SUPPORTED_KEYS``.  Any other key: not supported.
+defined: not found), ``_SUPPORTED_KEYS``, ``_ALLOC_STATUS`` (no allocation
+request is ever granted: not found).  Any other key: not supported.
 The answer is SUCCESS when every key was answered, PARTIAL_SUCCESS when
 some were, else the first refusal's status.
 """
@@ -50,6 +51,9 @@ from ..wire import Message, reply
 
 log = logging.getLogger("pydvm.pmix")
 
+#: PMIX_QUERY_ALLOC_STATUS: no allocation request ever gets an id here
+#: (runtime/pmixjobctl.py refuses them all), so none is found -- mpirun's answer.
+ALLOC_STATUS = "pmix.query.alloc"
 #: Keys the master answers, with the qualifier each needs (None: none).
 ANSWERED = {
     Q.NAMESPACES: None, Q.NAMESPACE_INFO: None, Q.JOB_STATUS: "ns",
@@ -57,6 +61,7 @@ ANSWERED = {
     Q.NODE_LIST: None, Q.NUM_NODES: None, Q.SPAWN_SUPPORT: None,
     Q.DEBUG_SUPPORT: None, Q.NUM_PSETS: None, Q.PSET_NAMES: None,
     Q.PSET_MEMBERSHIP: "pset", Q.SUPPORTED_KEYS: None,
+    ALLOC_STATUS: None,
 }
 #: PMIX_PROC_STATE_* numbers
 RUNNING, LAUNCH_UNDERWAY, TERMINATED = 5, 2, 20
@@ -213,6 +218,8 @@ class MasterQueries:
             return "size", 0
         if key == Q.SUPPORTED_KEYS:
             return "str", ",".join(ANSWERED)
+        if key == ALLOC_STATUS:
+            raise _Refused(Status.ERR_NOT_FOUND, "no allocation request: a DVM's nodes are fixed")
         raise _Refused(Status.ERR_NOT_FOUND, "no process set of that name")  # membership
 
     async def _proc_table(self, job, only: str | None) -> list[list]:

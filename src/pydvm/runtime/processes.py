@@ -88,14 +88,21 @@ def failure_report(job: JobRecord) -> dict[str, Any]:
     :data:`FAILURE_REPORT_LIMIT` processes that failed on their own, first
     failure first; ``failed``: how many failed on their own; ``killed``: how
     many started processes were ended by a kill; ``apps``: the job's app
-    count (a report names the app only when there are several).
+    count (a report names the app only when there are several);
+    ``ended``: ``[rank, app_idx, node, status, signal, who asked]`` of the
+    first processes ended on request (``PMIx_Job_control``), when any were.
     """
     rows = []
     for rank in job.failures[:FAILURE_REPORT_LIMIT]:
         p = job.procs[rank]
         rows.append([rank, p.app_idx, p.node, p.exit_status, p.signal, p.unfinalized])
-    return {"failures": rows, "failed": len(job.failures), "killed": job.killed_procs,
-            "apps": len(job.apps)}
+    out = {"failures": rows, "failed": len(job.failures), "killed": job.killed_procs,
+           "apps": len(job.apps)}
+    ended = [job.procs[r] for r in job.ended_on_request[:FAILURE_REPORT_LIMIT]]
+    if ended:
+        out["ended"] = [[p.rank, p.app_idx, p.node, p.exit_status, p.signal, p.ended_by]
+                        for p in ended if p.state is ProcState.ENDED]
+    return out
 
 
 def job_end_event(job: JobRecord) -> dict[str, Any]:
@@ -578,6 +585,12 @@ class ProcessTable(NodeListener):
     def abort(self, nspace: str, rank: int, status: int, why: str) -> None:
         """``nspace:rank`` called ``PMIx_Abort``: its job ends with ``status``."""
         self._feed(core.AbortRequested(nspace, rank, status, why))
+
+    def end_requested(self, nspace: str, ranks, why: str) -> None:
+        """Running ``ranks`` of ``nspace`` are being ended on request
+        (``PMIx_Job_control``; ``why`` names who asked): their ends are no
+        failures, and the job's ``pydvm run`` reports them."""
+        self._feed(core.EndRequested(nspace, tuple(ranks), why))
 
     def node_lost(self, name: str, reason: str) -> None:
         self._feed(core.NodeLost(name, reason))
