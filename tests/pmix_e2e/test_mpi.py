@@ -219,3 +219,28 @@ def test_bound_ranks_get_their_cpuset_and_locality_from_pmix_as_under_mpirun(pdv
     got = pdvm.run("--host", f"{FAR}:2", "-n", "2", exe)
     assert got.returncode == 0, got.stdout + got.stderr
     assert values(got) == want
+
+
+def test_the_job_api_captures_the_output_of_the_jobs_a_job_spawns(pdvm, mpicc, monkeypatch):
+    """Through ``pydvm.jobs``, an MPI_Comm_spawn's children write where their
+    parent's output goes (captured here, and per line to a callback), as
+    ``pydvm run`` prints them; nothing of theirs is left on the connection's
+    tables once the parent ended."""
+    import pydvm.jobs
+
+    exe = mpicc("mpi_spawn")
+    monkeypatch.setenv("PYDVM_STATE_DIR", pdvm.env["PYDVM_STATE_DIR"])
+    seen: list[tuple[int, str]] = []
+    with pydvm.jobs.connect(pdvm.uri) as dvm:
+        job = dvm.submit([exe, "2"], n=1, hosts=[HEAD], env=pdvm.env, stdout="capture")
+        cb = dvm.submit([exe, "2"], n=1, hosts=[HEAD], env=pdvm.env,
+                        stdout=lambda rank, line: seen.append((rank, line)))
+        r, rcb = job.result(timeout=120), cb.result(timeout=120)
+        assert r.returncode == 0 and rcb.returncode == 0, (r, rcb)
+        out = r.stdout.decode()
+        assert "SPAWN rc=0" in out and "PARENT sum=3" in out, out
+        assert sorted(ln.strip() for ln in out.splitlines() if "CHILD" in ln) == [
+            "CHILD rank=0 size=2", "CHILD rank=1 size=2"], out
+        kids = sorted((rank, ln.strip()) for rank, ln in seen if "CHILD" in ln)
+        assert kids == [(0, "CHILD rank=0 size=2"), (1, "CHILD rank=1 size=2")], seen
+        assert not dvm._by_ns  # the parents and their children, forgotten at their end

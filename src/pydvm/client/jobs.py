@@ -107,7 +107,9 @@ class Job(Future):
     runs on, in the order of their first rank: filled when it starts --
     ``state`` ``"running"``, the ``started`` event -- and kept after its
     end; None before), ``position`` (its place in the DVM's queue, while
-    queued).  :meth:`processes` asks the DVM for its processes (rank,
+    queued).  Output of the jobs it spawns (``PMIx_Spawn``,
+    ``MPI_Comm_spawn``) goes where its own goes, under the children's ranks,
+    as ``pydvm run`` prints it.  :meth:`processes` asks the DVM for its processes (rank,
     node, pid, state) while it runs.  :meth:`add_state_callback` is told
     each change of ``state``.
 
@@ -137,6 +139,8 @@ class Job(Future):
         self._kill_asked = False
         self._signals: list[int] = []  # asked for before the DVM named the job
         self._state_callbacks: list[Callable[[Job], Any]] = []
+        #: namespaces of the jobs it spawned (PMIx_Spawn), whose output is its own
+        self._spawned: list[str] = []
 
     def __repr__(self) -> str:
         return f"<Job {self.nspace or '#' + str(self.id)} {self.state}>"
@@ -685,6 +689,8 @@ class Dvm:
             if job is not None:
                 if job.nspace is not None:
                     self._by_ns.pop(job.nspace, None)
+                for ns in job._spawned:
+                    self._by_ns.pop(ns, None)
                 job._ended(msg)
                 return
             f = self._calls.pop(rid, None)
@@ -710,6 +716,13 @@ class Dvm:
                 pos = msg.get("position")
                 job.position = pos if isinstance(pos, int) else None
                 job._named(ns, QUEUED)
+        elif t == "spawned":
+            # a job this one spawned (PMIx_Spawn): its output is the parent's
+            job = self._by_ns.get(msg.get("parent"))
+            ns = msg.get("nspace")
+            if job is not None and isinstance(ns, str):
+                self._by_ns[ns] = job
+                job._spawned.append(ns)
         elif t == "job_event":
             sub = self._subs.get(msg.get("ref"))
             if sub is not None:

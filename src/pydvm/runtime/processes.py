@@ -493,6 +493,8 @@ class ProcessTable(NodeListener):
         tool = self._tool.get(pns)
         if tool is not None:
             self._tool[ns] = tool
+            # its output comes under its own namespace: say whose child it is
+            tool.send({"t": "spawned", "nspace": ns, "parent": pns})
         over = self._over[ns] = asyncio.get_running_loop().create_future()
         self._children.setdefault(pns, []).append(over)
 
