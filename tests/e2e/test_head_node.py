@@ -131,3 +131,39 @@ def test_one_shot_run_serves_its_only_node_in_the_master(tmp_path):
     owners = {ln.split()[0] for ln in p.stdout.splitlines() if not ln.startswith("PARENT")}
     parents = {ln.split()[1] for ln in p.stdout.splitlines() if ln.startswith("PARENT")}
     assert owners == parents and len(owners) == 1  # the `pydvm run` process hosts the node
+
+
+def test_daemons_do_not_import_scripts_of_the_directory_the_dvm_was_started_in(tmp_path):
+    """``pydvm start`` (its console script) in a directory holding a script
+    named like a module the runtime imports: the local daemons it launches
+    run in that directory too, and must not import it (they once did, with
+    ``python -m``: a ``queue.py`` there ended every daemon at start)."""
+    import shutil
+    import subprocess
+    import sys
+
+    here = tmp_path / "work"
+    here.mkdir()
+    marker = tmp_path / "imported"
+    for name in ("queue", "selectors", "signal"):
+        (here / f"{name}.py").write_text(
+            f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n"
+            f"raise SystemExit('the caller\\'s {name}.py ran')\n")
+    script = shutil.which("pydvm", path=str(Path(sys.executable).parent))
+    assert script, "the pydvm console script next to this interpreter"
+    env = dict(os.environ, PYDVM_STATE_DIR=str(tmp_path / "state"))
+    env.pop("PYDVM_URI", None)
+    p = subprocess.run([script, "start", "--daemonize", "--hosts", "a,b",
+                        "--log-dir", str(tmp_path / "logs")], cwd=here, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    uri = p.stdout.strip().splitlines()[-1]
+    try:
+        r = subprocess.run([script, "run", "--dvm", uri, "--map-by", "node", "-n", "2",
+                            "sh", "-c", "echo $PYDVM_NODE"], cwd=here, env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert sorted(r.stdout.split()) == ["a", "b"]
+        assert not marker.exists(), marker.read_text()
+    finally:
+        subprocess.run([script, "stop", "--dvm", uri], env=env, capture_output=True, timeout=120)

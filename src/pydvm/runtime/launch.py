@@ -80,7 +80,9 @@ class DaemonCommand:
 
     def argv(self, node: str | None) -> list[str]:
         """The daemon's command; without ``node`` it reads ``SLURMD_NODENAME``."""
-        cmd = [self.python, "-m", "pydvm", "daemon", "--master", self.master_uri]
+        # -P: never the working directory on sys.path (a script there named
+        # like a module the daemon imports would be imported instead)
+        cmd = [self.python, "-P", "-m", "pydvm", "daemon", "--master", self.master_uri]
         if node is not None:
             cmd += ["--node", node]
         if self.log_dir:

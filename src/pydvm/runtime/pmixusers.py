@@ -294,7 +294,7 @@ class UserServer:
         os.chown(d, self.uid, self.gid)
         os.chmod(d, 0o700)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        argv = [sys.executable, "-m", "pydvm.runtime.pmixusers", str(theirs.fileno())]
+        argv = [sys.executable, "-P", "-m", "pydvm.runtime.pmixusers", str(theirs.fileno())]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PMIX_", "PYDVM_"))}
         env["HOME"] = d
         kw: dict[str, Any] = {}
