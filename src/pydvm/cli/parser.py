@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
                 "Show the DVM's nodes and parameters (each value and where it came from); "
                 "without a DVM, the values a DVM started here would get.")
     _dvm_option(s)
+    s.add_argument("--pmix-uri", action="store_true",
+                   help="print only the URI PMIx tools attach at (the head node's PMIx "
+                        "server), e.g. PMIX_SERVER_URI41=$(pydvm info --pmix-uri) pps")
     s.set_defaults(func=cmd_info)
 
     s = _parser(sub, "session", "create or end a session")
