@@ -100,8 +100,9 @@ class ToolReply:
         self.done = True
         if not self._server.running:
             return False
-        p = L.pmix_proc_t()
-        proc_to_c(proc or Proc("", 0), p)
+        p = L.pmix_proc_t()             # zeroed: what a refusal names
+        if proc is not None and status == C.SUCCESS:
+            proc_to_c(proc, p)
         self._cb(int(status), ctypes.addressof(p), self._cbdata)
         return True
 

@@ -65,6 +65,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("pydvm.pmix")
 
 URI_FILE = "tool.uri"
+#: How long a refused tool stays connected after its first request (each of
+#: its requests refused) before the node shuts its connection down.
+REFUSED_GRACE = 3.0
 
 
 class ToolConn:
@@ -84,6 +87,8 @@ class ToolHost:
     def __init__(self, host: "PmixHost") -> None:
         self.host = host
         self.tools: dict[str, ToolConn] = {}
+        #: refused tools still connected: namespace -> our socket duplicate
+        self.refused: dict[str, int | None] = {}
         self._by_fd: dict[int, str] = {}
         self._count = 0
         self._files: list[str] = []
@@ -142,6 +147,8 @@ class ToolHost:
             log.warning("cannot write %s: %s", path, exc)
 
     def stop(self) -> None:
+        for ns in list(self.refused):
+            self._drop_refused(ns)
         for ns in list(self.tools):
             self._gone(ns, "the node server stops", purge=False)
         for path in self._files:
@@ -162,18 +169,15 @@ class ToolHost:
 
     def connected(self, req) -> None:
         """A ``tool_connected`` upcall (loop thread): the tool's identity, or a refusal."""
-        why = self._refusal(req)
-        if why:
-            log.warning("node %s: PMIx tool refused (%s): %s", self.host.node.name,
-                        _who(req), why)
-            if req.fd is not None:
-                os.close(req.fd)
-            req.reply.fail(Status.ERR_NO_PERMISSIONS)
-            return
         from ..pmix import Proc
-        from .pmixhost import PmixSession
         node = self.host.node
         self._count += 1
+        why = self._refusal(req)
+        if why:
+            log.warning("node %s: PMIx tool refused (%s): %s", node.name, _who(req), why)
+            self._refuse(req)
+            return
+        from .pmixhost import PmixSession
         ns = f"{node.dvm_nspace}-tool.{self._count}"
         gid = req.claimed_gid
         caller = process_caller(ns, 0, req.uid, gid, node.name)
@@ -188,6 +192,33 @@ class ToolHost:
                  _who(req))
         if not req.reply(Status.SUCCESS, Proc(ns, 0)):
             self._gone(ns, "the server stopped")
+
+    def _refuse(self, req) -> None:
+        """Refuse a tool without crashing libpmix 4.2.2: its error path for a
+        refused tool (``process_cbfunc`` in ptl_base_connection_hdlr.c) frees
+        the tool's namespace record with the peer and then unlinks it from a
+        list -- a use after free that took the server's process down.  So the
+        tool is answered SUCCESS with a namespace nothing is served to (no
+        session: its data requests are refused NO_PERMISSIONS, its queries
+        while it is connected too, :meth:`query_uids`), and its connection is
+        watched: when this side sees its first request arrive (its job-data
+        request, sent once libpmix has finished the handshake; libpmix's
+        thread may read it first, unseen) the connection is shut down
+        :data:`REFUSED_GRACE` seconds later -- the grace lets its next
+        requests be refused plainly, as a 4.2.2 tool whose connection drops
+        mid-request may hang -- else it is forgotten when the tool hangs up."""
+        from ..pmix import Proc
+        ns = f"{self.host.node.dvm_nspace}-refused.{self._count}"
+        self.refused[ns] = req.fd
+        if req.fd is not None and self._ep is not None:
+            self._by_fd[req.fd] = ns
+            self._ep.register(req.fd, select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLHUP
+                              | select.EPOLLERR)
+        elif req.fd is None:
+            log.error("node %s: a refused PMIx tool cannot be disconnected (its socket was "
+                      "not found); queries to this server are refused while it may be "
+                      "connected", self.host.node.name)
+        req.reply(Status.SUCCESS, Proc(ns, 0))
 
     def _refusal(self, req) -> str:
         if req.uid is None:
@@ -206,12 +237,34 @@ class ToolHost:
     def _hung_up(self) -> None:
         if self._ep is None:
             return
-        for fd, _ev in self._ep.poll(0):
+        for fd, ev in self._ep.poll(0):
             ns = self._by_fd.get(fd)
-            if ns is not None:
+            if ns in self.refused:
+                if ev & (select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR):
+                    self._drop_refused(ns)
+                else:  # its first request: answered (refused), then the drop
+                    self._ep.modify(fd, select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR)
+                    asyncio.get_running_loop().call_later(REFUSED_GRACE, self._drop_refused,
+                                                          ns)
+            elif ns is not None:
                 self._gone(ns, "the tool disconnected")
             else:
                 self._ep.unregister(fd)
+
+    def _drop_refused(self, ns: str) -> None:
+        fd = self.refused.pop(ns, None)
+        if fd is None:
+            return
+        self._by_fd.pop(fd, None)
+        try:
+            self._ep.unregister(fd)
+        except (OSError, ValueError):
+            pass
+        try:
+            socket.socket(fileno=os.dup(fd)).shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        os.close(fd)
 
     def _gone(self, ns: str, reason: str, *, purge: bool = True) -> None:
         t = self.tools.pop(ns, None)
@@ -254,9 +307,11 @@ class ToolHost:
         single-user DVM every job is the owner's, so root's tool asks as the
         owner."""
         own = os.geteuid()
-        if self.host.node.multi_user:
-            return {t.uid for t in self.tools.values()}
-        return {own for _t in self.tools.values()}
+        uids = {t.uid for t in self.tools.values()} if self.host.node.multi_user else \
+            {own for _t in self.tools.values()}
+        if self.refused:
+            uids |= {-1, -2}  # a refused tool may be asking: nobody is answered
+        return uids
 
     def count(self) -> int:
         return len(self.tools)
