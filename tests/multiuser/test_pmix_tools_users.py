@@ -23,22 +23,25 @@ from conftest import RUNUSER
 sys.path.insert(0, str(Path(__file__).parents[1] / "pmix"))
 from cbuild import pmix_cflags, require_libpmix  # noqa: E402
 
-TOOL_SRC = Path(__file__).parents[1] / "pmix_e2e" / "clients" / "pmix_tool.c"
+CLIENTS = Path(__file__).parents[1] / "pmix_e2e" / "clients"
 
 
 @pytest.fixture(scope="module")
-def tool_exe():
-    """pmix_tool, built where every test user can run it."""
+def progs():
+    """pmix_tool and pmix_events, built where every test user can run them."""
     require_libpmix()
-    if not shutil.which("gcc") or not shutil.which("pps"):
-        pytest.skip("gcc and pps are needed (apt-get install gcc libpmix-bin)")
+    if not shutil.which("gcc") or not shutil.which("pps") or not shutil.which("pevent"):
+        pytest.skip("gcc, pps and pevent are needed (apt-get install gcc libpmix-bin)")
     d = Path(tempfile.mkdtemp(prefix="pydvm-mu-tool-"))
     os.chmod(d, 0o755)
-    r = subprocess.run(["gcc", "-O1", "-o", str(d / "pmix_tool"), str(TOOL_SRC),
-                        *pmix_cflags()], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    os.chmod(d / "pmix_tool", 0o755)
-    yield str(d / "pmix_tool")
+    out = {}
+    for name in ("pmix_tool", "pmix_events"):
+        r = subprocess.run(["gcc", "-O1", "-o", str(d / name), str(CLIENTS / f"{name}.c"),
+                            *pmix_cflags()], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        os.chmod(d / name, 0o755)
+        out[name] = str(d / name)
+    yield out
     shutil.rmtree(d, ignore_errors=True)
 
 
@@ -62,7 +65,8 @@ def _bg_job(d, user: str, script: str) -> tuple[subprocess.Popen, str]:
     return bg, out.split("NS=", 1)[1].split()[0]
 
 
-def test_a_users_tool_sees_and_finds_only_that_users_jobs_and_keys(make_mudvm, tool_exe):
+def test_a_users_tool_sees_and_finds_only_that_users_jobs_and_keys(make_mudvm, progs):
+    tool_exe = progs["pmix_tool"]
     d = make_mudvm(pydvm_head_node="a")
     p = d.as_user("pdvmtesta", "info", "--pmix-uri")
     assert p.returncode == 0, p.stderr
@@ -98,3 +102,39 @@ def test_a_users_tool_sees_and_finds_only_that_users_jobs_and_keys(make_mudvm, t
         if bg.poll() is None:
             d.as_user(None, "kill", a_ns)
         bg.wait(timeout=60)
+
+
+def test_a_users_pevent_reaches_that_users_processes_only(make_mudvm, progs):
+    """A's and B's jobs on node b register for one code; A's pevent reaches A's
+    process, and B's process's first event is B's own tool's, not A's."""
+    d = make_mudvm(pydvm_head_node="a")
+    uri = d.as_user("pdvmtesta", "info", "--pmix-uri").stdout.strip()
+    code = "-23456"
+    jobs = {}
+    try:
+        for user in ("pdvmtesta", "pdvmtestb"):
+            bg, ns = _bg_job(d, user, f"exec {progs['pmix_events']} register:{code} "
+                             "wait:1:60000")
+            out = ""
+            while "REGISTER status=0" not in out:
+                line = bg.stdout.readline()
+                assert line, out
+                out += line
+            jobs[user] = (bg, ns)
+        events = {}
+        for user in ("pdvmtesta", "pdvmtestb"):
+            p = _as(user, "pevent", "--event", code, "--range", "5",
+                    env={"PMIX_SERVER_URI41": uri})
+            assert p.returncode == 0, p.stderr
+            bg, _ns = jobs[user]
+            out = bg.stdout.read()
+            assert bg.wait(timeout=60) == 0, out
+            events[user] = re.findall(rf"EVENT code={code} source=(\S+):0", out)
+        a_tool, b_tool = events["pdvmtesta"], events["pdvmtestb"]
+        assert len(a_tool) == 1 and len(b_tool) == 1, events
+        assert a_tool[0] != b_tool[0] and re.fullmatch(r"pydvm-\w+-tool\.\d+", b_tool[0])
+    finally:
+        for bg, ns in jobs.values():
+            if bg.poll() is None:
+                d.as_user(None, "kill", ns)
+            bg.wait(timeout=60)

@@ -257,8 +257,18 @@ class Collectives(ProcessListener, NodeListener):
         tool_uid = msg.get("tool_uid")
         if tool_uid is not None and daemon.node == self._nodes.head_node:
             # a PMIx tool attached to the head node's server (runtime/pmixtools.py,
-            # in this process): the nodes of its user's jobs
-            nodes = self._tool_event_nodes(int(tool_uid), rng) - {daemon.node}
+            # in this process): the nodes of its user's jobs, and when other
+            # users' jobs run too, only its user's processes (a custom range)
+            uid = int(tool_uid)
+            nodes = self._tool_event_nodes(uid, rng) - {daemon.node}
+            mine = [j.nspace for j in self._processes.jobs.values()
+                    if not j.done and (uid == 0 or j.uid is None or j.uid == uid)]
+            if nodes and any(not j.done and j.nspace not in mine
+                             for j in self._processes.jobs.values()):
+                rng = PC.RANGE_CUSTOM
+                info = [i for i in info if i[0] != PC.EVENT_CUSTOM_RANGE] + [
+                    [PC.EVENT_CUSTOM_RANGE, PC.DATA_ARRAY,
+                     [PC.PROC, [[n, RANK_WILDCARD] for n in mine]]]]
             await self._nodes.deliver_event(nodes, code, (ns, rank), rng, info)
             daemon.send(reply(rid, Status.SUCCESS))
             return
