@@ -24,6 +24,7 @@ import signal
 import subprocess
 import tempfile
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -31,9 +32,8 @@ from pmixkit import FAR, HEAD
 from dvmkit import LineReader, finish, start_dvm, wait_for
 
 
-@pytest.fixture(scope="module")
-def tdvm(libpmix):
-    """A DVM (head node + daemon node ``far``) whose TMPDIR is its own."""
+def _private_dvm(**mca):
+    """(DVM with a head node and daemon node ``far`` whose TMPDIR is its own, base dir)."""
     for t in ("pps", "pattrs", "pevent"):
         if not shutil.which(t):
             pytest.skip(f"{t} not installed (apt-get install libpmix-bin)")
@@ -43,14 +43,22 @@ def tdvm(libpmix):
     saved = os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = tmpdir
     try:
-        d = start_dvm(__import__("pathlib").Path(base), f"{HEAD}:4,{FAR}:4",
-                      {"pydvm_pmix": "on"})
+        d = start_dvm(Path(base), f"{HEAD}:4,{FAR}:4", {"pydvm_pmix": "on", **mca})
+    except BaseException:
+        shutil.rmtree(base, ignore_errors=True)
+        raise
     finally:
         if saved is None:
             os.environ.pop("TMPDIR")
         else:
             os.environ["TMPDIR"] = saved
     d.env["OMPI_MCA_btl_tcp_if_include"] = "lo"
+    return d, base
+
+
+@pytest.fixture(scope="module")
+def tdvm(libpmix):
+    d, base = _private_dvm()
     try:
         yield d
     finally:
@@ -63,6 +71,13 @@ def tool_uri(d) -> str:
     uri = p.stdout.strip()
     assert re.fullmatch(r"\S+\.0;tcp4?://127\.0\.0\.1:\d+", uri), uri
     return uri
+
+
+def pmix_dir(d) -> str:
+    p = d.cmd("info", "--pmix-dir", check=True)
+    path = p.stdout.strip()
+    assert os.path.isfile(os.path.join(path, "tool.uri")), path
+    return path
 
 
 def tool_env(d, **extra) -> dict[str, str]:
@@ -108,11 +123,12 @@ def test_pps_from_outside_by_uri_and_by_search(tdvm, sleeper):
     assert p.returncode == 0, p.stderr
     assert "pps: querying nspaces" in p.stderr
     assert active_nspaces(p) == {sleeper}
-    # without anything: the system server's file in TMPDIR (root) or the
-    # rendezvous files libpmix searches TMPDIR for
-    p = run_tool(tdvm, "pps")
-    assert p.returncode == 0, p.stderr
-    assert active_nspaces(p) == {sleeper}
+    # without anything: the rendezvous files libpmix searches TMPDIR for --
+    # the DVM's TMPDIR, or the directory `pydvm info --pmix-dir` names
+    for env in (tool_env(tdvm), tool_env(tdvm, TMPDIR=pmix_dir(tdvm))):
+        p = run_tool(tdvm, "pps", env=env)
+        assert p.returncode == 0, p.stderr
+        assert active_nspaces(p) == {sleeper}
 
 
 def test_pattrs_by_pid_namespace_and_uri_file(tdvm):
@@ -196,8 +212,10 @@ def test_pevent_reaches_the_processes_that_registered(tdvm, pmixcc):
     try:
         wait_for(lambda: sum("FENCE status=0" in ln for ln in reader.lines) == 2, timeout=60,
                  what="both ranks registered")
+        # (with PMIX_SERVER_URI41 a 4.2.2 tool presents itself as a job's
+        # client of no namespace: it gets no identity, and its event no source)
         p = run_tool(tdvm, "pevent", "--event", str(code), "--range", "5",
-                     env=tool_env(tdvm, PMIX_SERVER_URI41=tool_uri(tdvm)))
+                     env=tool_env(tdvm, TMPDIR=pmix_dir(tdvm)))
         assert p.returncode == 0, p.stderr
         assert finish(job) == 0
     finally:
@@ -245,3 +263,35 @@ def test_a_tool_of_another_uid_or_claiming_one_is_refused(tdvm, pmixcc, tmp_path
                  what="the owner's query answered")
     finally:
         shutil.rmtree(pub, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the system server is root's")
+def test_the_system_server_file_is_written_only_when_asked(tdvm, libpmix):
+    sysfile = os.path.join(tdvm.env["TMPDIR"], f"pmix.sys.{os.uname().nodename}")
+    assert not os.path.exists(sysfile)        # off by default
+    d, base = _private_dvm(pydvm_pmix_system_server="on")
+    try:
+        sysfile = os.path.join(d.env["TMPDIR"], f"pmix.sys.{os.uname().nodename}")
+        assert os.stat(sysfile).st_mode & 0o777 == 0o644
+        with open(sysfile) as f:
+            assert f.readline().strip() == tool_uri(d)
+        p = run_tool(d, "pps")
+        assert p.returncode == 0 and active_nspaces(p) == set(), p.stderr
+    finally:
+        d.stop()
+    try:
+        assert not os.path.exists(sysfile)    # gone with the DVM
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_tool_started_with_a_clients_uri_variable_is_served_queries_only(tdvm, pmixcc):
+    """libpmix 4.2.2: PMIX_SERVER_URI41 in a tool's environment makes it a
+    "client tool" of an empty namespace; libpmix keeps that name instead of
+    the one the host gives, so nothing but queries can be answered as it."""
+    tool = pmixcc("pmix_tool")
+    p = run_tool(tdvm, tool, "search", "lookup:x", "publish:a=b", "query:pmix.qry.ns",
+                 env=tool_env(tdvm, PMIX_SERVER_URI41=tool_uri(tdvm)))
+    assert re.search(r"^INIT status=0 nspace= rank=", p.stdout, re.M), p.stdout
+    assert "LOOKUP status=-23" in p.stdout and "PUBLISH status=-23" in p.stdout, p.stdout
+    assert "QUERY status=0 key=pmix.qry.ns" in p.stdout, p.stdout

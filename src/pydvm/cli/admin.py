@@ -129,12 +129,12 @@ def cmd_info(a) -> int:
             r = _tool(a, {"t": "info"})
         except (ToolError, ValueError) as exc:
             return tool_failed(exc, a.dvm)
-        if getattr(a, "pmix_uri", False):
+        if getattr(a, "pmix_uri", False) or getattr(a, "pmix_dir", False):
             t = (r.get("pmix") or {}).get("tools")
             if not t:
                 return fail("this DVM's head node serves no PMIx tools (no PMIx there, or "
                             "no head node: pydvm_head_node)")
-            print(t["uri"])
+            print(t["uri"] if a.pmix_uri else os.path.dirname(t["file"]))
             return 0
         print(f"DVM {r['dvm']} at {r['uri']}")
         if r.get("launcher"):
@@ -194,5 +194,5 @@ def _print_pmix(info: dict | None) -> None:
     t = info.get("tools")
     if t:
         print(f"  PMIx tools attach to node {t['node']} at {t['uri']} (file {t['file']}; "
-              f"PMIX_SERVER_URI41=$(pydvm info --pmix-uri)); {len(t['connected'])} connected")
+              f"TMPDIR=$(pydvm info --pmix-dir) pps); {len(t['connected'])} connected")
 

@@ -17,9 +17,11 @@ process's, which a tool is not).  Once the server runs, the node writes:
   node, but a tool looks for files named after the machine it runs on
   (``--pid``, ``--namespace``, and the search a tool makes without either,
   under its ``TMPDIR``);
-* on a DVM started by root, ``$TMPDIR/pmix.sys.<hostname>`` (mode 0644),
-  what a tool asking for the system server reads first (``pps``,
-  ``plookup``, ``pevent`` do) -- unless another server's is there.
+* with ``pydvm_pmix_system_server`` on, in a DVM started by root,
+  ``$TMPDIR/pmix.sys.<hostname>`` (mode 0644), what a tool asking for the
+  system server reads first (``pps``, ``plookup``, ``pevent`` do, even
+  inside a job, before their own server) -- unless another live server's
+  is there.  Off by default for that reason.
 
 Who
 ---
@@ -127,10 +129,11 @@ class ToolHost:
                                 body, 0o600)
         self._write(os.path.join(str(node.socket_dir), URI_FILE),
                     f"{self.uri}\nv{version}\n", 0o644 if node.multi_user else 0o600)
-        if os.geteuid() == 0:
+        if os.geteuid() == 0 and node.values["pydvm_pmix_system_server"] == "on":
             sysfile = os.path.join(_system_tmpdir(), f"pmix.sys.{machine}")
             if not _alive_owner(sysfile):
                 self._write(sysfile, body, 0o644)
+                node.guardian.remove_on_exit(sysfile)  # however this process ends
         self._ep = select.epoll()
         asyncio.get_running_loop().add_reader(self._ep.fileno(), self._hung_up)
         log.info("node %s: PMIx tools attach at %s", node.name, self.uri)
