@@ -229,7 +229,11 @@ def test_pevent_reaches_the_processes_that_registered(tdvm, pmixcc):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a tool as another uid")
-def test_a_tool_of_another_uid_or_claiming_one_is_refused(tdvm, pmixcc, tmp_path):
+def test_a_tool_of_another_uid_claiming_one_or_naming_a_process_is_refused(tdvm, pmixcc,
+                                                                           sleeper):
+    """Each refusal cuts the tool's connection in its handshake: its
+    PMIx_tool_init fails (libpmix 4.2.2's own refusal would crash the server);
+    the DVM and its owner's tools carry on."""
     tool = pmixcc("pmix_tool")
     pub = tempfile.mkdtemp(prefix="ptoolx")
     os.chmod(pub, 0o755)
@@ -245,22 +249,33 @@ def test_a_tool_of_another_uid_or_claiming_one_is_refused(tdvm, pmixcc, tmp_path
         os.chmod(shim, 0o755)
         uri = tool_uri(tdvm)
         nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-        p = run_tool(tdvm, *nobody, exe, f"uri:{uri}", "query:pmix.qry.ns", "lookup:x",
-                     "publish:x=y")
-        assert re.search(r"^INIT status=0 nspace=pydvm-\w+-refused\.\d+", p.stdout, re.M), \
-            (p.stdout, p.stderr)
-        for op in ("QUERY", "LOOKUP", "PUBLISH"):
-            assert f"{op} status=-23" in p.stdout, p.stdout           # NO_PERMISSIONS
-        assert "uid 65534 is not the DVM's owner" in tdvm.log("master")
-        p = run_tool(tdvm, *nobody, "env", f"LD_PRELOAD={shim}", exe, f"uri:{uri}",
-                     "query:pmix.qry.ns")
-        assert "QUERY status=0" not in p.stdout, p.stdout
-        assert "claims uid 0 but is uid 65534" in tdvm.log("master")
-        # the DVM's owner is served again once the refused tools have gone
-        # (while one is connected, no query on that server can be told apart)
-        wait_for(lambda: "QUERY status=0" in
-                 run_tool(tdvm, exe, f"uri:{uri}", "query:pmix.qry.ns").stdout,
-                 what="the owner's query answered")
+        lie = ["env", f"LD_PRELOAD={shim}"]
+        cases = {
+            "is not the DVM's owner": [*nobody, exe, f"uri:{uri}", "lookup:x"],
+            "claims uid 0 but is uid 65534": [*nobody, *lie, exe, f"uri:{uri}", "lookup:x"],
+            # a "client tool" naming a running process of the owner's job
+            "claims uid 0 but is uid 65534 ": [*nobody, *lie, f"PMIX_NAMESPACE={sleeper}",
+                                               "PMIX_RANK=0", f"PMIX_SERVER_URI41={uri}",
+                                               exe, "search", "lookup:x"],
+            # a client tool (libpmix keeps its name) naming no process of its own
+            "names itself nosuch:0": ["env", "PMIX_NAMESPACE=nosuch", "PMIX_RANK=0",
+                                      f"PMIX_SERVER_URI41={uri}", exe, "search", "lookup:x"],
+        }
+        for why, argv in cases.items():
+            before = tdvm.log("master").count(why.strip())
+            p = run_tool(tdvm, *argv)
+            assert p.returncode == 1, (why, p.stdout, p.stderr)
+            assert re.search(r"^INIT status=-\d+ nspace=-", p.stdout, re.M), (why, p.stdout)
+            assert "LOOKUP" not in p.stdout
+            assert tdvm.log("master").count(why.strip()) == before + 1, why
+        p = run_tool(tdvm, exe, f"uri:{uri}", "query:pmix.qry.ns")
+        assert f"QUERY status=0 key=pmix.qry.ns value={sleeper}" in p.stdout, p.stdout
+        # a tool that merely gives itself a name (PMIX_TOOL_NSPACE) is known
+        # by the host's: it acts as a tool of its uid, not as that process
+        p = run_tool(tdvm, exe, f"uri:{uri}", f"as:{sleeper}:0", "publish:asname=1",
+                     "lookup:asname")
+        assert re.search(rf"LOOKUP status=0 key=asname value=1 "
+                         rf"publisher=pydvm-\w+-tool\.\d+:0", p.stdout), p.stdout
     finally:
         shutil.rmtree(pub, ignore_errors=True)
 

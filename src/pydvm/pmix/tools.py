@@ -23,7 +23,22 @@ nothing), and looks the tool's end of that loopback connection up in
 record of who opened it.  :class:`ToolConnected` carries that uid (None
 when it could not be established, with ``why``), the claims, and a
 duplicate of the socket's descriptor, which the host may watch for the
-tool's end (:func:`watch_closed` semantics are the host's) and must close.
+tool's end and must close.
+
+Refusing a tool
+---------------
+libpmix 4.2.2 cannot be told "no": its error path for a refused tool
+(``process_cbfunc`` in ptl_base_connection_hdlr.c) frees the tool's
+namespace record with the peer and then unlinks it from a list -- a use
+after free that took the server's process (the master) down.  Nor can it
+be answered SUCCESS with a harmless identity: a tool that gives itself one
+(a "client tool", ``PMIX_NAMESPACE``/``PMIX_RANK`` in its environment)
+keeps it whatever the host answers.  So :meth:`ToolReply.abandon` refuses
+without libpmix: it shuts down and closes the connection's descriptor --
+libpmix's own, which nothing of libpmix touches again until the callback
+it waits for, and that never comes -- so the tool sees its connection end
+during the handshake (``PMIx_tool_init`` fails), and libpmix keeps one
+small pending-connection record per refused tool.
 """
 
 from __future__ import annotations
@@ -61,7 +76,7 @@ class ToolConnected(Request):
     tool wrote in its handshake; ``pid``, ``cmd``: its claims too; ``fd``:
     a duplicate of the connection's descriptor (None with ``uid``) that the
     host owns from now on; ``info``: every entry of the request.
-    Answer with ``reply(status, Proc)``."""
+    Answer with ``reply(SUCCESS, Proc)``; refuse with ``reply.abandon()``."""
 
     uid: int | None
     why: str
@@ -71,6 +86,13 @@ class ToolConnected(Request):
     cmd: str
     fd: int | None
     info: dict[str, Value]
+    #: libpmix's own descriptor of the connection (what abandon closes)
+    sd: int | None = None
+    #: a "client tool" (handshake flag PMIX_TOOL_CLIENT / LAUNCHER_CLIENT):
+    #: libpmix keeps the namespace and rank it gave itself (``info``'s
+    #: ``pmix.nspace`` / ``pmix.rank``), whatever the host answers; any
+    #: other tool is known by the host's answer.  True when unknown.
+    keeps_id: bool = True
     reply: "ToolReply" = field(repr=False, default=None)
     kind = "tool_connected"
 
@@ -79,7 +101,7 @@ class ToolReply:
     """``reply(status, proc)``: the tool's identity (on SUCCESS), once, from
     any thread.  libpmix moves the answer to its own thread itself."""
 
-    __slots__ = ("_cb", "_cbdata", "done", "kind", "_server", "__weakref__")
+    __slots__ = ("_cb", "_cbdata", "done", "kind", "_server", "sd", "__weakref__")
 
     def __init__(self, server, cbfunc: int, cbdata: int) -> None:
         self._server = server
@@ -87,6 +109,8 @@ class ToolReply:
         self._cbdata = cbdata
         self.done = False
         self.kind = "tool_connected"
+        #: libpmix's descriptor of the connection, when found
+        self.sd: int | None = None
 
     def _track(self) -> None:
         pass
@@ -95,25 +119,46 @@ class ToolReply:
         self.done = True
 
     def __call__(self, status: int = C.SUCCESS, proc: Proc | None = None) -> bool:
+        if status != C.SUCCESS:
+            return self.abandon()   # never libpmix's refusal path (module docstring)
         if self.done:
             return False
         self.done = True
         if not self._server.running:
             return False
-        p = L.pmix_proc_t()             # zeroed: what a refusal names
-        if proc is not None and status == C.SUCCESS:
-            proc_to_c(proc, p)
+        p = L.pmix_proc_t()
+        proc_to_c(proc, p)
         self._cb(int(status), ctypes.addressof(p), self._cbdata)
         return True
 
     def fail(self, status: int) -> bool:
-        return self(status, None)
+        """Refuse: :meth:`abandon` (libpmix 4.2.2 cannot take a refusal, above)."""
+        return self.abandon()
+
+    def abandon(self) -> bool:
+        """Refuse the tool without calling libpmix back: its connection is
+        shut down and libpmix's descriptor closed.  False when the
+        descriptor is not known (the tool then waits until it gives up)."""
+        if self.done:
+            return False
+        self.done = True
+        if self.sd is None:
+            return False
+        try:
+            socket.socket(fileno=os.dup(self.sd)).shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            os.close(self.sd)
+        except OSError:
+            pass
+        return True
 
     def __del__(self):
         try:
             if not self.done and self._server.running:
                 log.error("pmix tool_connected reply dropped without an answer: refusing")
-                self.fail(C.ERR_NO_PERMISSIONS)
+                self.abandon()
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
 
@@ -126,9 +171,10 @@ def upcall(server):
         try:
             req = _request(info, ninfo, cbdata)
             req.reply = reply
+            reply.sd = req.sd
         except Exception:
             log.exception("pmix tool_connected: cannot read the request")
-            reply.fail(C.ERR_BAD_PARAM)
+            reply.abandon()
             return
         server.stats["requests"] += 1
         try:
@@ -136,7 +182,7 @@ def upcall(server):
         except RuntimeError:                  # loop closed
             if req.fd is not None:
                 os.close(req.fd)
-            reply.fail(C.ERR_UNREACH)
+            reply.abandon()
 
     proto = L.UPCALL_TYPES["tool_connected"][1]
     return proto(tool_connected)
@@ -150,14 +196,15 @@ def _request(info, ninfo, cbdata) -> ToolConnected:
         return int(v.value) if v is not None and isinstance(v.value, int) \
             and not isinstance(v.value, bool) else None
     cmd = items.get(CMD_LINE)
-    uid, fd, why = None, None, ""
+    uid, fd, sd, flag, why = None, None, None, None, ""
     try:
-        uid, fd = peer_of_pending(cbdata)
+        uid, fd, sd, flag = peer_of_pending(cbdata)
     except LookupError as e:
-        why = str(e)
+        why = str(e.args[0])
+        sd = e.args[1] if len(e.args) > 1 else None
     return ToolConnected(uid, why, num(C.USERID), num(C.GRPID), num(PROC_PID),
                          cmd.value if cmd is not None and isinstance(cmd.value, str) else "",
-                         fd, items)
+                         fd, items, sd, flag not in _NAMED_BY_HOST)
 
 
 # --------------------------------------------------------------------------
@@ -174,15 +221,20 @@ class _Tail(ctypes.Structure):
 
 
 _PROTOCOL_TCP = 2
+#: handshake flags whose tool libpmix knows by the host's answer (legacy tool
+#: and launcher, tool and launcher that need or were given an identity)
+_NAMED_BY_HOST = frozenset((1, 2, 3, 4, 6, 7))
 #: where ``protocol`` may sit: after pmix_object_t and a libevent event
 _SCAN = range(0, 640, 8)
 _offset: list[int] = []
 
 
-def peer_of_pending(pnd: int) -> tuple[int, int]:
-    """``(uid, fd)``: the kernel's owner of the tool's end of the pending
-    connection ``pnd`` (libpmix's record), and a duplicate of the server's
-    descriptor for it.  Raises LookupError when it cannot be established."""
+def peer_of_pending(pnd: int) -> tuple[int, int, int, int]:
+    """``(uid, fd, sd, flag)``: the kernel's owner of the tool's end of the
+    pending connection ``pnd`` (libpmix's record), a duplicate of the
+    server's descriptor for it, that descriptor, and the handshake's flag.  Raises LookupError (with the
+    descriptor as its second argument when it was found) when the uid
+    cannot be established."""
     if not pnd:
         raise LookupError("no connection record")
     offsets = _offset + [o for o in _SCAN if o not in _offset]
@@ -213,8 +265,8 @@ def peer_of_pending(pnd: int) -> tuple[int, int]:
         uid = tcp_owner(recorded, local)
         if uid is None:
             os.close(fd)
-            raise LookupError(f"no kernel record of the tool's socket {recorded}")
-        return uid, fd
+            raise LookupError(f"no kernel record of the tool's socket {recorded}", tail.sd)
+        return uid, fd, tail.sd, tail.flag
     raise LookupError("the connection's socket was not found in libpmix's record")
 
 

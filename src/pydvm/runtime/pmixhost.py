@@ -479,9 +479,9 @@ class PmixHost:
                             r.get("msg"))
         msg = {"t": "notify", "code": req.code, "source": [req.source.nspace, req.source.rank],
                "range": req.range, "info": info_to_wire(req.info)}
-        tool_uid = self.tools.uid_of(req.source.nspace)
-        if tool_uid is not None:
-            msg["tool_uid"] = tool_uid  # a tool's (pmixtools.py): the master decides where
+        tool = self.tools.event_source(req.source.nspace)
+        if tool is not None:  # a tool's (pmixtools.py): the master decides where
+            msg["tool_uid"], msg["source"] = tool[0], [tool[1], 0]
         self._ask_master(msg, answered)
 
     async def deliver_event(self, msg: Message) -> int:

@@ -28,9 +28,12 @@ Who
 A tool's identity is its uid as the kernel knows it (the owner of its end of
 the loopback connection, :func:`pydvm.pmix.tools.peer_of_pending`); a tool
 whose handshake claims another uid, or a gid that is not one of that user's
-groups, is refused ``PMIX_ERR_NO_PERMISSIONS``, as is one whose uid cannot be
-established.  On a single-user DVM only its owner's and root's tools are
-accepted; on a multi-user DVM every user's.  The node names each tool
+groups, is refused -- its connection cut during the handshake, so its
+``PMIx_tool_init`` fails (:meth:`pydvm.pmix.tools.ToolReply.abandon`) --, as
+is one whose uid cannot be established, and one naming itself a process
+that is not its own user's running process of this server (libpmix keeps
+the identity a "client tool" gives itself).  On a single-user DVM only its
+owner's and root's tools are accepted; on a multi-user DVM every user's.  The node names each tool
 ``<dvm nspace>-tool.<n>``, rank 0, and serves its requests as that process
 (a :class:`~pydvm.runtime.pmixhost.PmixSession` with the tool's uid/gid):
 publish, lookup and unpublish under the store's rules for that uid; a query
@@ -67,20 +70,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("pydvm.pmix")
 
 URI_FILE = "tool.uri"
-#: How long a refused tool stays connected after its first request (each of
-#: its requests refused) before the node shuts its connection down.
-REFUSED_GRACE = 3.0
 
 
 class ToolConn:
     """One connected tool: its namespace, uid/gid, pid claim, session, socket."""
 
-    __slots__ = ("nspace", "uid", "gid", "pid", "cmd", "session", "fd")
+    __slots__ = ("nspace", "uid", "gid", "pid", "cmd", "session", "fd", "nameless")
 
-    def __init__(self, nspace, uid, gid, pid, cmd, session, fd) -> None:
+    def __init__(self, nspace, uid, gid, pid, cmd, session, fd, nameless=False) -> None:
         self.nspace, self.uid, self.gid, self.pid, self.cmd = nspace, uid, gid, pid, cmd
         self.session: "PmixSession" = session
         self.fd: int | None = fd
+        #: a "client tool" of no namespace (PMIX_SERVER_URI41 in its
+        #: environment): libpmix names it "" whatever the host answers
+        self.nameless = nameless
 
 
 class ToolHost:
@@ -89,8 +92,6 @@ class ToolHost:
     def __init__(self, host: "PmixHost") -> None:
         self.host = host
         self.tools: dict[str, ToolConn] = {}
-        #: refused tools still connected: namespace -> our socket duplicate
-        self.refused: dict[str, int | None] = {}
         self._by_fd: dict[int, str] = {}
         self._count = 0
         self._files: list[str] = []
@@ -150,8 +151,6 @@ class ToolHost:
             log.warning("cannot write %s: %s", path, exc)
 
     def stop(self) -> None:
-        for ns in list(self.refused):
-            self._drop_refused(ns)
         for ns in list(self.tools):
             self._gone(ns, "the node server stops", purge=False)
         for path in self._files:
@@ -180,6 +179,14 @@ class ToolHost:
             log.warning("node %s: PMIx tool refused (%s): %s", node.name, _who(req), why)
             self._refuse(req)
             return
+        given = _given_id(req) if req.keeps_id else None
+        if given is not None and given[0]:
+            # a job's process of this server started as a tool (its own user's,
+            # _refusal checked): libpmix keeps that identity, its session serves it
+            if req.fd is not None:
+                os.close(req.fd)
+            req.reply(Status.SUCCESS, Proc(*given))
+            return
         from .pmixhost import PmixSession
         ns = f"{node.dvm_nspace}-tool.{self._count}"
         gid = req.claimed_gid
@@ -187,7 +194,8 @@ class ToolHost:
         session = PmixSession(self.host, caller, node.values["pydvm_max_outstanding"])
         session.pmix_state = "connected"
         self.host.sessions[(ns, 0)] = session
-        self.tools[ns] = ToolConn(ns, req.uid, gid, req.pid, req.cmd, session, req.fd)
+        self.tools[ns] = ToolConn(ns, req.uid, gid, req.pid, req.cmd, session, req.fd,
+                                  nameless=given is not None)
         if req.fd is not None and self._ep is not None:
             self._by_fd[req.fd] = ns
             self._ep.register(req.fd, select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR)
@@ -197,31 +205,15 @@ class ToolHost:
             self._gone(ns, "the server stopped")
 
     def _refuse(self, req) -> None:
-        """Refuse a tool without crashing libpmix 4.2.2: its error path for a
-        refused tool (``process_cbfunc`` in ptl_base_connection_hdlr.c) frees
-        the tool's namespace record with the peer and then unlinks it from a
-        list -- a use after free that took the server's process down.  So the
-        tool is answered SUCCESS with a namespace nothing is served to (no
-        session: its data requests are refused NO_PERMISSIONS, its queries
-        while it is connected too, :meth:`query_uids`), and its connection is
-        watched: when this side sees its first request arrive (its job-data
-        request, sent once libpmix has finished the handshake; libpmix's
-        thread may read it first, unseen) the connection is shut down
-        :data:`REFUSED_GRACE` seconds later -- the grace lets its next
-        requests be refused plainly, as a 4.2.2 tool whose connection drops
-        mid-request may hang -- else it is forgotten when the tool hangs up."""
-        from ..pmix import Proc
-        ns = f"{self.host.node.dvm_nspace}-refused.{self._count}"
-        self.refused[ns] = req.fd
-        if req.fd is not None and self._ep is not None:
-            self._by_fd[req.fd] = ns
-            self._ep.register(req.fd, select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLHUP
-                              | select.EPOLLERR)
-        elif req.fd is None:
-            log.error("node %s: a refused PMIx tool cannot be disconnected (its socket was "
-                      "not found); queries to this server are refused while it may be "
-                      "connected", self.host.node.name)
-        req.reply(Status.SUCCESS, Proc(ns, 0))
+        """Refuse a tool: its connection is cut during the handshake
+        (:meth:`pydvm.pmix.tools.ToolReply.abandon`: libpmix 4.2.2 cannot
+        take a refusal), so its ``PMIx_tool_init`` fails."""
+        if req.fd is not None:
+            os.close(req.fd)
+        if not req.reply.abandon():
+            log.error("node %s: a refused PMIx tool's connection cannot be cut (its socket "
+                      "was not found in libpmix's record): it waits until it gives up",
+                      self.host.node.name)
 
     def _refusal(self, req) -> str:
         if req.uid is None:
@@ -233,6 +225,13 @@ class ToolHost:
                     "DVM is not multi-user")
         if req.claimed_gid is None or req.claimed_gid not in _groups(req.uid):
             return f"gid {req.claimed_gid} is not a group of uid {req.uid}"
+        given = _given_id(req) if req.keeps_id else None
+        if given is not None and given[0]:
+            # libpmix will keep the identity a client tool gives itself: only
+            # its own user's running process of this server may be named
+            s = self.host.sessions.get(given)
+            if s is None or s.closed or s.caller.uid != req.uid or given[0] in self.tools:
+                return f"it names itself {given[0]}:{given[1]}, not a process of its own here"
         return ""
 
     # -- a tool leaves ------------------------------------------------------
@@ -240,34 +239,12 @@ class ToolHost:
     def _hung_up(self) -> None:
         if self._ep is None:
             return
-        for fd, ev in self._ep.poll(0):
+        for fd, _ev in self._ep.poll(0):
             ns = self._by_fd.get(fd)
-            if ns in self.refused:
-                if ev & (select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR):
-                    self._drop_refused(ns)
-                else:  # its first request: answered (refused), then the drop
-                    self._ep.modify(fd, select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR)
-                    asyncio.get_running_loop().call_later(REFUSED_GRACE, self._drop_refused,
-                                                          ns)
-            elif ns is not None:
+            if ns is not None:
                 self._gone(ns, "the tool disconnected")
             else:
                 self._ep.unregister(fd)
-
-    def _drop_refused(self, ns: str) -> None:
-        fd = self.refused.pop(ns, None)
-        if fd is None:
-            return
-        self._by_fd.pop(fd, None)
-        try:
-            self._ep.unregister(fd)
-        except (OSError, ValueError):
-            pass
-        try:
-            socket.socket(fileno=os.dup(fd)).shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        os.close(fd)
 
     def _gone(self, ns: str, reason: str, *, purge: bool = True) -> None:
         t = self.tools.pop(ns, None)
@@ -301,9 +278,19 @@ class ToolHost:
 
     # -- what others ask ------------------------------------------------------
 
-    def uid_of(self, nspace: str) -> int | None:
+    def event_source(self, nspace: str) -> tuple[int, str] | None:
+        """(uid, namespace) of the tool an event's source names, or None: a
+        tool's own namespace; or "" -- what libpmix calls a nameless client
+        tool -- when the nameless tools connected are one user's (the
+        namespace then is one of theirs)."""
         t = self.tools.get(nspace)
-        return t.uid if t is not None else None
+        if t is not None:
+            return t.uid, t.nspace
+        if nspace == "":
+            nameless = [t for t in self.tools.values() if t.nameless]
+            if nameless and len({t.uid for t in nameless}) == 1:
+                return nameless[0].uid, nameless[0].nspace
+        return None
 
     def query_uids(self) -> set[int]:
         """The users whose tools are connected, as queries see them: on a
@@ -312,8 +299,6 @@ class ToolHost:
         own = os.geteuid()
         uids = {t.uid for t in self.tools.values()} if self.host.node.multi_user else \
             {own for _t in self.tools.values()}
-        if self.refused:
-            uids |= {-1, -2}  # a refused tool may be asking: nobody is answered
         return uids
 
     def count(self) -> int:
@@ -322,6 +307,16 @@ class ToolHost:
     def describe(self) -> list[dict[str, Any]]:
         return [{"nspace": t.nspace, "uid": t.uid, "pid": t.pid, "cmd": t.cmd}
                 for t in self.tools.values()]
+
+
+def _given_id(req) -> tuple[str, int] | None:
+    """The namespace and rank a tool gave itself (libpmix then keeps them), or None."""
+    ns = req.info.get("pmix.nspace")
+    if ns is None or not isinstance(ns.value, str):
+        return None
+    rank = req.info.get("pmix.rank")
+    r = rank.value if rank is not None and isinstance(rank.value, int) else 0
+    return ns.value, int(r)
 
 
 def _who(req) -> str:

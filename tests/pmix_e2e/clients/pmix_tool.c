@@ -5,6 +5,8 @@
  *     pid:PID        PMIX_SERVER_PIDINFO (rendezvous file of that server pid)
  *     search         PMIX_CONNECT_SYSTEM_FIRST, then libpmix's own search
  *                    (PMIX_SERVER_URI41 in the environment, rendezvous files)
+ *   optionally next, as:NSPACE:RANK   the identity the tool gives itself
+ *                    (PMIX_TOOL_NSPACE / PMIX_TOOL_RANK)
  *   then, in order:
  *     publish:KEY=VALUE[:RANGE[:PERSIST]]   a string; RANGE/PERSIST numbers
  *     lookup:KEY[:RANGE]                    prints the value and publisher
@@ -59,10 +61,10 @@ static void lookup(const char *key, int range, int wait_s)
 
 int main(int argc, char **argv)
 {
-    pmix_info_t info[2];
+    pmix_info_t info[3];
     size_t ninfo = 0;
     pmix_status_t rc;
-    int i;
+    int i, first = 2;
     if (argc < 2) {
         fprintf(stderr, "usage: pmix_tool uri:URI|pid:PID|search OP...\n");
         return 2;
@@ -78,13 +80,24 @@ int main(int argc, char **argv)
         PMIX_INFO_LOAD(&info[0], PMIX_CONNECT_SYSTEM_FIRST, NULL, PMIX_BOOL);
         ninfo = 1;
     }
+    if (argc > 2 && !strncmp(argv[2], "as:", 3)) {
+        char *a = strdup(argv[2] + 3), *colon = strrchr(a, ':');
+        pmix_rank_t r;
+        *colon = '\0';
+        r = (pmix_rank_t)strtoul(colon + 1, NULL, 10);
+        PMIX_INFO_LOAD(&info[ninfo], PMIX_TOOL_NSPACE, a, PMIX_STRING);
+        ninfo++;
+        PMIX_INFO_LOAD(&info[ninfo], PMIX_TOOL_RANK, &r, PMIX_PROC_RANK);
+        ninfo++;
+        first = 3;
+    }
     rc = PMIx_tool_init(&me, info, ninfo);
     printf("INIT status=%d nspace=%s rank=%u\n", rc, rc == PMIX_SUCCESS ? me.nspace : "-",
            rc == PMIX_SUCCESS ? me.rank : 0);
     fflush(stdout);
     if (rc != PMIX_SUCCESS)
         return 1;
-    for (i = 2; i < argc; i++) {
+    for (i = first; i < argc; i++) {
         char *a = strdup(argv[i]), *op = strtok(a, ":");
         if (!strcmp(op, "publish")) {
             char *kv = strtok(NULL, ":"), *rs = strtok(NULL, ":"), *ps = strtok(NULL, ":");
