@@ -234,9 +234,9 @@ _offset: list[int] = [240]
 def peer_of_pending(pnd: int) -> tuple[int, int, int, int]:
     """``(uid, fd, sd, flag)``: the kernel's owner of the tool's end of the
     pending connection ``pnd`` (libpmix's record), a duplicate of the
-    server's descriptor for it, that descriptor, and the handshake's flag.  Raises LookupError (with the
-    descriptor as its second argument when it was found) when the uid
-    cannot be established."""
+    server's descriptor for it, that descriptor, and the handshake's flag.
+    Raises LookupError (with the descriptor as its second argument when it
+    was found) when the uid cannot be established."""
     if not pnd:
         raise LookupError("no connection record")
     offsets = _offset + [o for o in _SCAN if o not in _offset]
