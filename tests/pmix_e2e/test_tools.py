@@ -310,3 +310,31 @@ def test_a_tool_started_with_a_clients_uri_variable_is_served_queries_only(tdvm,
     assert re.search(r"^INIT status=0 nspace= rank=", p.stdout, re.M), p.stdout
     assert "LOOKUP status=-23" in p.stdout and "PUBLISH status=-23" in p.stdout, p.stdout
     assert "QUERY status=0 key=pmix.qry.ns" in p.stdout, p.stdout
+
+
+def test_a_daemons_server_lets_in_only_its_own_users_client_tools(tdvm, pmixcc):
+    """Daemon nodes serve no tools: libpmix would let a tool in under the
+    identity it gives itself, so the binding cuts every tool there except a
+    job's process started as a tool (PMIX_NAMESPACE/PMIX_RANK, its uid the
+    kernel's): ``pydvm run pps`` keeps working on every node."""
+    tool = pmixcc("pmix_tool")
+    key = f"d{uuid.uuid4().hex[:8]}"
+    job = tdvm.run_bg("--host", FAR, "-n", "1", "sh", "-c",
+                      'echo "NS=$PMIX_NAMESPACE"; echo "URI=$PMIX_SERVER_URI41"; '
+                      f"exec pydvm publish {key}=v --hold 600")
+    reader = LineReader(job.stdout)
+    try:
+        ns = reader.wait_line("NS=", timeout=60)[3:]
+        far_uri = reader.wait_line("URI=", timeout=60)[4:]
+        reader.wait_line("PUBLISHED", timeout=60)
+        for how in ([f"uri:{far_uri}"], [f"uri:{far_uri}", f"as:{ns}:0"]):
+            p = run_tool(tdvm, tool, *how, f"lookup:{key}")
+            assert p.returncode == 1 and "INIT status=-25" in p.stdout, (how, p.stdout)
+        p = run_tool(tdvm, tool, "search", f"lookup:{key}",
+                     env=tool_env(tdvm, PMIX_NAMESPACE=ns, PMIX_RANK="0",
+                                  PMIX_SERVER_URI41=far_uri))
+        assert f"LOOKUP status=0 key={key} value=v publisher={ns}:0" in p.stdout, p.stdout
+        assert "this server serves no tools" in tdvm.log(FAR)
+    finally:
+        job.terminate()
+        finish(job)

@@ -480,11 +480,10 @@ class PmixServer:
             cf = proto(_guarded(name, fn, self))
             self._cfuncs.append(cf)           # kept for the server's life
             setattr(mod, f"slot{slot}", ctypes.cast(cf, ctypes.c_void_p).value)
-        if self.tool_support:                 # tools from outside any job: pmix/tools.py
-            from . import tools
-            cf = tools.upcall(self)
-            self._cfuncs.append(cf)
-            mod.slot16 = ctypes.cast(cf, ctypes.c_void_p).value
+        from . import tools                   # tools (only client tools without tool_support)
+        cf = tools.upcall(self)
+        self._cfuncs.append(cf)
+        mod.slot16 = ctypes.cast(cf, ctypes.c_void_p).value
         return mod
 
     def _post(self, req: Request) -> int:

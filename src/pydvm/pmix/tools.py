@@ -177,6 +177,9 @@ def upcall(server):
             reply.abandon()
             return
         server.stats["requests"] += 1
+        if not server.tool_support:
+            _without_tools(req)
+            return
         try:
             server._loop.call_soon_threadsafe(server._dispatch, req)
         except RuntimeError:                  # loop closed
@@ -186,6 +189,26 @@ def upcall(server):
 
     proto = L.UPCALL_TYPES["tool_connected"][1]
     return proto(tool_connected)
+
+
+def _without_tools(req: ToolConnected) -> None:
+    """A server that serves no tools still hears of "client tools" -- a job's
+    process started as a tool (``pydvm run -n 1 pps``): libpmix would let
+    one in under the identity it gives itself, checking only its claimed
+    uid against that process's.  Let in only one whose claim is the
+    kernel's word (so it is that process's user); cut every other."""
+    if req.fd is not None:
+        os.close(req.fd)
+    ns = req.info.get(C.NSPACE)
+    rank = req.info.get(C.RANK)
+    if (req.keeps_id and req.uid is not None and req.claimed_uid == req.uid
+            and ns is not None and isinstance(ns.value, str) and ns.value
+            and rank is not None and isinstance(rank.value, int)):
+        req.reply(C.SUCCESS, Proc(ns.value, int(rank.value)))
+    else:
+        log.warning("pmix: a tool connection refused (this server serves no tools; "
+                    "uid %s, claims uid %s)", req.uid, req.claimed_uid)
+        req.reply.abandon()
 
 
 def _request(info, ninfo, cbdata) -> ToolConnected:
