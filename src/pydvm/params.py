@@ -180,6 +180,10 @@ REGISTRY: dict[str, Param] = {
         Param("pydvm_pmix_user_idle", _nonneg_float, 60.0,
               "multi-user DVMs: seconds a user's own PMIx server stays on a node after that "
               "user's last PMIx job there ended; 0 keeps it until the DVM stops", SECONDS),
+        Param("pydvm_pmix_system_server", _on_off, "off",
+              "'on' in a DVM started by root: its head node's PMIx server is also this "
+              "machine's system server ($TMPDIR/pmix.sys.<hostname>), which PMIx tools "
+              "asking for one try first -- also those run inside other DVMs' jobs", "on|off"),
         Param("pydvm_max_outstanding", _cap, 1024,
               "requests (waiting lookups included) one client or tool connection may have "
               "outstanding; beyond it PMIX_ERR_OUT_OF_RESOURCE (1..1000000)",

@@ -132,6 +132,13 @@ def cmd_info(a) -> int:
             r = _tool(a, {"t": "info"})
         except (ToolError, ValueError) as exc:
             return tool_failed(exc, a.dvm)
+        if getattr(a, "pmix_uri", False) or getattr(a, "pmix_dir", False):
+            t = (r.get("pmix") or {}).get("tools")
+            if not t:
+                return fail("this DVM's head node serves no PMIx tools (no PMIx there, or "
+                            "no head node: pydvm_head_node)")
+            print(t["uri"] if a.pmix_uri else os.path.dirname(t["file"]))
+            return 0
         print(f"DVM {r['dvm']} at {r['uri']}")
         if r.get("launcher"):
             print(f"  launcher {r['launcher']}, nodes from {r.get('hosts_from') or '?'}")
@@ -181,9 +188,14 @@ def _print_pmix(info: dict | None) -> None:
     """One line per place that reported whether it can host PMIx clients."""
     if not info:
         return
-    rows = [("this machine" if k == "here" else k, v) for k, v in info.items() if k != "nodes"]
+    rows = [("this machine" if k == "here" else k, v) for k, v in info.items()
+            if k not in ("nodes", "tools")]
     rows += [(f"node {n}", v) for n, v in (info.get("nodes") or {}).items()]
     for where, (ok, what, path) in rows:
         print(f"  PMIx on {where}: " + (f"available, {what} ({path})" if ok else
                                          f"unavailable: {what}"))
+    t = info.get("tools")
+    if t:
+        print(f"  PMIx tools attach to node {t['node']} at {t['uri']} (file {t['file']}; "
+              f"TMPDIR=$(pydvm info --pmix-dir) pps); {len(t['connected'])} connected")
 

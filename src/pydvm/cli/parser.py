@@ -174,6 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
                 "Show the DVM's nodes and parameters (each value and where it came from); "
                 "without a DVM, the values a DVM started here would get.")
     _dvm_option(s)
+    pm = s.add_mutually_exclusive_group()
+    pm.add_argument("--pmix-uri", action="store_true",
+                    help="print only the URI PMIx tools attach at (the head node's PMIx "
+                         "server), e.g. pattrs --uri \"$(pydvm info --pmix-uri)\" --host-fns")
+    pm.add_argument("--pmix-dir", action="store_true",
+                    help="print only the directory holding this DVM's PMIx rendezvous "
+                         "files, for tools that search TMPDIR: TMPDIR=$(pydvm info "
+                         "--pmix-dir) pps")
     s.set_defaults(func=cmd_info)
 
     s = _parser(sub, "session", "create or end a session")

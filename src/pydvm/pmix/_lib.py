@@ -212,6 +212,8 @@ UPCALL_TYPES: dict[str, tuple[int, object]] = {
     "notify_event": (14, ctypes.CFUNCTYPE(pmix_status_t, pmix_status_t, _P, ctypes.c_uint8,
                                           _P, _S, _P, _P)),
     "query": (15, ctypes.CFUNCTYPE(pmix_status_t, _P, _P, _S, _P, _P)),
+    # void (*)(pmix_info_t *, size_t, pmix_tool_connection_cbfunc_t, void *): pmix/tools.py
+    "tool_connected": (16, ctypes.CFUNCTYPE(None, _P, _S, _P, _P)),
     "group": (25, ctypes.CFUNCTYPE(pmix_status_t, ctypes.c_int, ctypes.c_char_p, _P, _S, _P,
                                    _S, _P, _P)),
     "client_connected2": (27, ctypes.CFUNCTYPE(pmix_status_t, _P, _P, _P, _S, _P, _P)),

@@ -145,6 +145,9 @@ class PmixServer:
         self._tokens = itertools.count(1)
         self._cfuncs: list = []
         self._module: L.pmix_server_module_t | None = None
+        #: accept PMIx tools (PMIX_SERVER_TOOL_SUPPORT and the tool_connected
+        #: upcall, pmix/tools.py); set before start()
+        self.tool_support = False
         #: libpmix 4.2.0-4.2.4's attribute-query fix (pmix/queries.py): set by start()
         self.attribute_fix: str | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -222,6 +225,7 @@ class PmixServer:
                 (C.SERVER_NSPACE, self.nspace),
                 (C.SERVER_RANK, Value(self.rank, C.PROC_RANK)),
                 *([(C.SERVER_SHARE_TOPOLOGY, True)] if share_topology else []),
+                *([(C.SERVER_TOOL_SUPPORT, True)] if self.tool_support else []),
                 *extra_info,
             ]
             info = build_info(items, keep)
@@ -486,6 +490,10 @@ class PmixServer:
             cf = proto(_guarded(name, fn, self))
             self._cfuncs.append(cf)           # kept for the server's life
             setattr(mod, f"slot{slot}", ctypes.cast(cf, ctypes.c_void_p).value)
+        from . import tools                   # tools (only client tools without tool_support)
+        cf = tools.upcall(self)
+        self._cfuncs.append(cf)
+        mod.slot16 = ctypes.cast(cf, ctypes.c_void_p).value
         return mod
 
     def _post(self, req: Request) -> int:

@@ -259,14 +259,41 @@ class Collectives(ProcessListener, NodeListener):
         rid = msg.get("id")
         code, rng = int(msg["code"]), int(msg["range"])
         ns, rank = str(msg["source"][0]), int(msg["source"][1])
+        info = list(msg.get("info") or [])
+        tool_uid = msg.get("tool_uid")
+        if tool_uid is not None and daemon.node == self._nodes.head_node:
+            # a PMIx tool attached to the head node's server (runtime/pmixtools.py,
+            # in this process): the nodes of its user's jobs, and when other
+            # users' jobs run too, only its user's processes (a custom range)
+            uid = int(tool_uid)
+            nodes = self._tool_event_nodes(uid, rng) - {daemon.node}
+            mine = [j.nspace for j in self._processes.jobs.values()
+                    if not j.done and (uid == 0 or j.uid is None or j.uid == uid)]
+            if nodes and any(not j.done and j.nspace not in mine
+                             for j in self._processes.jobs.values()):
+                rng = PC.RANGE_CUSTOM
+                info = [i for i in info if i[0] != PC.EVENT_CUSTOM_RANGE] + [
+                    [PC.EVENT_CUSTOM_RANGE, PC.DATA_ARRAY,
+                     [PC.PROC, [[n, RANK_WILDCARD] for n in mine]]]]
+            await self._nodes.deliver_event(nodes, code, (ns, rank), rng, info)
+            daemon.send(reply(rid, Status.SUCCESS))
+            return
         why = self._processes.refusal(ns, rank, daemon.node)
         if why:
             daemon.send(reply(rid, Status.ERR_NO_PERMISSIONS, why))
             return
-        info = list(msg.get("info") or [])
         nodes = self._event_nodes(self._processes.jobs[ns], rng, info) - {daemon.node}
         await self._nodes.deliver_event(nodes, code, (ns, rank), rng, info)
         daemon.send(reply(rid, Status.SUCCESS))
+
+    def _tool_event_nodes(self, uid: int, rng: int) -> set[str]:
+        """Where a tool's event goes: the nodes of its user's running jobs
+        (root: every job's), unless its range stays on its own node."""
+        if rng in (PC.RANGE_LOCAL, PC.RANGE_PROC_LOCAL, PC.RANGE_NAMESPACE):
+            return set()
+        return {n for j in self._processes.jobs.values()
+                if not j.done and (uid == 0 or j.uid is None or j.uid == uid)
+                for n in j.nodes()}
 
     def _event_nodes(self, job: JobRecord, rng: int, info: list) -> set[str]:
         """The nodes whose processes an event of ``job``'s with range ``rng`` may reach."""

@@ -158,6 +158,12 @@ def _guard(r: int) -> None:  # pragma: no cover - runs in the forked guardian
             except OSError:
                 pass
         for d in dirs:
-            shutil.rmtree(d, ignore_errors=True)
+            if os.path.isdir(d):
+                shutil.rmtree(d, ignore_errors=True)
+            else:  # a file (the PMIx system server's, runtime/pmixtools.py)
+                try:
+                    os.unlink(d)
+                except OSError:
+                    pass
     finally:
         os._exit(0)

@@ -446,8 +446,20 @@ class Master:
             "direct_unix": self.direct.socket_info(),
             "metrics": self.metrics.url if self.metrics is not None else None,
             "descriptors": self.door.info() if self.door is not None else None,
-            "pmix": {"master": list(pmix_status()), "nodes": self.nodes.pmix_report()},
+            "pmix": {"master": list(pmix_status()), "nodes": self.nodes.pmix_report(),
+                     "tools": self._pmix_tools()},
         }
+
+    def _pmix_tools(self) -> dict[str, Any] | None:
+        """Where PMIx tools attach (the head node's server, runtime/pmixtools.py)."""
+        rec = self.nodes.records.get(self.nodes.head_node or "")
+        server = getattr(rec, "server", None) if rec is not None else None
+        tools = server.pmix.tools if server is not None else None
+        if tools is None or tools.uri is None:
+            return None
+        from .pmixtools import URI_FILE
+        return {"uri": tools.uri, "file": str(server.socket_dir / URI_FILE),
+                "node": server.name, "connected": tools.describe()}
 
     # ------------------------------------------------------------------
     # connections

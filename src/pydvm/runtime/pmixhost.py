@@ -252,6 +252,9 @@ class PmixHost:
         #: other users' own PMIx servers on this node (multi-user DVMs).
         from .pmixusers import UserServers
         self.users = UserServers(self)
+        #: PMIx tools from outside any job (the head node's server only).
+        from .pmixtools import ToolHost
+        self.tools = ToolHost(self)
 
     @property
     def running(self) -> bool:
@@ -273,6 +276,7 @@ class PmixHost:
                 server = PmixServer(max_value_size=MAX_FRAME // 2,
                                     nspace=f"{self.node.dvm_nspace}-{self.node.name}")
                 from ..pmix import constants as C
+                server.tool_support = self.tools.wanted()
                 server.start(tmpdir, asyncio.get_running_loop(), self,
                              extra_info=[(C.HOSTNAME, self.node.name)],
                              answer_now=self.answer_now)
@@ -280,6 +284,8 @@ class PmixHost:
                 ok, what = False, f"cannot start the PMIx server: {exc}"
             else:
                 self.server = server
+                if server.tool_support:
+                    self.tools.started(server)
         self.status = (ok, what, path)
         if not ok:
             if mode == "on":
@@ -292,6 +298,7 @@ class PmixHost:
         return ok
 
     def stop(self) -> None:
+        self.tools.stop()
         for s in list(self.sessions.values()):
             s.channel.close("node server stopping")
         if self.server is not None:
@@ -440,6 +447,9 @@ class PmixHost:
             s.pmix_state = "connected"
         req.reply()
 
+    def _up_tool_connected(self, req) -> None:
+        self.tools.connected(req)
+
     def _up_client_finalized(self, req) -> None:
         s = self.sessions.get((req.proc.nspace, req.proc.rank))
         if s is not None:
@@ -469,9 +479,12 @@ class PmixHost:
             if r.get("status") != Status.SUCCESS:
                 log.warning("event %d of %s not passed on: %s", req.code, req.source,
                             r.get("msg"))
-        self._ask_master({"t": "notify", "code": req.code,
-                          "source": [req.source.nspace, req.source.rank], "range": req.range,
-                          "info": info_to_wire(req.info)}, answered)
+        msg = {"t": "notify", "code": req.code, "source": [req.source.nspace, req.source.rank],
+               "range": req.range, "info": info_to_wire(req.info)}
+        tool = self.tools.event_source(req.source.nspace)
+        if tool is not None:  # a tool's (pmixtools.py): the master decides where
+            msg["tool_uid"], msg["source"] = tool[0], [tool[1], 0]
+        self._ask_master(msg, answered)
 
     async def deliver_event(self, msg: Message) -> int:
         """The master's ``event``: deliver it to this node's clients in range."""

@@ -80,6 +80,7 @@ def requester_uid(host, req) -> int | None:
         return origin.uid
     uids = {s.caller.uid for (ns, _r), s in host.sessions.items()
             if host.local_nspaces.get(ns) is host.server}
+    uids |= host.tools.query_uids()  # tools from outside (runtime/pmixtools.py)
     if len(uids) > 1:
         return None
     return uids.pop() if uids else os.geteuid()

@@ -1,0 +1,364 @@
+"""PMIx tools from outside any job (``pps``, ``plookup``, ``pevent``, ``pattrs``,
+``pquery``, a program's ``PMIx_tool_init``) attached to the head node's server.
+
+Where
+-----
+The head node's PMIx server -- the one in the master's process -- accepts
+tool connections (``PMIX_SERVER_TOOL_SUPPORT``, :mod:`pydvm.pmix.tools`);
+the daemons' servers do not (their data requests reach the master as a
+process's, which a tool is not).  Once the server runs, the node writes:
+
+* ``tool.uri`` in the DVM's socket directory for the head node: the URI
+  (``NSPACE.RANK;tcp4://127.0.0.1:PORT``) and libpmix's version, a file a
+  tool takes as ``--uri file:PATH``; ``pydvm pmix-uri`` prints both;
+* copies of libpmix's rendezvous files named after this *machine*
+  (``pmix.<hostname>.tool.<master pid>``, ``pmix.<hostname>.tool.<server
+  nspace>``) in the server's directory: libpmix names its own after the
+  node, but a tool looks for files named after the machine it runs on
+  (``--pid``, ``--namespace``, and the search a tool makes without either,
+  under its ``TMPDIR``);
+* with ``pydvm_pmix_system_server`` on, in a DVM started by root,
+  ``$TMPDIR/pmix.sys.<hostname>`` (mode 0644), what a tool asking for the
+  system server reads first (``pps``, ``plookup``, ``pevent`` do, even
+  inside a job, before their own server) -- unless another live server's
+  is there.  Off by default for that reason.
+
+Who
+---
+A tool's identity is its uid as the kernel knows it (the owner of its end of
+the loopback connection, :func:`pydvm.pmix.tools.peer_of_pending`); a tool
+whose handshake claims another uid, or a gid that is not one of that user's
+groups, is refused -- its connection cut during the handshake, so its
+``PMIx_tool_init`` fails (:meth:`pydvm.pmix.tools.ToolReply.abandon`) --, as
+is one whose uid cannot be established, and one naming itself a process
+that is not its own user's running process of this server (libpmix keeps
+the identity a "client tool" gives itself).  On a single-user DVM only its
+owner's and root's tools are accepted; on a multi-user DVM every user's.  The node names each tool
+``<dvm nspace>-tool.<n>``, rank 0, and serves its requests as that process
+(a :class:`~pydvm.runtime.pmixhost.PmixSession` with the tool's uid/gid):
+publish, lookup and unpublish under the store's rules for that uid; a query
+as that user's (:func:`pydvm.runtime.pmixquery.requester_uid`); an event
+passed on to the nodes of that user's jobs (root's and a single-user DVM's
+tools: every job's).
+
+Lifetime: the tool's connection is its process and its namespace.  When it
+closes (``PMIx_tool_finalize``, or the tool dies: the node watches a
+duplicate of the socket for the peer's hang-up), the tool's session closes
+(its parked lookups go) and what it published with persistence PROC, APP or
+NSPACE is purged from the node's and the master's stores; SESSION items
+stay with the default session (the DVM's life), FIRST_READ and INDEF ones
+with their reads and the idle timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pwd
+import select
+import socket
+from typing import TYPE_CHECKING, Any
+
+from ..errors import Status
+from ..enums import Persistence
+from .peers import process_caller
+
+if TYPE_CHECKING:
+    from .pmixhost import PmixHost, PmixSession
+
+log = logging.getLogger("pydvm.pmix")
+
+URI_FILE = "tool.uri"
+
+
+class ToolConn:
+    """One connected tool: its namespace, uid/gid, pid claim, session, socket."""
+
+    __slots__ = ("nspace", "uid", "gid", "pid", "cmd", "session", "fd", "nameless")
+
+    def __init__(self, nspace, uid, gid, pid, cmd, session, fd, nameless=False) -> None:
+        self.nspace, self.uid, self.gid, self.pid, self.cmd = nspace, uid, gid, pid, cmd
+        self.session: "PmixSession" = session
+        self.fd: int | None = fd
+        #: a "client tool" of no namespace (PMIX_SERVER_URI41 in its
+        #: environment): libpmix names it "" whatever the host answers
+        self.nameless = nameless
+
+
+class ToolHost:
+    """The head node's tool connections (see the module docstring)."""
+
+    def __init__(self, host: "PmixHost") -> None:
+        self.host = host
+        self.tools: dict[str, ToolConn] = {}
+        self._by_fd: dict[int, str] = {}
+        self._count = 0
+        self._files: list[str] = []
+        self._ep: select.epoll | None = None
+        #: the server's URI once tools are served (None: not served here)
+        self.uri: str | None = None
+
+    # -- start and stop ---------------------------------------------------
+
+    def wanted(self) -> bool:
+        """Tools are served by the head node's server (the master's process)."""
+        from .dataservice import MasterRouter
+        return isinstance(self.host.node.router, MasterRouter)
+
+    def started(self, server) -> None:
+        """The server runs with tool support: write the files tools look for."""
+        node = self.host.node
+        tmp = server.tmpdir
+        mine = [f for f in os.listdir(tmp) if f.startswith("pmix.") and ".tool." in f]
+        if not mine:
+            log.warning("node %s: libpmix wrote no tool rendezvous file: tools cannot "
+                        "find this DVM", node.name)
+            return
+        from ..pmix.tools import read_uri_file
+        src = os.path.join(tmp, sorted(mine)[0])
+        self.uri = read_uri_file(src)
+        version = server.lib.version.split()[1] if server.lib else ""
+        machine = socket.gethostname()
+        with open(src) as f:
+            body = f.read()
+        prefix = f"pmix.{node.name}.tool."
+        if machine != node.name:
+            for f in mine:
+                if f.startswith(prefix):
+                    self._write(os.path.join(tmp, f"pmix.{machine}.tool.{f[len(prefix):]}"),
+                                body, 0o600)
+        self._write(os.path.join(str(node.socket_dir), URI_FILE),
+                    f"{self.uri}\nv{version}\n", 0o644 if node.multi_user else 0o600)
+        if os.geteuid() == 0 and node.values["pydvm_pmix_system_server"] == "on":
+            sysfile = os.path.join(_system_tmpdir(), f"pmix.sys.{machine}")
+            if not _alive_owner(sysfile):
+                self._write(sysfile, body, 0o644)
+                node.guardian.remove_on_exit(sysfile)  # however this process ends
+        self._ep = select.epoll()
+        asyncio.get_running_loop().add_reader(self._ep.fileno(), self._hung_up)
+        log.info("node %s: PMIx tools attach at %s", node.name, self.uri)
+
+    def _write(self, path: str, body: str, mode: int) -> None:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                f.write(body)
+            os.chmod(tmp, mode)
+            os.rename(tmp, path)
+            self._files.append(path)
+        except OSError as exc:
+            log.warning("cannot write %s: %s", path, exc)
+
+    def stop(self) -> None:
+        for ns in list(self.tools):
+            self._gone(ns, "the node server stops", purge=False)
+        for path in self._files:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        self._files.clear()
+        if self._ep is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(self._ep.fileno())
+            except RuntimeError:
+                pass
+            self._ep.close()
+            self._ep = None
+
+    # -- a tool connects ----------------------------------------------------
+
+    def connected(self, req) -> None:
+        """A ``tool_connected`` upcall (loop thread): the tool's identity, or a refusal."""
+        from ..pmix import Proc
+        node = self.host.node
+        self._count += 1
+        why = self._refusal(req)
+        if why:
+            log.warning("node %s: PMIx tool refused (%s): %s", node.name, _who(req), why)
+            self._refuse(req)
+            return
+        given = _given_id(req) if req.keeps_id else None
+        if given is not None and given[0]:
+            # a job's process of this server started as a tool (its own user's,
+            # _refusal checked): libpmix keeps that identity, its session serves it
+            if req.fd is not None:
+                os.close(req.fd)
+            req.reply(Status.SUCCESS, Proc(*given))
+            return
+        from .pmixhost import PmixSession
+        ns = f"{node.dvm_nspace}-tool.{self._count}"
+        gid = req.claimed_gid
+        caller = process_caller(ns, 0, req.uid, gid, node.name)
+        session = PmixSession(self.host, caller, node.values["pydvm_max_outstanding"])
+        session.pmix_state = "connected"
+        self.host.sessions[(ns, 0)] = session
+        self.tools[ns] = ToolConn(ns, req.uid, gid, req.pid, req.cmd, session, req.fd,
+                                  nameless=given is not None)
+        if req.fd is not None and self._ep is not None:
+            self._by_fd[req.fd] = ns
+            self._ep.register(req.fd, select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR)
+        log.info("node %s: PMIx tool %s connected: uid %d (%s)", node.name, ns, req.uid,
+                 _who(req))
+        if not req.reply(Status.SUCCESS, Proc(ns, 0)):
+            self._gone(ns, "the server stopped")
+
+    def _refuse(self, req) -> None:
+        """Refuse a tool: its connection is cut during the handshake
+        (:meth:`pydvm.pmix.tools.ToolReply.abandon`: libpmix 4.2.2 cannot
+        take a refusal), so its ``PMIx_tool_init`` fails."""
+        if req.fd is not None:
+            os.close(req.fd)
+        if not req.reply.abandon():
+            log.error("node %s: a refused PMIx tool's connection cannot be cut (its socket "
+                      "was not found in libpmix's record): it waits until it gives up",
+                      self.host.node.name)
+
+    def _refusal(self, req) -> str:
+        if req.uid is None:
+            return f"its uid cannot be established: {req.why}"
+        if req.claimed_uid is not None and req.claimed_uid != req.uid:
+            return f"it claims uid {req.claimed_uid} but is uid {req.uid}"
+        if not self.host.node.multi_user and req.uid not in (os.geteuid(), 0):
+            return (f"uid {req.uid} is not the DVM's owner (uid {os.geteuid()}) and the "
+                    "DVM is not multi-user")
+        if req.claimed_gid is None or req.claimed_gid not in _groups(req.uid):
+            return f"gid {req.claimed_gid} is not a group of uid {req.uid}"
+        given = _given_id(req) if req.keeps_id else None
+        if given is not None and given[0]:
+            # libpmix will keep the identity a client tool gives itself: only
+            # its own user's running process of this server may be named
+            s = self.host.sessions.get(given)
+            if s is None or s.closed or s.caller.uid != req.uid or given[0] in self.tools:
+                return f"it names itself {given[0]}:{given[1]}, not a process of its own here"
+        return ""
+
+    # -- a tool leaves ------------------------------------------------------
+
+    def _hung_up(self) -> None:
+        if self._ep is None:
+            return
+        for fd, _ev in self._ep.poll(0):
+            ns = self._by_fd.get(fd)
+            if ns is not None:
+                self._gone(ns, "the tool disconnected")
+            else:
+                self._ep.unregister(fd)
+
+    def _gone(self, ns: str, reason: str, *, purge: bool = True) -> None:
+        t = self.tools.pop(ns, None)
+        if t is None:
+            return
+        if t.fd is not None:
+            self._by_fd.pop(t.fd, None)
+            if self._ep is not None:
+                try:
+                    self._ep.unregister(t.fd)
+                except OSError:
+                    pass
+            os.close(t.fd)
+            t.fd = None
+        t.session.channel.close(reason)
+        if purge:
+            self._purge(ns)
+        log.info("node %s: PMIx tool %s (uid %d) gone: %s", self.host.node.name, ns, t.uid,
+                 reason)
+
+    def _purge(self, ns: str) -> None:
+        """The tool's namespace ended: its PROC, APP and NSPACE items go."""
+        node = self.host.node
+        stores = [node.store]
+        data = getattr(node.router, "data", None)
+        if data is not None and data.relay is None:
+            stores.append(data.store)
+        for store in stores:
+            if store is not None:
+                store.purge(Persistence.NSPACE, nspace=ns)
+
+    # -- what others ask ------------------------------------------------------
+
+    def event_source(self, nspace: str) -> tuple[int, str] | None:
+        """(uid, namespace) of the tool an event's source names, or None: a
+        tool's own namespace; or "" -- what libpmix calls a nameless client
+        tool -- when the nameless tools connected are one user's (the
+        namespace then is one of theirs)."""
+        t = self.tools.get(nspace)
+        if t is not None:
+            return t.uid, t.nspace
+        if nspace == "":
+            nameless = [t for t in self.tools.values() if t.nameless]
+            if nameless and len({t.uid for t in nameless}) == 1:
+                return nameless[0].uid, nameless[0].nspace
+        return None
+
+    def query_uids(self) -> set[int]:
+        """The users whose tools are connected, as queries see them: on a
+        single-user DVM every job is the owner's, so root's tool asks as the
+        owner."""
+        own = os.geteuid()
+        uids = {t.uid for t in self.tools.values()} if self.host.node.multi_user else \
+            {own for _t in self.tools.values()}
+        return uids
+
+    def count(self) -> int:
+        return len(self.tools)
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [{"nspace": t.nspace, "uid": t.uid, "pid": t.pid, "cmd": t.cmd}
+                for t in self.tools.values()]
+
+
+def _given_id(req) -> tuple[str, int] | None:
+    """The namespace and rank a tool gave itself (libpmix then keeps them), or None."""
+    ns = req.info.get("pmix.nspace")
+    if ns is None or not isinstance(ns.value, str):
+        return None
+    rank = req.info.get("pmix.rank")
+    r = rank.value if rank is not None and isinstance(rank.value, int) else 0
+    return ns.value, int(r)
+
+
+def _who(req) -> str:
+    bits = []
+    if req.pid:
+        bits.append(f"pid {req.pid}")
+    if req.cmd:
+        bits.append(repr(req.cmd[:80]))
+    if req.claimed_uid is not None:
+        bits.append(f"claims uid {req.claimed_uid} gid {req.claimed_gid}")
+    return ", ".join(bits) or "no details"
+
+
+def _groups(uid: int) -> set[int]:
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        return set()
+    try:
+        return set(os.getgrouplist(pw.pw_name, pw.pw_gid))
+    except OSError:
+        return {pw.pw_gid}
+
+
+def _system_tmpdir() -> str:
+    """Where a tool looks for the system server's file (libpmix: its
+    ``PMIX_SYSTEM_TMPDIR``, else ``TMPDIR``, else /tmp)."""
+    return os.environ.get("PMIX_SYSTEM_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+
+
+def _alive_owner(path: str) -> bool:
+    """Does a rendezvous file at ``path`` belong to a running process (its third line)?"""
+    try:
+        with open(path) as f:
+            lines = f.read().split("\n")
+        pid = int(lines[2])
+    except (OSError, ValueError, IndexError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid != os.getpid()

@@ -1,0 +1,144 @@
+"""PMIx tools from outside any job on a multi-user DVM, with real uids.
+
+A tool's identity is its uid as the kernel knows it (runtime/pmixtools.py):
+a user's ``pps`` lists that user's jobs only, root's every job; a user's
+tool finds its own user's keys and not another's.  The tools attach to the
+head node's server (``pydvm_head_node`` names node ``a``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import RUNUSER
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "pmix"))
+from cbuild import pmix_cflags, require_libpmix  # noqa: E402
+
+CLIENTS = Path(__file__).parents[1] / "pmix_e2e" / "clients"
+
+
+@pytest.fixture(scope="module")
+def progs():
+    """pmix_tool and pmix_events, built where every test user can run them."""
+    require_libpmix()
+    if not shutil.which("gcc") or not shutil.which("pps") or not shutil.which("pevent"):
+        pytest.skip("gcc, pps and pevent are needed (apt-get install gcc libpmix-bin)")
+    d = Path(tempfile.mkdtemp(prefix="pydvm-mu-tool-"))
+    os.chmod(d, 0o755)
+    out = {}
+    for name in ("pmix_tool", "pmix_events"):
+        r = subprocess.run(["gcc", "-O1", "-o", str(d / name), str(CLIENTS / f"{name}.c"),
+                            *pmix_cflags()], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        os.chmod(d / name, 0o755)
+        out[name] = str(d / name)
+    yield out
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _as(user: str | None, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    e = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", **(env or {})}
+    cmd = list(argv)
+    if user is not None:
+        cmd = [RUNUSER, "-u", user, "--", "env", *[f"{k}={v}" for k, v in e.items()], *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd="/tmp",
+                          env=e)
+
+
+def _bg_job(d, user: str, script: str) -> tuple[subprocess.Popen, str]:
+    bg = d.popen_as(user, "run", "--pmix", "--host", "b", "-n", "1", "sh", "-c",
+                    f'echo "NS=$PMIX_NAMESPACE"; {script}')
+    out = ""
+    while "NS=" not in out:
+        line = bg.stdout.readline()
+        assert line, out
+        out += line
+    return bg, out.split("NS=", 1)[1].split()[0]
+
+
+def test_a_users_tool_sees_and_finds_only_that_users_jobs_and_keys(make_mudvm, progs):
+    tool_exe = progs["pmix_tool"]
+    d = make_mudvm(pydvm_head_node="a")
+    p = d.as_user("pdvmtesta", "info", "--pmix-uri")
+    assert p.returncode == 0, p.stderr
+    uri = p.stdout.strip()
+    key = "mutoolkey"
+    bg, a_ns = _bg_job(d, "pdvmtesta",
+                       f"exec pydvm publish {key}=secret-of-a --range global --hold 600")
+    try:
+        while True:  # the key is published once the job printed so
+            line = bg.stdout.readline()
+            assert line, "the publisher ended"
+            if line.startswith("PUBLISHED"):
+                break
+        seen = {}
+        # a user cannot search root's directories: PMIX_SERVER_URI41 (queries
+        # only, docs/pmix.md); root searches the directory --pmix-dir names
+        pmix_dir = d.as_user(None, "info", "--pmix-dir").stdout.strip()
+        for user in ("pdvmtesta", "pdvmtestb", None):
+            env = {"PMIX_SERVER_URI41": uri} if user else {"TMPDIR": pmix_dir}
+            p = _as(user, "pps", env=env)
+            m = re.search(r"^Active nspaces: (.*)$", p.stderr, re.M)
+            assert m, (user, p.stderr)
+            seen[user] = {n for n in m.group(1).split(",") if n}
+        assert seen == {"pdvmtesta": {a_ns}, "pdvmtestb": set(), None: {a_ns}}, seen
+        p = _as("pdvmtesta", tool_exe, f"uri:{uri}", f"lookup:{key}")
+        assert f"LOOKUP status=0 key={key} value=secret-of-a publisher={a_ns}:0" in p.stdout, \
+            p.stdout + p.stderr
+        p = _as("pdvmtestb", tool_exe, f"uri:{uri}", f"lookup:{key}", f"unpublish:{key}",
+                "publish:bkey=fromb:5")
+        assert re.search(r"^INIT status=0 nspace=pydvm-\w+-tool\.\d+", p.stdout, re.M), p.stdout
+        assert f"LOOKUP status=-23 key={key}" in p.stdout, p.stdout    # NO_PERMISSIONS
+        assert "PUBLISH status=0" in p.stdout, p.stdout
+        # B's unpublish removed nothing of A's
+        p = _as("pdvmtesta", tool_exe, f"uri:{uri}", f"lookup:{key}")
+        assert f"LOOKUP status=0 key={key}" in p.stdout, p.stdout
+    finally:
+        if bg.poll() is None:
+            d.as_user(None, "kill", a_ns)
+        bg.wait(timeout=60)
+
+
+def test_a_users_pevent_reaches_that_users_processes_only(make_mudvm, progs):
+    """A's and B's jobs on node b register for one code; A's pevent reaches A's
+    process, and B's process's first event is B's own tool's, not A's."""
+    d = make_mudvm(pydvm_head_node="a")
+    uri = d.as_user("pdvmtesta", "info", "--pmix-uri").stdout.strip()
+    code = "-23456"
+    jobs = {}
+    try:
+        for user in ("pdvmtesta", "pdvmtestb"):
+            bg, ns = _bg_job(d, user, f"exec {progs['pmix_events']} register:{code} "
+                             "wait:1:60000")
+            out = ""
+            while "REGISTER status=0" not in out:
+                line = bg.stdout.readline()
+                assert line, out
+                out += line
+            jobs[user] = (bg, ns)
+        events = {}
+        for user in ("pdvmtesta", "pdvmtestb"):
+            p = _as(user, "pevent", "--event", code, "--range", "5",
+                    env={"PMIX_SERVER_URI41": uri})
+            assert p.returncode == 0, p.stderr
+            bg, _ns = jobs[user]
+            out = bg.stdout.read()
+            assert bg.wait(timeout=60) == 0, out
+            events[user] = re.findall(rf"EVENT code={code} source=(\S+):0", out)
+        a_tool, b_tool = events["pdvmtesta"], events["pdvmtestb"]
+        assert len(a_tool) == 1 and len(b_tool) == 1, events
+        assert a_tool[0] != b_tool[0] and re.fullmatch(r"pydvm-\w+-tool\.\d+", b_tool[0])
+    finally:
+        for bg, ns in jobs.values():
+            if bg.poll() is None:
+                d.as_user(None, "kill", ns)
+            bg.wait(timeout=60)
