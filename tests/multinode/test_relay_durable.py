@@ -19,14 +19,18 @@ def test_a_job_ending_during_a_partition_is_purged_from_the_data_server_after_it
     with relay_on_c(tmp_path, hostnet) as relay:
         keep = relay.run("-n", "1", "pydvm", "publish", "keep=1", "--persistence", "session")
         assert status(keep) == "PMIX_SUCCESS", keep.stdout + keep.stderr
+        # the job ends when told (a file appears), not after a time that a
+        # loaded machine can outrun before the store is read
+        flag = tmp_path / "end-now"
         job = relay.popen("-n", "1", "sh", "-c",
                           "pydvm publish gone=1 && pydvm publish alsogone=1 --persistence app "
-                          "&& sleep 2")
+                          f"&& while [ ! -e {flag} ]; do sleep 0.05; done")
         reader = LineReader(job.stdout)
         reader.wait_line("PUBLISHED alsogone", timeout=30)
         keys = relay.server.store()["master"]["keys"]
         assert {"keep", "gone", "alsogone"} <= set(keys), keys
         hostnet.link("c", up=False)
+        flag.touch()
         finish(job)  # the job ends during the partition
         assert job.returncode == 0
         assert {"gone", "alsogone"} <= set(relay.server.store()["master"]["keys"])
