@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import Status
 from ..enums import Persistence
 from .peers import process_caller
+from .guard import pid_alive
 
 if TYPE_CHECKING:
     from .pmixhost import PmixHost, PmixSession
@@ -355,10 +356,4 @@ def _alive_owner(path: str) -> bool:
         pid = int(lines[2])
     except (OSError, ValueError, IndexError):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid != os.getpid()
+    return pid != os.getpid() and pid_alive(pid)

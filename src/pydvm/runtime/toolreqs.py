@@ -182,16 +182,22 @@ class ToolService:
     def _kill_queued(self, tool: ToolSession, msg: Message, job: JobRecord) -> None:
         """``kill_job`` of a queued job: it leaves the queue, its ``run`` is
         answered as a killed job's; answered at once (``exit`` with ``wait``)."""
-        rid, ns = msg.get("id"), job.nspace
-        if _refused_kill(tool, rid, job):
-            return
+        if not _refused_kill(tool, msg.get("id"), job):
+            self._off_queue(tool, msg, job.nspace, _own_kill(msg.get("signal")), "")
+
+    def _off_queue(self, tool: ToolSession, msg: Message, ns: str, own: str,
+                   sig: str) -> None:
+        """Take queued job ``ns`` off the queue for ``tool``'s ``msg`` (a kill
+        it may make): its reason ``own`` if ``tool`` submitted it, else who
+        killed it (``sig``: the signal's words, or ''); answered at once
+        (``exit`` with ``wait``)."""
         if self._queue.tool_of(ns) is tool:
-            why = f"killed while queued: {_own_kill(msg.get('signal'))}"
+            why = f"killed while queued: {own}"
         else:
-            why = f"killed while queued by 'pydvm kill' from {_user(tool.uid)}"
+            why = f"killed while queued by 'pydvm kill'{sig} from {_user(tool.uid)}"
         self._queue.remove(ns, why)
         extra = {"exit": QUEUED_KILL_EXIT} if msg.get("wait") is True else {}
-        tool.send(reply(rid, Status.SUCCESS, **extra))
+        tool.send(reply(msg.get("id"), Status.SUCCESS, **extra))
 
     def signal_job(self, tool: ToolSession, msg: Message) -> None:
         """Send one signal (``signal``: its number) to every process of a job
@@ -218,13 +224,7 @@ class ToolService:
         queued = self._queue.get(ns) if job is None else None
         if queued is not None:
             if not _refused_kill(tool, rid, queued):
-                if self._queue.tool_of(ns) is tool:
-                    why = f"killed while queued: killed by its submitter ({name})"
-                else:
-                    why = f"killed while queued by 'pydvm kill' ({name}) from {_user(tool.uid)}"
-                self._queue.remove(ns, why)
-                extra = {"exit": QUEUED_KILL_EXIT} if msg.get("wait") is True else {}
-                tool.send(reply(rid, Status.SUCCESS, **extra))
+                self._off_queue(tool, msg, ns, f"killed by its submitter ({name})", f" ({name})")
             return
         if job is None:
             tool.send(reply(rid, Status.ERR_NOT_FOUND,
