@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = _parser(sub, "ps", "list the DVM's jobs",
                 "List the DVM's running jobs, every user's: namespace, user, session, state "
-                "(starting, running, killing, ending), start time, ranks per node (NODE:N) "
+                "(starting, running, stopped in PMIx_Init for a debugger, killing, ending), start time, ranks per node (NODE:N) "
                 "and app contexts; then the jobs waiting in the queue (state queued, their "
                 "submission time), in the order they will start.")
     _dvm_option(s)
