@@ -119,9 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = _parser(sub, "ps", "list the DVM's jobs",
                 "List the DVM's running jobs, every user's: namespace, user, session, state "
-                "(starting, running, stopped in PMIx_Init for a debugger, killing, ending), start time, ranks per node (NODE:N) "
-                "and app contexts; then the jobs waiting in the queue (state queued, their "
-                "submission time), in the order they will start.")
+                "(starting, running, stopped -- in PMIx_Init, for a debugger --, killing, "
+                "ending), start time, ranks per node (NODE:N) and app contexts; then the "
+                "jobs waiting in the queue (state queued, their submission time), in the "
+                "order they will start.")
     _dvm_option(s)
     _json_option(s, "the jobs")
     s.set_defaults(func=cmd_ps)

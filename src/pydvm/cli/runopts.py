@@ -222,10 +222,11 @@ NOT_SUPPORTED: dict[str, str] = {
     "--novm": "a one-shot DVM runs on the job's hosts only already",
     "--nolocal": "name the hosts to use with --host or --hostfile",
     "--max-vm-size": "name the hosts to use with --host or --hostfile",
-    "--debug": "no debugger launch yet: start the job, then attach to its processes "
-               "(pydvm ps lists them)",
-    "--tv": "no debugger launch yet: start the job, then attach to its processes",
-    "--debugger": "no debugger launch yet: start the job, then attach to its processes",
+    "--debug": "no debugger launch: run the job with --stop-in-init, attach a PMIx "
+               "debugger to its processes (pydvm ps lists them), then 'pydvm release'",
+    "--tv": "no debugger launch: run the job with --stop-in-init, attach, 'pydvm release'",
+    "--debugger": "no debugger launch: run the job with --stop-in-init, attach, "
+                  "'pydvm release'",
     "-d": "pydvm's own logs: 'pydvm start --log-dir D' and --mca prte_data_server_verbose 1",
     "--debug-devel": "pydvm's own logs: 'pydvm start --log-dir D'",
     "--debug-daemons": "a DVM's daemons log to 'pydvm start --log-dir D'",
