@@ -194,3 +194,21 @@ def test_what_a_debugger_cannot_have_is_refused(pdvm, tools, tmp_path):
     assert field(p.stdout, "SPAWN", "status") == str(PMIX_ERR_NOT_SUPPORTED), p.stdout
     assert field(p.stdout, "DAEMONS", "status") == str(PMIX_ERR_NOT_FOUND), p.stdout
     assert not ps(pdvm)
+
+
+def test_an_mpi_job_started_stopped_runs_once_released(pdvm, mpicc):
+    """Open MPI 4.1's MPI_Init calls PMIx_Init: its ranks stop there on both
+    nodes, and run their barriers once released."""
+    exe = mpicc("mpi_barrier_loop")
+    p = pdvm.run_bg("--stop-in-init", "--host", f"{HEAD}:1,{FAR}:1", "-n", "2", exe, "10")
+    out = LineReader(p.stdout)
+    try:
+        ns = wait_for(lambda: next(iter(ps(pdvm)), None), timeout=30, what="the job")
+        waiting(pdvm, ns, {HEAD, FAR})
+        assert pdvm.cmd("release", ns).returncode == 0
+        assert finish(p) == 0, p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            finish(p)
+    assert any(ln.startswith("BARRIER size=2 n=10 ") for ln in out.join()), out.lines
