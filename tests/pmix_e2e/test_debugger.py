@@ -77,6 +77,12 @@ def table(out: str) -> dict[int, tuple[str, int, int]]:
         r"^PROC rank=(\d+) host=\S* exe=(\S+) pid=(-?\d+) state=(\d+)", out, re.M)}
 
 
+def start_pids(out: LineReader, n: int) -> list[int] | None:
+    """The pids of the START lines read so far, once there are ``n``."""
+    pids = sorted(int(ln.split("=")[1]) for ln in list(out.lines) if ln.startswith("START"))
+    return pids if len(pids) == n else None
+
+
 @pytest.fixture
 def tools(pmixcc):
     return {n: pmixcc(n) for n in ("pmix_dbg_client", "pmix_debugger", "pmix_dbgd")}
@@ -212,3 +218,29 @@ def test_an_mpi_job_started_stopped_runs_once_released(pdvm, mpicc):
             p.kill()
             finish(p)
     assert any(ln.startswith("BARRIER size=2 n=10 ") for ln in out.join()), out.lines
+
+
+def test_a_tool_attaches_to_a_run_started_stopped_and_releases_it(pdvm, tools, tmp_path):
+    """``pydvm run --stop-in-init`` on both nodes; a debugger tool attaches
+    (PMIX_QUERY_PROC_TABLE names both ranks with the pids and nodes the
+    DVM knows) and its PMIX_DEBUGGER_RELEASE event reaches the rank on the
+    daemon node as well as the head node's; ps then says running."""
+    p = pdvm.run_bg("--stop-in-init", "--host", f"{HEAD}:1,{FAR}:1", "-n", "2",
+                    tools["pmix_dbg_client"])
+    out = LineReader(p.stdout)
+    try:
+        ns = wait_for(lambda: next(iter(ps(pdvm)), None), timeout=30, what="the job")
+        waiting(pdvm, ns, {HEAD, FAR})
+        t = debugger(pdvm, tools["pmix_debugger"], f"attach:{ns}", "table:2", "release",
+                     cwd=tmp_path)
+        assert "RELEASE status=0" in t.stdout, t.stdout
+        hosts = dict(re.findall(r"^PROC rank=(\d+) host=(\S+)", t.stdout, re.M))
+        assert hosts == {"0": HEAD, "1": FAR}, t.stdout
+        starts = wait_for(lambda: start_pids(out, 2), timeout=30, what="both START lines")
+        assert sorted(pid for _, pid, _ in table(t.stdout).values()) == starts
+        assert finish(p) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            finish(p)
+    assert sum(ln.startswith("DONE") for ln in out.join()) == 2
