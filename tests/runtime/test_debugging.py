@@ -81,7 +81,11 @@ def test_a_release_event_marks_only_the_senders_jobs_released():
     D.released_by_event(jobs, C.DEBUGGER_RELEASE + 1, C.RANGE_CUSTOM, [rng], 0)
     assert not theirs.released
     D.released_by_event(jobs, C.DEBUGGER_RELEASE, C.RANGE_CUSTOM, [rng], 0)   # root
-    assert theirs.released
+    assert theirs.released and not whole.released     # rank 0 of 3
+    for r in (1, 2):
+        D.released_by_event(jobs, C.DEBUGGER_RELEASE, C.RANGE_CUSTOM,
+                            [[C.EVENT_CUSTOM_RANGE, C.PROC, ["c@3", r]]], 1000)
+    assert whole.released and whole.state == "running"
 
 
 def test_state_and_release():

@@ -54,7 +54,8 @@ def released_by_event(jobs: dict[str, JobRecord], code: int, rng: int, info: lis
                       uid: int) -> None:
     """A process's or tool's event, sent as ``uid``: when it is a
     ``PMIX_DEBUGGER_RELEASE``, the jobs of that uid (root: any) its range
-    names (custom range, rank WILDCARD) count as released."""
+    names (custom range) count as released -- named whole (rank WILDCARD),
+    or once each of their ranks was (debugger daemons release their node's)."""
     if code != PC.DEBUGGER_RELEASE or rng != PC.RANGE_CUSTOM:
         return
     for key, t, v in info:
@@ -63,12 +64,16 @@ def released_by_event(jobs: dict[str, JobRecord], code: int, rng: int, info: lis
         procs = [v] if t == PC.PROC else v[1] if t == PC.DATA_ARRAY and v else []
         for p in procs:
             try:
-                job = jobs.get(str(p[0]))
-                whole = int(p[1]) == PC.RANK_WILDCARD
+                job, rank = jobs.get(str(p[0])), int(p[1])
             except (TypeError, ValueError, IndexError):
                 continue
-            if job is not None and whole and (uid == 0 or job.uid in (None, uid)):
+            if job is None or not job.stop_in_init or not (uid == 0 or job.uid in (None, uid)):
+                continue
+            if rank == PC.RANK_WILDCARD:
                 job.released = True
+            elif rank in job.procs:
+                job.released_ranks.add(rank)
+                job.released = job.released or len(job.released_ranks) == job.size
 
 
 async def release(nodes: NodeTable, job: JobRecord, source: tuple[str, int],

@@ -151,6 +151,8 @@ class JobRecord:
     stop_in_init: bool = False
     released: bool = False
     debug_ready: set[str] = field(default_factory=set)
+    #: ranks released one by one (a debugger daemon releases its node's).
+    released_ranks: set[int] = field(default_factory=set)
     #: debugger daemons (PMIX_DEBUG_TARGET of their spawn): the process(es)
     #: they debug, (nspace, rank or WILDCARD); in their job-level info.
     debug_target: tuple[str, int] | None = None

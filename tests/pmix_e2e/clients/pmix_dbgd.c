@@ -2,9 +2,12 @@
  * debugs (PMIx_Spawn with PMIX_DEBUG_TARGET): a PMIx client of its own job
  * that reads whom it debugs (PMIX_DEBUG_TARGET in its job-level info), asks
  * its node for the local processes of that job (PMIX_QUERY_LOCAL_PROC_TABLE),
- * writes what it found to DIR/dbgd.RANK, then -- as OpenPMIx's debuggerd.c
- * means to -- releases them (PMIX_DEBUGGER_RELEASE to a custom range, the
- * target's namespace) unless its second argument is "norelease".
+ * writes what it found to DIR/dbgd.RANK, waits for the other daemons to
+ * have done so (PMIx_Fence of its job: a release ends the target's wait on
+ * every node, and a target that ran to its end could no longer be asked
+ * about), then -- as OpenPMIx's debuggerd.c means to -- releases the target
+ * (PMIX_DEBUGGER_RELEASE to a custom range, the target's namespace) unless
+ * its second argument is "norelease".
  * debuggerd.c sends it with range LOCAL and a custom range, which libpmix
  * 4.2.2 refuses (PMIX_ERR_BAD_PARAM: src/event/pmix_event_notification.c,
  * "a PMIX_EVENT_CUSTOM_RANGE ... but a range other than PMIX_RANGE_CUSTOM"),
@@ -57,6 +60,7 @@ int main(int argc, char **argv)
             snprintf(pids + len, sizeof pids - len, "%s%d", len ? "," : "", (int)pi[i].pid);
         }
     }
+    PMIx_Fence(NULL, 0, NULL, 0);
     if (argc < 3 || strcmp(argv[2], "norelease") != 0) {
         PMIX_LOAD_PROCID(&wild, target.nspace, PMIX_RANK_WILDCARD);
         PMIX_INFO_LOAD(&info[0], PMIX_EVENT_CUSTOM_RANGE, &wild, PMIX_PROC);
