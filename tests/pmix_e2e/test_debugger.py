@@ -244,3 +244,25 @@ def test_a_tool_attaches_to_a_run_started_stopped_and_releases_it(pdvm, tools, t
             p.kill()
             finish(p)
     assert sum(ln.startswith("DONE") for ln in out.join()) == 2
+
+
+def test_ranks_released_one_by_one(pdvm, tools, tmp_path):
+    """A release naming rank 1 (on the daemon node) lets rank 1 run to its
+    end while rank 0 still waits; the job counts as released once both were."""
+    p = pdvm.run_bg("--stop-in-init", "--host", f"{HEAD}:1,{FAR}:1", "-n", "2",
+                    tools["pmix_dbg_client"])
+    out = LineReader(p.stdout)
+    try:
+        ns = wait_for(lambda: next(iter(ps(pdvm)), None), timeout=30, what="the job")
+        waiting(pdvm, ns, {HEAD, FAR})
+        debugger(pdvm, tools["pmix_debugger"], f"attach:{ns}", "release:1", cwd=tmp_path)
+        out.wait_line("DONE rank=1", timeout=30)
+        assert "INIT status=0 rank=0" not in out.lines
+        assert ps(pdvm)[ns]["state"] == "stopped"
+        debugger(pdvm, tools["pmix_debugger"], f"attach:{ns}", "release:0", cwd=tmp_path)
+        assert finish(p) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            finish(p)
+    assert sum(ln.startswith("DONE") for ln in out.join()) == 2

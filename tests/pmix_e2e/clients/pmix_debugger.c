@@ -14,7 +14,8 @@
  *                             job's processes (PMIX_DEBUGGER_DAEMONS,
  *                             PMIX_DEBUG_TARGET, PMIX_DEBUG_DAEMONS_PER_NODE)
  *     spawnbad:KEY            a spawn with a directive pydvm refuses
- *     release                 PMIX_DEBUGGER_RELEASE to the job (custom range)
+ *     release[:RANK]          PMIX_DEBUGGER_RELEASE to the job (custom range:
+ *                             the whole job, or that rank)
  *     waitend                 until PMIX_QUERY_NAMESPACES no longer lists it
  *
  * Prints, flushed: INIT status=S nspace=NS, then per step SUPPORT spawn=..
@@ -163,7 +164,8 @@ int main(int argc, char **argv)
         } else if (!strcmp(op, "release")) {
             pmix_info_t info[2];
             pmix_proc_t all;
-            PMIX_LOAD_PROCID(&all, job, PMIX_RANK_WILDCARD);
+            char *r = strtok(NULL, ":");
+            PMIX_LOAD_PROCID(&all, job, r ? (pmix_rank_t)atoi(r) : PMIX_RANK_WILDCARD);
             PMIX_INFO_LOAD(&info[0], PMIX_EVENT_CUSTOM_RANGE, &all, PMIX_PROC);
             PMIX_INFO_LOAD(&info[1], PMIX_EVENT_NON_DEFAULT, &yes, PMIX_BOOL);
             rc = PMIx_Notify_event(PMIX_DEBUGGER_RELEASE, &me, PMIX_RANGE_CUSTOM, info, 2,
