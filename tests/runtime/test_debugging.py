@@ -33,6 +33,7 @@ def test_stop_in_init_is_registered_only_for_jobs_that_stop():
     # libpmix 4.2's client stops whenever the key is there: rank WILDCARD, as PRRTE has it
     assert held[C.DEBUG_STOP_IN_INIT] == Value(W, C.PROC_RANK)
     assert held[C.DEBUG_TARGET] == Value(Proc("t@2", W), C.PROC)
+    assert held[C.DEBUG_JOB] == Value("t@2", C.STRING)
     assert JobLayout("x", {"n": [0]}).extra == []
 
 
@@ -44,6 +45,8 @@ def test_stop_in_init_is_registered_only_for_jobs_that_stop():
       C.DEBUG_DAEMONS_PER_NODE: Value(2, C.UINT16)},
      {"debug_target": ["t@2", 1], "daemons_per_node": 2}),
     ({"pmix.mapby": Value("slot", C.STRING)}, {}),
+    ({C.DEBUG_JOB: Value("t@2", C.STRING), C.DEBUGGER_DAEMONS: Value(True, C.BOOL)},
+     {"debug_target": ["t@2", W]}),                 # what examples/debugger.c sends
 ])
 def test_spawn_directives(info, want):
     assert D.spawn_directives(info) == want

@@ -239,6 +239,7 @@ SERVER_INTERNAL_NOTIFY = "pmix.srvr.internal.notify"
 DEBUG_STOP_IN_INIT = "pmix.dbg.init"
 DEBUG_STOP_ON_EXEC = "pmix.dbg.exec"
 DEBUG_TARGET = "pmix.dbg.tgt"
+DEBUG_JOB = "pmix.dbg.job"     # deprecated (pmix_deprecated.h); examples/debugger.c sends it
 DEBUGGER_DAEMONS = "pmix.debugger"
 DEBUG_DAEMONS_PER_NODE = "pmix.dbg.dpnd"
 DEBUG_DAEMONS_PER_PROC = "pmix.dbg.dpproc"

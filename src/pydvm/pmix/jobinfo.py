@@ -209,6 +209,9 @@ def stop_in_init() -> list[tuple[str, Value]]:
 
 
 def debug_target(nspace: str, rank: int) -> list[tuple[str, Value]]:
-    """The job-level item telling debugger daemons whom they debug
-    (``PMIX_DEBUG_TARGET``, a ``pmix_proc_t``: rank WILDCARD for a whole job)."""
-    return [(C.DEBUG_TARGET, Value(Proc(nspace, int(rank)), C.PROC))]
+    """The job-level items telling debugger daemons whom they debug
+    (``PMIX_DEBUG_TARGET``, a ``pmix_proc_t``: rank WILDCARD for a whole job;
+    and the namespace as ``PMIX_DEBUG_JOB``, the deprecated name that
+    OpenPMIx 4.2's examples/debuggerd.c reads)."""
+    return [(C.DEBUG_TARGET, Value(Proc(nspace, int(rank)), C.PROC)),
+            (C.DEBUG_JOB, Value(nspace, C.STRING))]

@@ -127,6 +127,14 @@ def spawn_directives(job_info: dict) -> dict:
         out["refused"] = [PC.ERR_NOT_SUPPORTED, "PMIX_DEBUG_STOP_ON_EXEC is not supported: "
                           "use PMIX_DEBUG_STOP_IN_INIT"]
     t = job_info.get(PC.DEBUG_TARGET)
+    j = job_info.get(PC.DEBUG_JOB)
+    if t is None and j is not None:
+        # the deprecated name OpenPMIx 4.2's examples/debugger.c still sends:
+        # a namespace, the whole job
+        if j.type != PC.STRING or not j.value:
+            out["refused"] = [PC.ERR_BAD_PARAM, "PMIX_DEBUG_JOB must be a namespace"]
+        else:
+            out["debug_target"] = [j.value, PC.RANK_WILDCARD]
     if t is not None:
         if t.type != PC.PROC:
             out["refused"] = [PC.ERR_BAD_PARAM, "PMIX_DEBUG_TARGET must be a pmix_proc_t"]

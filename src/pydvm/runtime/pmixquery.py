@@ -71,7 +71,7 @@ NSPACE_KEY = "pmix.nspace"
 
 #: The job-level attributes pydvm honours in PMIx_Spawn (PMIX_QUERY_SPAWN_SUPPORT).
 SPAWN_SUPPORT = ",".join(["pmix.dbg.init", "pmix.dbg.tgt", "pmix.dbg.dpnd", "pmix.dbg.dpproc",
-                          "pmix.debugger"])
+                          "pmix.dbg.job", "pmix.debugger"])
 #: The debugger attributes pydvm honours (PMIX_QUERY_DEBUG_SUPPORT): stop in
 #: PMIx_Init (every rank or none), daemons next to a target; not stop on exec.
 DEBUG_SUPPORT = ",".join(["pmix.dbg.init", "pmix.dbg.tgt", "pmix.dbg.dpnd", "pmix.dbg.dpproc"])
