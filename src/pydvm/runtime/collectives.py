@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -403,7 +404,9 @@ class Collectives(ProcessListener, NodeListener):
         for a in msg["apps"]:
             argv = [str(x) for x in (a.get("argv") or [])]
             cmd = a.get("cmd")
-            if cmd and (not argv or argv[0] != cmd):
+            # argv[0] names the program when it is the command or a path to it
+            # (OpenPMIx's debugger.c: cmd "client", argv ["./client"], in cwd)
+            if cmd and (not argv or os.path.basename(argv[0]) != os.path.basename(cmd)):
                 argv = [cmd] + argv
             if not argv:
                 raise ValueError("a spawned application needs a command")
