@@ -25,6 +25,7 @@ import json
 import os
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -266,3 +267,17 @@ def test_ranks_released_one_by_one(pdvm, tools, tmp_path):
             p.kill()
             finish(p)
     assert sum(ln.startswith("DONE") for ln in out.join()) == 2
+
+
+def test_a_command_named_as_debugger_c_names_it_runs_from_the_apps_directory(pdvm, tools,
+                                                                          tmp_path):
+    """OpenPMIx's debugger.c spawns command ``client`` with argv[0]
+    ``./client`` and its directory as cwd: argv[0] is the program."""
+    mk = tmp_path / "mk"
+    mk.mkdir()
+    exe = Path(tools["pmix_dbg_client"])
+    p = debugger(pdvm, tools["pmix_debugger"], f"launch:1:@./{exe.name}:{mk}", "table:1",
+                 "release", "waitend", cwd=exe.parent)
+    assert field(p.stdout, "SPAWN", "status") == "0", p.stdout
+    assert "ENDED status=0 yes" in p.stdout, p.stdout
+    assert (mk / "init.0").exists()

@@ -6,7 +6,9 @@
  *     support                 PMIX_QUERY_SPAWN_SUPPORT, PMIX_QUERY_DEBUG_SUPPORT
  *     launch:N:CMD[:ARG]      PMIx_Spawn of N copies of CMD [ARG] in our
  *                             directory, with PMIX_DEBUG_STOP_IN_INIT: the job
- *                             to debug (its namespace is remembered)
+ *                             to debug (its namespace is remembered); CMD
+ *                             @./PROG: command PROG, argv[0] ./PROG (as
+ *                             OpenPMIx's debugger.c names its "client")
  *     attach:NSPACE           debug a job already running (started stopped)
  *     table:N                 PMIX_QUERY_PROC_TABLE of the job, asked again
  *                             until it lists N running processes with pids
@@ -68,8 +70,14 @@ static pmix_status_t spawn(pmix_info_t *jinfo, size_t njinfo, int n, char *spec,
     char cwd[1024], *cmd = strtok(spec, ":"), *arg = strtok(NULL, ":");
     pmix_status_t rc;
     PMIX_APP_CREATE(app, 1);
-    app->cmd = strdup(cmd);
-    PMIX_ARGV_APPEND(rc, app->argv, cmd);
+    if (cmd[0] == '@') {
+        const char *slash = strrchr(cmd + 1, '/');
+        app->cmd = strdup(slash ? slash + 1 : cmd + 1);
+        PMIX_ARGV_APPEND(rc, app->argv, cmd + 1);
+    } else {
+        app->cmd = strdup(cmd);
+        PMIX_ARGV_APPEND(rc, app->argv, cmd);
+    }
     if (arg != NULL)
         PMIX_ARGV_APPEND(rc, app->argv, arg);
     if (getcwd(cwd, sizeof cwd) != NULL)
