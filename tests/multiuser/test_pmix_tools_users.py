@@ -8,6 +8,7 @@ head node's server (``pydvm_head_node`` names node ``a``).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -142,3 +143,46 @@ def test_a_users_pevent_reaches_that_users_processes_only(make_mudvm, progs):
             if bg.poll() is None:
                 d.as_user(None, "kill", ns)
             bg.wait(timeout=60)
+
+
+def test_a_users_debugger_spawns_as_that_user_and_touches_no_other_users_job(make_mudvm):
+    """A's debugger tool spawns a job stopped in PMIx_Init: it runs as A (the
+    kernel's uid of the tool, not a claim).  B can neither release it nor
+    place debugger daemons next to it; A releases it and it runs to its end."""
+    import pwd
+    require_libpmix()
+    if not shutil.which("gcc"):
+        pytest.skip("gcc is needed")
+    d = make_mudvm(pydvm_head_node="a")
+    work = Path(tempfile.mkdtemp(prefix="pydvm-mu-dbg-"))
+    try:
+        os.chmod(work, 0o777)
+        for name in ("pmix_debugger", "pmix_dbg_client"):
+            r = subprocess.run(["gcc", "-O1", "-o", str(work / name),
+                                str(CLIENTS / f"{name}.c"), *pmix_cflags()],
+                               capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+            os.chmod(work / name, 0o755)
+        uri = d.as_user("pdvmtesta", "info", "--pmix-uri").stdout.strip()
+        dbg = str(work / "pmix_debugger")
+        p = _as("pdvmtesta", dbg, f"uri:{uri}", f"launch:1:{work / 'pmix_dbg_client'}:{work}",
+                "table:1")
+        m = re.search(r"^SPAWN status=0 nspace=(\S+)", p.stdout, re.M)
+        assert m, p.stdout + p.stderr
+        ns = m.group(1)
+        assert re.search(r"^PROC rank=0 .* state=5$", p.stdout, re.M), p.stdout
+        jobs = {j["nspace"]: j for j in json.loads(d.as_user(None, "ps", "--json").stdout)["jobs"]}
+        assert jobs[ns]["uid"] == pwd.getpwnam("pdvmtesta").pw_uid
+        assert jobs[ns]["state"] == "stopped"
+        r = d.as_user("pdvmtestb", "release", ns)
+        assert r.returncode == 1 and "PMIX_ERR_NO_PERMISSIONS" in r.stderr, r.stderr
+        p = _as("pdvmtestb", dbg, f"uri:{uri}", f"attach:{ns}", "daemons:1:/bin/true")
+        assert "DAEMONS status=-23 " in p.stdout, p.stdout + p.stderr   # NO_PERMISSIONS
+        assert not (work / "init.0").exists()
+        r = d.as_user("pdvmtesta", "release", ns)
+        assert r.returncode == 0, r.stderr
+        p = _as("pdvmtesta", dbg, f"uri:{uri}", f"attach:{ns}", "waitend")
+        assert "ENDED status=0 yes" in p.stdout, p.stdout
+        assert (work / "init.0").stat().st_uid == pwd.getpwnam("pdvmtesta").pw_uid
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -136,8 +136,11 @@ def test_query_client_gets_each_key_typed_as_pmix_says(pdvm, pmixcc):
     nlists = sorted(rows[0][2] for rows in values("pmix.nlist"))
     assert all(set(n.split(",")) == {HEAD, FAR} for n in nlists)
     assert all(rows[0][2] == "2" for rows in values("pmix.num.nodes"))
-    assert all(rows[0][2] == "" for rows in values("pmix.qry.spawn") + values("pmix.qry.debug")
-               + values("pmix.qry.psets"))
+    # the debugger attributes honoured (docs/pmix.md, "Debuggers"); no process sets
+    assert all(set(rows[0][2].split(",")) >= {"pmix.dbg.init", "pmix.dbg.tgt"}
+               for rows in values("pmix.qry.spawn") + values("pmix.qry.debug"))
+    assert all("pmix.dbg.exec" not in rows[0][2] for rows in values("pmix.qry.debug"))
+    assert all(rows[0][2] == "" for rows in values("pmix.qry.psets"))
     assert all(rows[0][2] == "0" for rows in values("pmix.qry.psetnum"))
     assert "pmix.qry.ptable" in values("pmix.qry.keys")[0][0][2].split(",")
     values("pmix.qry.pmems", -46)          # PMIX_ERR_NOT_FOUND: no process sets

@@ -106,6 +106,26 @@ def cmd_kill(a) -> int:
     return code
 
 
+def cmd_release(a) -> int:
+    """Release each named job started stopped in PMIx_Init; print the nodes
+    where its processes were waiting.  Exit 1 if any could not be released."""
+    from ..protocol import UriError
+    from .tool import DvmUnreachable, ToolError
+
+    code = 0
+    for ns in a.nspace:
+        try:
+            r = _tool(a, {"t": "release_job", "nspace": ns})
+        except (ToolError, ValueError) as exc:
+            code = tool_failed(exc, a.dvm)
+            if isinstance(exc, (DvmUnreachable, UriError)) or code == 2:
+                return code
+            continue
+        where = ", ".join(r.get("waiting") or []) or "none yet"
+        print(f"{ns}: released (processes were waiting in PMIx_Init on: {where})")
+    return code
+
+
 def cmd_store(a) -> int:
     from .tool import ToolError
 

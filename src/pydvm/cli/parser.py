@@ -56,7 +56,8 @@ def _metrics_address(text: str) -> tuple[str, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
-    from .admin import cmd_info, cmd_kill, cmd_ps, cmd_session, cmd_stop, cmd_store
+    from .admin import (cmd_info, cmd_kill, cmd_ps, cmd_release, cmd_session, cmd_stop,
+                        cmd_store)
     from .dvms import cmd_dvms
     from .events import cmd_events
     from .injob import cmd_lookup, cmd_publish, cmd_unpublish
@@ -118,9 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = _parser(sub, "ps", "list the DVM's jobs",
                 "List the DVM's running jobs, every user's: namespace, user, session, state "
-                "(starting, running, killing, ending), start time, ranks per node (NODE:N) "
-                "and app contexts; then the jobs waiting in the queue (state queued, their "
-                "submission time), in the order they will start.")
+                "(starting, running, stopped -- in PMIx_Init, for a debugger --, killing, "
+                "ending), start time, ranks per node (NODE:N) and app contexts; then the "
+                "jobs waiting in the queue (state queued, their submission time), in the "
+                "order they will start.")
     _dvm_option(s)
     _json_option(s, "the jobs")
     s.set_defaults(func=cmd_ps)
@@ -150,6 +152,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("nspace", nargs="+", metavar="NSPACE", help="a job's namespace (pydvm ps)")
     _dvm_option(s)
     s.set_defaults(func=cmd_kill)
+
+    s = _parser(sub, "release", "release jobs started stopped in PMIx_Init",
+                "Release each named job started with 'pydvm run --stop-in-init': its "
+                "processes waiting in PMIx_Init (for a debugger to attach) go on, and so do "
+                "those that reach it later.  Prints the nodes where they were waiting.  "
+                "Your own jobs; root and the DVM's owner may release any.  Exit 1 if a job "
+                "could not be released (not running, not started stopped, not yours).")
+    s.add_argument("nspace", nargs="+", metavar="NSPACE", help="a job's namespace (pydvm ps)")
+    _dvm_option(s)
+    s.set_defaults(func=cmd_release)
 
     s = _parser(sub, "stop", "stop a DVM",
                 "Stop a DVM: end its jobs (their pydvm run says the DVM was stopped), shut "

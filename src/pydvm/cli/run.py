@@ -68,6 +68,8 @@ def build_request(opts: dict[str, Any], environ: dict[str, str] | None = None,
         req["stdin_rank"] = opts["stdin"]
     if opts.get("queue") is not None:
         req["queue"] = opts["queue"]
+    if opts.get("stop_in_init"):
+        req["stop_in_init"] = True
     return req
 
 

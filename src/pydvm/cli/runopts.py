@@ -73,6 +73,10 @@ OPTIONS: tuple[Opt, ...] = (
         "MPI/PMIx job -- one run with --pmix, or a failing process that called PMIx_Init -- "
         "and never for other jobs; their PMIx processes that asked are told of the failure "
         "first)"),
+    Opt(("--stop-in-init",), 0, JOB, "stop_in_init",
+        "start the job stopped for a debugger: each process that calls PMIx_Init waits "
+        "there until 'pydvm release NSPACE' (or a PMIx tool's PMIX_DEBUGGER_RELEASE event) "
+        "lets it go on; 'pydvm ps' shows the job stopped until then"),
     Opt(("--pmix",), 0, JOB, "pmix", "the job needs PMIx: refuse it unless every node it runs "
         "on hosts a PMIx server (see 'pydvm info'); without it, PMIx clients are served "
         "wherever libpmix is available.  A process of it that exits non-zero, is killed, or "
@@ -218,10 +222,11 @@ NOT_SUPPORTED: dict[str, str] = {
     "--novm": "a one-shot DVM runs on the job's hosts only already",
     "--nolocal": "name the hosts to use with --host or --hostfile",
     "--max-vm-size": "name the hosts to use with --host or --hostfile",
-    "--debug": "no debugger launch yet: start the job, then attach to its processes "
-               "(pydvm ps lists them)",
-    "--tv": "no debugger launch yet: start the job, then attach to its processes",
-    "--debugger": "no debugger launch yet: start the job, then attach to its processes",
+    "--debug": "no debugger launch: run the job with --stop-in-init, attach a PMIx "
+               "debugger to its processes (pydvm ps lists them), then 'pydvm release'",
+    "--tv": "no debugger launch: run the job with --stop-in-init, attach, 'pydvm release'",
+    "--debugger": "no debugger launch: run the job with --stop-in-init, attach, "
+                  "'pydvm release'",
     "-d": "pydvm's own logs: 'pydvm start --log-dir D' and --mca prte_data_server_verbose 1",
     "--debug-devel": "pydvm's own logs: 'pydvm start --log-dir D'",
     "--debug-daemons": "a DVM's daemons log to 'pydvm start --log-dir D'",
@@ -391,7 +396,7 @@ def _apply(o: Opt, name: str, args: list[str], opts: dict, app: dict) -> None:
         if opts["queue"] is not None and opts["queue"] != want:
             raise ValueError("give --queue or --no-queue, not both")
         opts["queue"] = want
-    elif k in ("pmix", "tag_output", "timestamp_output", "merge_stderr", "quiet",
+    elif k in ("pmix", "stop_in_init", "tag_output", "timestamp_output", "merge_stderr", "quiet",
                "allow_run_as_root"):
         opts[k] = True
     elif k == "output_filename":
@@ -507,7 +512,8 @@ def new_opts() -> dict[str, Any]:
         "abort_on_failure": None, "pmix": False, "apps": [], "placement": {},
         "timeout": None, "stdin": 0, "timestamp_output": False, "merge_stderr": False,
         "output_filename": None, "quiet": False, "allow_run_as_root": False,
-        "app_file": None, "hostfile": None, "warnings": [], "queue": None}
+        "app_file": None, "hostfile": None, "warnings": [], "queue": None,
+        "stop_in_init": False}
 
 
 def new_app(argv: list[str], n: int | None = None) -> dict[str, Any]:
@@ -528,7 +534,7 @@ KEYWORDS: dict[str, str] = {
     "cpus_per_proc": "pe", "oversubscribe": "oversubscribe", "bind_to": "bind_to",
     "report_bindings": "report_bindings", "cpu_set": "cpu_set",
     "use_hwthread_cpus": "use_hwthread_cpus", "display_map": "display_map",
-    "display_allocation": "display_allocation",
+    "display_allocation": "display_allocation", "stop_in_init": "stop_in_init",
 }
 
 _BY_KEY: dict[str, Opt] = {o.key: o for o in OPTIONS}
@@ -545,7 +551,7 @@ def apply_keywords(opts: dict[str, Any], kw: dict[str, Any]) -> None:
     for word, value in kw.items():
         key = KEYWORDS.get(word)
         if key is None:
-            raise TypeError(f"unknown job option {word!r} (the placement options are: "
+            raise TypeError(f"unknown job option {word!r} (the job options are: "
                             f"{', '.join(sorted(KEYWORDS))})")
         if value is None:
             continue
@@ -647,7 +653,7 @@ def _option_lines(scope: str) -> list[str]:
 RUN_USAGE = """\
 usage: pydvm run [--dvm URI] [--session ID] [--mca N V]... [--tag-output]
                  [--abort-on-failure | --no-abort-on-failure] [--pmix]
-                 [mpirun's options: see below]
+                 [--stop-in-init] [mpirun's options: see below]
                  [--host H[:SLOTS],...] [-n N] CMD ARGS...
                  [: [--host H[:SLOTS],...] [-n M] CMD2 ARGS...]..."""
 

@@ -169,6 +169,10 @@ class Dvm:
         (:meth:`pydvm.jobs.Dvm.kill`)."""
         return await self._run(self.sync.kill, nspace, wait, signal)
 
+    async def release(self, nspace: str) -> list[str]:
+        """Release a job started stopped in PMIx_Init (:meth:`pydvm.jobs.Dvm.release`)."""
+        return await self._run(self.sync.release, nspace)
+
     async def processes(self, nspace: str) -> "dict[int, ProcessInfo] | None":
         """A running job's processes by name (:meth:`pydvm.jobs.Dvm.processes`)."""
         return await self._run(self.sync.processes, nspace)

@@ -365,7 +365,8 @@ class Dvm:
         ``inherit_env`` (False: ``env`` is the whole environment), ``cwd``
         (default: ours), ``path``, ``session``, ``pmix``,
         ``abort_on_failure``, ``timeout`` (seconds), ``mca`` (Open MPI's
-        parameters) and ``pydvm run``'s placement options by their long
+        parameters), ``stop_in_init`` (its processes wait in ``PMIx_Init``
+        until :meth:`release`) and ``pydvm run``'s placement options by their long
         names: ``map_by``, ``rank_by``, ``bind_to``, ``npernode``,
         ``pernode``, ``ppr``, ``npersocket``, ``cpus_per_proc``,
         ``oversubscribe``, ``cpu_set``, ``use_hwthread_cpus``,
@@ -495,6 +496,17 @@ class Dvm:
         if wait:
             msg["wait"] = True
         return self._call(msg).get("exit")
+
+    def release(self, nspace: str) -> list[str]:
+        """Release a job started stopped in ``PMIx_Init`` (``stop_in_init=True``,
+        ``pydvm run --stop-in-init``), as ``pydvm release`` does: its processes
+        waiting there go on, and those that reach it later do not stop.
+        Returns the nodes where its processes had begun to wait.
+        :class:`~pydvm.errors.NotFoundError`
+        if no such job runs, :class:`~pydvm.errors.NoPermissionsError` if it is
+        not ours, :class:`~pydvm.errors.BadParamError` if it was not started
+        stopped."""
+        return list(self._call({"t": "release_job", "nspace": nspace}).get("waiting") or [])
 
     def nodes(self) -> list[NodeInfo]:
         """The DVM's nodes, in its order (:class:`NodeInfo`: ``name``,

@@ -36,6 +36,8 @@ ERR_LOST_CONNECTION = -61
 ERR_PROC_ABORTED = -7          # (a deprecated name in 4.2; Open MPI 4.1's event for a failed process)
 ERR_PROC_REQUESTED_ABORT = -8
 EVENT_JOB_END = -145           # also PMIX_ERR_JOB_TERMINATED
+DEBUGGER_RELEASE = -3          # releases processes a debugger holds (stopped in PMIx_Init)
+READY_FOR_DEBUG = -58          # a process stopped for a debugger (PMIX_BREAKPOINT says where)
 ERR_PROC_TERM_WO_SYNC = -200
 EVENT_PROC_TERMINATED = -201
 ERR_PROC_ABORTED_BY_SIG = -402
@@ -232,6 +234,16 @@ EXIT_CODE = "pmix.exit.code"
 JOB_TERM_STATUS = "pmix.job.term.status"
 PROC_TERM_STATUS = "pmix.proc.term.status"
 SERVER_INTERNAL_NOTIFY = "pmix.srvr.internal.notify"
+
+# debuggers
+DEBUG_STOP_IN_INIT = "pmix.dbg.init"
+DEBUG_STOP_ON_EXEC = "pmix.dbg.exec"
+DEBUG_TARGET = "pmix.dbg.tgt"
+DEBUG_JOB = "pmix.dbg.job"     # deprecated (pmix_deprecated.h); examples/debugger.c sends it
+DEBUGGER_DAEMONS = "pmix.debugger"
+DEBUG_DAEMONS_PER_NODE = "pmix.dbg.dpnd"
+DEBUG_DAEMONS_PER_PROC = "pmix.dbg.dpproc"
+BREAKPOINT = "pmix.brkpnt"
 
 # groups
 GROUP_CONTEXT_ID = "pmix.grp.ctxid"

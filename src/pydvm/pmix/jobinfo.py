@@ -192,3 +192,26 @@ def job_info(layout: JobLayout, this_node: str, *, server=None) -> list[tuple[st
         info.append((C.SPAWNED, Value(True, C.BOOL)))
     info += [(k, Value.of(v)) for k, v in layout.extra]
     return info
+
+
+def stop_in_init() -> list[tuple[str, Value]]:
+    """The job-level item that holds every process of a job in ``PMIx_Init``.
+
+    libpmix 4.2's client reads ``PMIX_DEBUG_STOP_IN_INIT`` for its namespace
+    (rank WILDCARD) at the end of ``PMIx_Init``; when it is there -- whatever
+    its value -- it registers for ``PMIX_DEBUGGER_RELEASE``, notifies
+    ``PMIX_READY_FOR_DEBUG`` (range RM, ``PMIX_BREAKPOINT`` "pmix-init") and
+    waits for the release (src/client/pmix_client.c).  So the key is present
+    only for a job to stop, and it stops every rank: the rank WILDCARD, as
+    PRRTE registers it.
+    """
+    return [(C.DEBUG_STOP_IN_INIT, Value(C.RANK_WILDCARD, C.PROC_RANK))]
+
+
+def debug_target(nspace: str, rank: int) -> list[tuple[str, Value]]:
+    """The job-level items telling debugger daemons whom they debug
+    (``PMIX_DEBUG_TARGET``, a ``pmix_proc_t``: rank WILDCARD for a whole job;
+    and the namespace as ``PMIX_DEBUG_JOB``, the deprecated name that
+    OpenPMIx 4.2's examples/debuggerd.c reads)."""
+    return [(C.DEBUG_TARGET, Value(Proc(nspace, int(rank)), C.PROC)),
+            (C.DEBUG_JOB, Value(nspace, C.STRING))]

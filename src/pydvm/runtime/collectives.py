@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,7 @@ from ..errors import Status
 from ..pmix import constants as PC
 from ..pmix.constants import RANK_WILDCARD
 from ..wire import Message, reply
+from .core import DEFAULT_SESSION
 from .jobs import JobRecord, ProcState
 from .nodes import NodeListener, NodeTable
 from .peers import DaemonSession
@@ -260,12 +262,14 @@ class Collectives(ProcessListener, NodeListener):
         code, rng = int(msg["code"]), int(msg["range"])
         ns, rank = str(msg["source"][0]), int(msg["source"][1])
         info = list(msg.get("info") or [])
+        from . import debugging
         tool_uid = msg.get("tool_uid")
         if tool_uid is not None and daemon.node == self._nodes.head_node:
             # a PMIx tool attached to the head node's server (runtime/pmixtools.py,
             # in this process): the nodes of its user's jobs, and when other
             # users' jobs run too, only its user's processes (a custom range)
             uid = int(tool_uid)
+            debugging.released_by_event(self._processes.jobs, code, rng, info, uid)
             nodes = self._tool_event_nodes(uid, rng) - {daemon.node}
             mine = [j.nspace for j in self._processes.jobs.values()
                     if not j.done and (uid == 0 or j.uid is None or j.uid == uid)]
@@ -278,10 +282,22 @@ class Collectives(ProcessListener, NodeListener):
             await self._nodes.deliver_event(nodes, code, (ns, rank), rng, info)
             daemon.send(reply(rid, Status.SUCCESS))
             return
+        if code == PC.READY_FOR_DEBUG:
+            # a process stopped in PMIx_Init for a debugger (range RM): the
+            # host's to know, not passed to the other nodes.  libpmix 4.2.2
+            # names no rank here (runtime/debugging.py): noted per node.
+            job = self._processes.jobs.get(ns)
+            if job is not None and daemon.node in job.nodes():
+                debugging.note_ready(job, daemon.node)
+            daemon.send(reply(rid, Status.SUCCESS))
+            return
         why = self._processes.refusal(ns, rank, daemon.node)
         if why:
             daemon.send(reply(rid, Status.ERR_NO_PERMISSIONS, why))
             return
+        src_uid = self._processes.jobs[ns].uid
+        debugging.released_by_event(self._processes.jobs, code, rng, info,
+                                    0 if src_uid is None else src_uid)
         nodes = self._event_nodes(self._processes.jobs[ns], rng, info) - {daemon.node}
         await self._nodes.deliver_event(nodes, code, (ns, rank), rng, info)
         daemon.send(reply(rid, Status.SUCCESS))
@@ -361,19 +377,36 @@ class Collectives(ProcessListener, NodeListener):
     async def _spawn_job(self, daemon: DaemonSession, msg: Message) -> None:
         """Launch the child job of a ``PMIx_Spawn`` (MPI_Comm_spawn) and answer
         with its namespace once every node started its share."""
+        from . import debugging
         rid = msg.get("id")
         pns, prank = msg["parent"]
-        parent = self._processes.jobs.get(pns)
-        if parent is None or parent.procs.get(prank) is None:
-            daemon.send(reply(rid, Status.ERR_NOT_FOUND, f"no running process {pns}:{prank}"))
+        refused = msg.get("refused")
+        if refused:
+            daemon.send(reply(rid, int(refused[0]), f"cannot spawn: {refused[1]}"))
             return
-        env, cwd = self._processes.launch_env(pns)
+        tool_uid = msg.get("tool_uid")
+        parent = None
+        if tool_uid is not None and daemon.node == self._nodes.head_node:
+            # a PMIx tool attached to the head node (runtime/pmixtools.py): the
+            # job is its user's, in the default session, with a login's basics
+            uid, gid, session = int(tool_uid), int(msg.get("tool_gid") or 0), DEFAULT_SESSION
+            env, cwd = debugging.tool_environment(uid)
+        else:
+            parent = self._processes.jobs.get(pns)
+            if parent is None or parent.procs.get(prank) is None:
+                daemon.send(reply(rid, Status.ERR_NOT_FOUND,
+                                  f"no running process {pns}:{prank}"))
+                return
+            uid, gid, session = parent.uid, parent.gid, parent.session_id
+            env, cwd = self._processes.launch_env(pns)
         apps = []
         app_envs = []
         for a in msg["apps"]:
             argv = [str(x) for x in (a.get("argv") or [])]
             cmd = a.get("cmd")
-            if cmd and (not argv or argv[0] != cmd):
+            # argv[0] names the program when it is the command or a path to it
+            # (OpenPMIx's debugger.c: cmd "client", argv ["./client"], in cwd)
+            if cmd and (not argv or os.path.basename(argv[0]) != os.path.basename(cmd)):
                 argv = [cmd] + argv
             if not argv:
                 raise ValueError("a spawned application needs a command")
@@ -385,13 +418,36 @@ class Collectives(ProcessListener, NodeListener):
                 if sep:
                     extra[k] = v
             app_envs.append((extra, a.get("cwd") or cwd))
+        target = msg.get("debug_target")
         try:
-            job, per_node = self._processes.plan({"session": parent.session_id, "apps": apps,
-                                                  "env": env, "cwd": cwd,
-                                                  "_uid": parent.uid, "_gid": parent.gid})
+            if target is not None:  # debugger daemons, next to the target's processes
+                tjob = self._processes.jobs.get(str(target[0]))
+                if tjob is None or tjob.done:
+                    raise debugging.SpawnRefused(Status.ERR_NOT_FOUND, f"PMIX_DEBUG_TARGET: no "
+                                                 f"running job {target[0]}")
+                if uid not in (0, None) and tjob.uid not in (None, uid):
+                    raise debugging.SpawnRefused(Status.ERR_NO_PERMISSIONS,
+                                                 f"PMIX_DEBUG_TARGET: {tjob.nspace} is not "
+                                                 f"a job of uid {uid}")
+                if len(apps) != 1:
+                    raise debugging.SpawnRefused(Status.ERR_BAD_PARAM, "debugger daemons are "
+                                                 "one application")
+                hosts = debugging.daemon_hosts(tjob, int(target[1]),
+                                               msg.get("daemons_per_node"),
+                                               msg.get("daemons_per_proc"))
+                apps[0]["hosts"] = hosts
+                apps[0]["n"] = sum(h[1] for h in hosts)
+            job, per_node = self._processes.plan({
+                "session": session, "apps": apps, "env": env, "cwd": cwd,
+                "_uid": uid, "_gid": gid, "stop_in_init": msg.get("stop_in_init") is True})
+        except debugging.SpawnRefused as exc:
+            daemon.send(reply(rid, exc.status, f"cannot spawn: {exc}"))
+            return
         except ValueError as exc:
             daemon.send(reply(rid, Status.ERR_BAD_PARAM, f"cannot spawn: {exc}"))
             return
+        if target is not None:
+            job.debug_target = (str(target[0]), int(target[1]))
         for entries in per_node.values():
             for p in entries:
                 extra, app_cwd = app_envs[p["app_idx"]]
@@ -399,13 +455,19 @@ class Collectives(ProcessListener, NodeListener):
                 p["cwd"] = app_cwd
         for a, (_, app_cwd) in zip(job.apps, app_envs):
             a.cwd = app_cwd
-        job.parent = (pns, prank)
-        # a spawned job fails as its parent does (MPI_Comm_spawn's children are MPI)
-        job.abort_on_failure = parent.abort_on_failure
-        job.pmix_required = parent.pmix_required
         log.info("%s:%d spawns job %s: %s", pns, prank, job.nspace,
                  " : ".join(shlex.join(a["argv"]) for a in apps))
-        failed = await self._processes.launch_child((pns, prank), job, per_node)
+        if parent is None:
+            # a tool's: nobody forwards its output (PMIX_FWD_STDOUT is not
+            # served); it ends on its own, or by pydvm kill / PMIx_Job_control
+            job.discard_output = True
+            failed = await self._processes.launch_detached(job, per_node, (pns, prank))
+        else:
+            job.parent = (pns, prank)
+            # a spawned job fails as its parent does (MPI_Comm_spawn's children are MPI)
+            job.abort_on_failure = parent.abort_on_failure
+            job.pmix_required = parent.pmix_required
+            failed = await self._processes.launch_child((pns, prank), job, per_node)
         if failed:
             daemon.send(reply(rid, Status.ERR_NOT_FOUND, f"cannot spawn: {failed}"))
         else:

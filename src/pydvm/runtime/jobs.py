@@ -144,6 +144,18 @@ class JobRecord:
     started: float = 0.0
     #: the process that spawned it (PMIx_Spawn), if any.
     parent: tuple[str, int] | None = None
+    #: its processes stop in PMIx_Init until released (``--stop-in-init``,
+    #: ``PMIX_DEBUG_STOP_IN_INIT``: runtime/debugging.py); ``released`` once
+    #: the release went out; ``debug_ready``: the nodes where its processes
+    #: said they wait (libpmix tells no more: runtime/debugging.py).
+    stop_in_init: bool = False
+    released: bool = False
+    debug_ready: set[str] = field(default_factory=set)
+    #: ranks released one by one (a debugger daemon releases its node's).
+    released_ranks: set[int] = field(default_factory=set)
+    #: debugger daemons (PMIX_DEBUG_TARGET of their spawn): the process(es)
+    #: they debug, (nspace, rank or WILDCARD); in their job-level info.
+    debug_target: tuple[str, int] | None = None
     #: its pydvm run forwards its stdin to rank 0 (what is in flight is the
     #: master's job streams' to count: runtime/jobstreams.py).
     stdin: bool = False
@@ -215,14 +227,17 @@ class JobRecord:
     @property
     def state(self) -> str:
         """One word for ``pydvm ps``: ``starting`` (some process not yet
-        launched), ``running``, ``killing`` (killed, processes still ending)
-        or ``ending`` (every process ended; its purges are being applied)."""
+        launched), ``running``, ``stopped`` (started stopped in PMIx_Init and
+        not yet released), ``killing`` (killed, processes still ending) or
+        ``ending`` (every process ended; its purges are being applied)."""
         if self.done:
             return "ending"
         if self.killed:
             return "killing"
         if any(p.state is ProcState.PENDING for p in self.procs.values()):
             return "starting"
+        if self.stop_in_init and not self.released:
+            return "stopped"
         return "running"
 
     def ranks_per_node(self) -> dict[str, int]:

@@ -126,6 +126,7 @@ TOOL_MESSAGES: dict[str, tuple[str, str]] = {
     "unsubscribe": ("events", "unsubscribe"),
     "kill_job": ("tools", "kill_job"),
     "signal_job": ("tools", "signal_job"),
+    "release_job": ("tools", "release_job"),
     "job_procs": ("tools", "job_procs"),
     "ps": ("tools", "ps"),
     "stop": ("tools", "stop"),

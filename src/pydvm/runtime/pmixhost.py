@@ -666,8 +666,13 @@ class PmixHost:
         def answered(r: Message) -> None:
             ok = r.get("status") == Status.SUCCESS
             req.reply(r.get("status", Status.ERR_UNREACH), r.get("nspace") if ok else None)
-        self._ask_master({"t": "spawn", "parent": [req.proc.nspace, req.proc.rank],
-                          "apps": apps}, answered)
+        from .debugging import spawn_directives
+        msg = {"t": "spawn", "parent": [req.proc.nspace, req.proc.rank], "apps": apps,
+               **spawn_directives(req.job_info)}
+        tool = self.tools.tools.get(req.proc.nspace)
+        if tool is not None:  # a tool's spawn: its kernel-checked identity (pmixtools.py)
+            msg["tool_uid"], msg["tool_gid"] = tool.uid, tool.gid
+        self._ask_master(msg, answered)
 
     def _up_query(self, req) -> None:
         from .pmixquery import serve
@@ -756,12 +761,14 @@ def job_layout(nspace: str, layout: dict, session_id: int | None):
     """The master's layout message as a JobLayout: ``nodes`` (node -> ranks),
     ``apps`` (sizes), ``parent``, and when given ``node_ids``, ``univ_size``,
     ``argv`` and ``wdir`` (per application)."""
-    from ..pmix.jobinfo import JobLayout
-    parent = layout.get("parent")
+    from ..pmix.jobinfo import JobLayout, debug_target, stop_in_init
+    parent, target = layout.get("parent"), layout.get("debug_target")
     return JobLayout(nspace, {n: list(r) for n, r in layout["nodes"].items()},
                      apps=list(layout.get("apps") or []) or None,
                      session_id=session_id,
                      universe_size=layout.get("univ_size"),
                      node_ids=layout.get("node_ids"),
                      app_argv=layout.get("argv"), app_wdir=layout.get("wdir"),
-                     parent=(str(parent[0]), int(parent[1])) if parent else None)
+                     parent=(str(parent[0]), int(parent[1])) if parent else None,
+                     extra=(stop_in_init() if layout.get("stop_in_init") else []) +
+                     (debug_target(str(target[0]), int(target[1])) if target else []))

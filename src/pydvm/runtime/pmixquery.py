@@ -29,7 +29,8 @@ killed), ``_PROC_TABLE`` / ``_LOCAL_PROC_TABLE`` (array of
 ``pmix_proc_info_t``), ``PMIX_JOB_SIZE`` (uint32), ``PMIX_NODE_LIST``
 (string) and ``PMIX_NUM_NODES`` (uint32) -- of the job named by a
 ``PMIX_NSPACE`` qualifier, else of the DVM --, ``_SPAWN_SUPPORT`` and
-``_DEBUG_SUPPORT`` (strings: the attributes honoured; none), ``_NUM_PSETS``
+``_DEBUG_SUPPORT`` (strings: the attributes honoured, :data:`SPAWN_SUPPORT`,
+:data:`DEBUG_SUPPORT`), ``_NUM_PSETS``
 (size, 0), ``_PSET_NAMES`` (string, empty), ``_PSET_MEMBERSHIP`` (none
 defined: not found), ``_SUPPORTED_KEYS``, ``_ALLOC_STATUS`` (no allocation
 request is ever granted: not found).  Any other key: not supported.
@@ -67,6 +68,13 @@ ANSWERED = {
 RUNNING, LAUNCH_UNDERWAY, TERMINATED = 5, 2, 20
 ABORTED_BY_SIG, TERM_NON_ZERO = 54, 62
 NSPACE_KEY = "pmix.nspace"
+
+#: The job-level attributes pydvm honours in PMIx_Spawn (PMIX_QUERY_SPAWN_SUPPORT).
+SPAWN_SUPPORT = ",".join(["pmix.dbg.init", "pmix.dbg.tgt", "pmix.dbg.dpnd", "pmix.dbg.dpproc",
+                          "pmix.dbg.job", "pmix.debugger"])
+#: The debugger attributes pydvm honours (PMIX_QUERY_DEBUG_SUPPORT): stop in
+#: PMIx_Init (every rank or none), daemons next to a target; not stop on exec.
+DEBUG_SUPPORT = ",".join(["pmix.dbg.init", "pmix.dbg.tgt", "pmix.dbg.dpnd", "pmix.dbg.dpproc"])
 
 
 # --------------------------------------------------------------------------
@@ -213,7 +221,11 @@ class MasterQueries:
             job = self._job(quals, uid)
             return "ptable", await self._proc_table(job, node if key == Q.LOCAL_PROC_TABLE
                                                     else None)
-        if key in (Q.SPAWN_SUPPORT, Q.DEBUG_SUPPORT, Q.PSET_NAMES):
+        if key == Q.SPAWN_SUPPORT:
+            return "str", SPAWN_SUPPORT
+        if key == Q.DEBUG_SUPPORT:
+            return "str", DEBUG_SUPPORT
+        if key == Q.PSET_NAMES:
             return "str", ""
         if key == Q.NUM_PSETS:
             return "size", 0

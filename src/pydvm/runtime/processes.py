@@ -387,6 +387,7 @@ class ProcessTable(NodeListener):
         abort = msg.get("abort_on_failure")
         job.abort_on_failure = abort if isinstance(abort, bool) else None
         job.pmix_required = msg.get("pmix") is True
+        job.stop_in_init = msg.get("stop_in_init") is True
         job.started = time.time()
         for a in job.apps:
             a.cwd = app_cwds[a.idx]
@@ -436,7 +437,10 @@ class ProcessTable(NodeListener):
                 # oversubscribes the node (no binding; Open MPI is told to yield)
                 "slots": {n: hosts.get(n, 0) for n in nodes},
                 "argv": [list(a.argv) for a in job.apps],
-                "wdir": [a.cwd for a in job.apps]}
+                "wdir": [a.cwd for a in job.apps],
+                # its processes wait in PMIx_Init for the release (runtime/debugging.py)
+                "stop_in_init": job.stop_in_init and not job.released,
+                "debug_target": list(job.debug_target) if job.debug_target else None}
 
     async def run(self, tool: ToolSession, rid: Any, job: JobRecord,
                   per_node: dict[str, list[dict]]) -> None:
@@ -505,6 +509,13 @@ class ProcessTable(NodeListener):
                 tool.send({"t": "output", "nspace": ns, "rank": -1, "fd": 2,
                            "data": f"pydvm run: spawned job {ns}: {job.error}\n".encode()})
         over.add_done_callback(ended)
+        return await self.launch(job, per_node, parent)
+
+    async def launch_detached(self, job: JobRecord, per_node: dict[str, list[dict]],
+                              parent: tuple[str, int]) -> str:
+        """A job a PMIx tool spawned (``parent``: the tool's name): no run
+        waits for it; ``pydvm kill --wait`` and the job API still can."""
+        self._over[job.nspace] = asyncio.get_running_loop().create_future()
         return await self.launch(job, per_node, parent)
 
     async def launch(self, job: JobRecord, per_node: dict[str, list[dict]],

@@ -199,6 +199,36 @@ class ToolService:
         extra = {"exit": QUEUED_KILL_EXIT} if msg.get("wait") is True else {}
         tool.send(reply(msg.get("id"), Status.SUCCESS, **extra))
 
+    def release_job(self, tool: ToolSession, msg: Message) -> None:
+        """Release a job started stopped in ``PMIx_Init`` (``pydvm release
+        NSPACE``, ``Job.release()``): ``PMIX_DEBUGGER_RELEASE`` to its
+        processes (runtime/debugging.py); answered once every node of the job
+        has passed it on, with ``waiting``: the nodes where its processes
+        had said they wait.
+        Who may: as ``kill_job``.  A job not started stopped is refused
+        ``ERR_BAD_PARAM``; releasing one twice is harmless."""
+        from . import debugging
+        rid, ns = msg.get("id"), msg.get("nspace")
+        job = self._processes.jobs.get(ns) if isinstance(ns, str) else None
+        if job is None:
+            what = "is queued: release it once it runs" if isinstance(ns, str) and \
+                self._queue.get(ns) is not None else "is not running ('pydvm ps' lists the jobs)"
+            tool.send(reply(rid, Status.ERR_NOT_FOUND, f"job {ns!r} {what}"))
+            return
+        if _refused_kill(tool, rid, job, "release"):
+            return
+        if not job.stop_in_init:
+            tool.send(reply(rid, Status.ERR_BAD_PARAM,
+                            f"{ns} was not started stopped (pydvm run --stop-in-init)"))
+            return
+        waiting = sorted(job.debug_ready)
+
+        async def deliver() -> None:
+            await debugging.release(self._nodes, job, (self._processes.dvm_nspace, 0),
+                                    f"'pydvm release' from {_user(tool.uid)}")
+            tool.send(reply(rid, Status.SUCCESS, waiting=waiting))
+        self._tasks.start(deliver(), (tool.channel, rid))
+
     def signal_job(self, tool: ToolSession, msg: Message) -> None:
         """Send one signal (``signal``: its number) to every process of a job
         (each process's group, as a kill does); who may: as ``kill_job``.
@@ -402,6 +432,8 @@ def job_row(job: JobRecord, state: str | None = None) -> dict:
         "procs": job.size,
         "ended": job.terminated,
         "failed": len(job.failures),
+        # started stopped in PMIx_Init: the nodes where its processes wait there
+        **({"waiting_in_init": sorted(job.debug_ready)} if job.stop_in_init else {}),
     }
 
 
@@ -414,14 +446,15 @@ def _own_kill(sig: Any) -> str:
     return "killed by its submitter"
 
 
-def _refused_kill(tool: ToolSession, rid: Any, job: JobRecord) -> bool:
-    """Refuse (answer NO_PERMISSIONS, return True) a kill of ``job`` by a
-    tool that is neither its owner nor privileged (the DVM's owner, root)."""
+def _refused_kill(tool: ToolSession, rid: Any, job: JobRecord, what: str = "kill") -> bool:
+    """Refuse (answer NO_PERMISSIONS, return True) a kill (or ``what``) of
+    ``job`` by a tool that is neither its owner nor privileged (the DVM's
+    owner, root)."""
     if tool.privileged or job.uid == tool.uid:
         return False
     tool.send(reply(rid, Status.ERR_NO_PERMISSIONS,
                     f"{job.nspace} is not your job (uid {job.uid}); only its owner, the "
-                    "DVM's owner and root may kill it"))
+                    f"DVM's owner and root may {what} it"))
     return True
 
 
