@@ -150,6 +150,9 @@ class PmixServer:
         self.tool_support = False
         #: libpmix 4.2.0-4.2.4's attribute-query fix (pmix/queries.py): set by start()
         self.attribute_fix: str | None = None
+        #: the kernel's check of connecting clients (pmix/clients.py): set by start()
+        self.client_guard = None
+        self._registered: dict[str, dict[int, tuple[int, int]]] = {}
         self._tasks: set[asyncio.Task] = set()
         self._release_c = L.release_cbfunc_t(self._release)
         self._dmodex_c = L.dmodex_response_fn_t(self._dmodex_response)
@@ -229,6 +232,11 @@ class PmixServer:
                 *extra_info,
             ]
             info = build_info(items, keep)
+            from .clients import ClientGuard
+            self.client_guard = ClientGuard(lib, L.parse_version(lib.version))
+            if self.client_guard.state != "on":
+                log.warning("pmix: connecting clients' uids are not checked against the "
+                            "kernel's (%s)", self.client_guard.state)
             self._running = True
             rc = lib.server_init(ctypes.addressof(self._module), ctypes.addressof(info),
                                  len(items))
@@ -261,6 +269,8 @@ class PmixServer:
         rc = self.lib.server_finalize()
         if rc != C.SUCCESS:
             log.warning("PMIx_server_finalize: %s", C.status_name(rc))
+        if self.client_guard is not None:
+            self.client_guard.close()
         self._remove_tmpdir()
         with _active_lock:
             if _active is self:
@@ -311,6 +321,9 @@ class PmixServer:
         lib = self._need()
         await self._completed(lambda cb, tok: lib.deregister_nspace(check_nspace(nspace), cb, tok)
                               or C.SUCCESS)
+        self._registered.pop(nspace, None)
+        if self.client_guard is not None:
+            self.client_guard.release(nspace)
 
     async def _completed(self, call, keep: Any = None, timeout: float = 5.0) -> int:
         """Run a libpmix call that takes (cbfunc, cbdata) and wait -- without
@@ -365,6 +378,7 @@ class PmixServer:
             ctypes.addressof(p), int(uid), int(gid), None, cb, tok), p)
         if rc not in _DONE:
             raise PmixServerError(rc, f"register_client({proc})")
+        self._registered.setdefault(proc.nspace, {})[proc.rank] = (int(uid), int(gid))
 
     def deregister_client(self, proc: Proc) -> None:
         """``PMIx_server_deregister_client``.
@@ -591,7 +605,13 @@ class PmixServer:
     # libpmix answer the client itself; the reply object is then disarmed.
 
     def _up_connected(self, proc, server_object, info, ninfo, cbfunc, cbdata):
-        req = ClientConnected(proc_at(proc), directives(info, ninfo))
+        who = proc_at(proc)
+        guard = self.client_guard
+        if guard is not None and not guard.check(
+                who, self._registered.get(who.nspace, {}).get(who.rank)):
+            self.stats["refused"] += 1
+            return C.SUCCESS          # cut in the check; the host never hears of it
+        req = ClientConnected(who, directives(info, ninfo))
         req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
         return self._post(req)
 
