@@ -74,3 +74,15 @@ def test_honest_clients_are_checked_and_let_in(harness, pmix_ops):
     assert res.report["client_guard"] == {"state": "on", "refused": 0}
     assert "connection record" not in res.stderr, res.stderr
     assert len(res.kinds("client_connected")) == 2
+
+
+def test_the_check_is_off_with_a_warning_on_a_libpmix_whose_records_are_unknown(caplog):
+    from pydvm.pmix.clients import ClientGuard
+    from pydvm.pmix.values import Proc
+    g = ClientGuard(object(), (4, 2, 5))
+    assert g.state.startswith("off: libpmix 4.2.5"), g.state
+    assert "not checked against the kernel's" in caplog.text
+    assert g.check(Proc("ns", 0)) is True        # as libpmix decided
+    g.registered(Proc("ns", 0), 1, 1)
+    g.release("ns")
+    g.close()

@@ -90,6 +90,7 @@ class ClientGuard:
         self.refused = 0
         self._held: dict[str, list[socket.socket]] = {}
         self._compat: dict[str, bytes] = {}
+        self._ids: dict[str, dict[int, tuple[int, int]]] = {}
         self._lock = threading.Lock()
         self._globals = 0
         if not VERIFIED[0] <= version <= VERIFIED[1]:
@@ -104,13 +105,33 @@ class ClientGuard:
             return
         self.state = "on"
 
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @state.setter
+    def state(self, why: str) -> None:
+        self._state = why
+        if why != "on":
+            log.warning("pmix: connecting clients' uids are not checked against the "
+                        "kernel's (%s)", why)
+
     # -- on libpmix's progress thread, inside its connection handler --------
 
-    def check(self, proc: Proc, registered: tuple[int, int] | None) -> bool:
+    def check(self, proc: Proc) -> bool:
         """True to let ``proc``'s new connection on; False when it was cut
         (the claimed identity is not the kernel's)."""
         if not self._globals:
             return True
+        try:
+            return self._check(proc)
+        except Exception:               # never into libpmix's thread: let it in
+            log.exception("pmix: checking %s:%s's connection failed; let in", proc.nspace,
+                          proc.rank)
+            return True
+
+    def _check(self, proc: Proc) -> bool:
+        registered = self._ids.get(proc.nspace, {}).get(proc.rank)
         found = self._find(proc)
         if found is None:
             log.warning("pmix: cannot find the connection record of %s:%s; "
@@ -221,8 +242,13 @@ class ClientGuard:
 
     # -- the host's thread ---------------------------------------------------
 
+    def registered(self, proc: Proc, uid: int, gid: int) -> None:
+        """``proc`` was registered to ``uid``/``gid`` (what it must be)."""
+        self._ids.setdefault(proc.nspace, {})[proc.rank] = (uid, gid)
+
     def release(self, nspace: str) -> None:
-        """The namespace was deregistered: let go of its stand-ins."""
+        """The namespace was deregistered: forget it, let go of its stand-ins."""
+        self._ids.pop(nspace, None)
         self._compat.pop(nspace, None)
         with self._lock:
             held = self._held.pop(nspace, [])

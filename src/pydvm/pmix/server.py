@@ -152,7 +152,6 @@ class PmixServer:
         self.attribute_fix: str | None = None
         #: the kernel's check of connecting clients (pmix/clients.py): set by start()
         self.client_guard = None
-        self._registered: dict[str, dict[int, tuple[int, int]]] = {}
         self._tasks: set[asyncio.Task] = set()
         self._release_c = L.release_cbfunc_t(self._release)
         self._dmodex_c = L.dmodex_response_fn_t(self._dmodex_response)
@@ -234,9 +233,6 @@ class PmixServer:
             info = build_info(items, keep)
             from .clients import ClientGuard
             self.client_guard = ClientGuard(lib, L.parse_version(lib.version))
-            if self.client_guard.state != "on":
-                log.warning("pmix: connecting clients' uids are not checked against the "
-                            "kernel's (%s)", self.client_guard.state)
             self._running = True
             rc = lib.server_init(ctypes.addressof(self._module), ctypes.addressof(info),
                                  len(items))
@@ -321,9 +317,7 @@ class PmixServer:
         lib = self._need()
         await self._completed(lambda cb, tok: lib.deregister_nspace(check_nspace(nspace), cb, tok)
                               or C.SUCCESS)
-        self._registered.pop(nspace, None)
-        if self.client_guard is not None:
-            self.client_guard.release(nspace)
+        self.client_guard.release(nspace)
 
     async def _completed(self, call, keep: Any = None, timeout: float = 5.0) -> int:
         """Run a libpmix call that takes (cbfunc, cbdata) and wait -- without
@@ -378,7 +372,7 @@ class PmixServer:
             ctypes.addressof(p), int(uid), int(gid), None, cb, tok), p)
         if rc not in _DONE:
             raise PmixServerError(rc, f"register_client({proc})")
-        self._registered.setdefault(proc.nspace, {})[proc.rank] = (int(uid), int(gid))
+        self.client_guard.registered(proc, int(uid), int(gid))
 
     def deregister_client(self, proc: Proc) -> None:
         """``PMIx_server_deregister_client``.
@@ -606,9 +600,7 @@ class PmixServer:
 
     def _up_connected(self, proc, server_object, info, ninfo, cbfunc, cbdata):
         who = proc_at(proc)
-        guard = self.client_guard
-        if guard is not None and not guard.check(
-                who, self._registered.get(who.nspace, {}).get(who.rank)):
+        if not self.client_guard.check(who):
             self.stats["refused"] += 1
             return C.SUCCESS          # cut in the check; the host never hears of it
         req = ClientConnected(who, directives(info, ninfo))
