@@ -106,6 +106,18 @@ def test_a_client_lying_about_its_uid_cannot_act_as_another_users_rank(
         assert "PUBLISH key=stolen status=0" not in liar, liar
         init = re.search(r"INIT status=(-?\d+)", p.stdout)
         assert init is None or init.group(1) != "0" or "LOOKUP status=0" not in liar, liar
+        # the server that cut it said who and why (A's agent logs to its node's log)
+        from dvmkit import wait_for
+        b_uid = pwd.getpwnam("pdvmtestb").pw_uid
+
+        def logged():
+            for f in Path(mudvm.log_dir).rglob("*"):
+                if f.is_file() and "refused a client connecting as" in f.read_text(
+                        errors="replace"):
+                    return f.read_text(errors="replace")
+            return ""
+        wait_for(logged, what="the refusal in the DVM's logs")
+        assert f"registered to uid {a.pw_uid}, its socket is uid {b_uid}'s" in logged()
         go.touch()
         out, _ = bg.communicate(timeout=60)
         assert bg.returncode == 0, out
