@@ -130,3 +130,38 @@ def test_a_client_lying_about_its_uid_cannot_act_as_another_users_rank(
             bg.kill()
             bg.wait(timeout=30)
         shutil.rmtree(share, ignore_errors=True)
+
+
+def test_a_liar_cut_before_the_rank_connects_leaves_the_rank_its_place(mudvm, users, built):
+    """The liar comes first, before A's rank has called PMIx_Init: it is cut,
+    and the rank then connects, publishes, looks up, fences and finalizes;
+    nothing the liar tried is in A's job."""
+    a = pwd.getpwnam("pdvmtesta")
+    share = Path(tempfile.mkdtemp(prefix="pydvm-mu-liar-env-"))
+    os.chmod(share, 0o777)
+    envfile, go = share / "a-env", share / "go"
+    bg = mudvm.popen_as(
+        "pdvmtesta", "run", "--pmix", "--host", "a", "-n", "1", "sh", "-c",
+        f"env | grep ^PMIX_ > {envfile}.tmp; mv {envfile}.tmp {envfile}; "
+        f"while [ ! -e {go} ]; do sleep 0.05; done; "
+        f"exec {built['ops']} pub:mine:string:v1 look:mine look:stolen fence:0")
+    try:
+        from dvmkit import wait_for
+        wait_for(envfile.exists, what="A's job to write its PMIx variables")
+        os.chmod(envfile, 0o644)
+        env = [ln for ln in envfile.read_text().splitlines() if ln]
+        lie = [f"LD_PRELOAD={built['shim']}", f"LIAR_UID={a.pw_uid}", f"LIAR_GID={a.pw_gid}"]
+        p = subprocess.run([RUNUSER, "-u", "pdvmtestb", "--", "env", *env, *lie, built["ops"],
+                            "pub:stolen:string:x"], capture_output=True, text=True, timeout=60)
+        assert "PUBLISH key=stolen status=0" not in p.stdout, p.stdout + p.stderr
+        go.touch()
+        out, _ = bg.communicate(timeout=60)
+        assert bg.returncode == 0, out
+        assert "PUBLISH key=mine status=0" in out, out
+        assert "FOUND key=mine" in out and "FOUND key=stolen" not in out, out
+        assert "FENCE status=0" in out and "FINALIZE status=0" in out, out
+    finally:
+        if bg.poll() is None:
+            bg.kill()
+            bg.wait(timeout=30)
+        shutil.rmtree(share, ignore_errors=True)
