@@ -19,7 +19,8 @@ the handler has just written into the rank's record (``info->peerid``).
 :class:`ClientGuard` finds it there at 4.2.2's offsets, believed only when
 everything read agrees (the peer's index is its slot, its rank record names
 this very process, its descriptor is a TCP socket), takes the socket's
-client end to ``/proc/net/tcp{,6}`` (pmix/tools.py ``tcp_owner``), and
+client end to the kernel (pmix/tools.py ``tcp_owner``: sock_diag, else
+``/proc/net/tcp{,6}``), and
 compares the kernel's owner with the uid registered for the process.
 
 Refusing

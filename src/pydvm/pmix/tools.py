@@ -53,6 +53,7 @@ from typing import Any
 
 from . import _lib as L
 from . import constants as C
+from . import sockdiag
 from .requests import Request
 from .values import PmixValueError, Proc, Value, info_at, proc_to_c
 
@@ -318,7 +319,16 @@ def _hex_addr(host: str, port: int) -> str:
 
 def tcp_owner(peer: tuple[str, int], local: tuple[str, int]) -> int | None:
     """The uid that owns the TCP socket at ``peer`` connected to ``local``
-    (this machine's, same network namespace), from /proc/net/tcp{,6}."""
+    (this machine's, same network namespace): the kernel's sock_diag answer
+    for that one socket (pmix/sockdiag.py), else /proc/net/tcp{,6}."""
+    uid = sockdiag.owner(peer, local)
+    if uid is not None:
+        return uid
+    return proc_net_owner(peer, local)
+
+
+def proc_net_owner(peer: tuple[str, int], local: tuple[str, int]) -> int | None:
+    """:func:`tcp_owner` from /proc/net/tcp{,6} (every socket listed: slow)."""
     want_local, want_remote = _hex_addr(*peer), _hex_addr(*local)
     path = "/proc/net/tcp6" if ":" in peer[0] else "/proc/net/tcp"
     try:
