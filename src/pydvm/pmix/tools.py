@@ -18,9 +18,8 @@ kernel vouches for.  So the binding asks the kernel.  The upcall's callback
 data is libpmix's pending-connection record, which holds the accepted
 socket; the binding finds the socket's descriptor in it (the descriptor
 whose peer address is the one recorded beside it -- a match of both, or
-nothing), and looks the tool's end of that loopback connection up in
-``/proc/net/tcp`` (or ``tcp6``), whose ``uid`` column is the kernel's
-record of who opened it.  :class:`ToolConnected` carries that uid (None
+nothing), and asks the kernel who owns the tool's end of that loopback
+connection (:func:`tcp_owner`: a sock_diag query, else ``/proc/net/tcp``).  :class:`ToolConnected` carries that uid (None
 when it could not be established, with ``why``), the claims, and a
 duplicate of the socket's descriptor, which the host may watch for the
 tool's end and must close.
