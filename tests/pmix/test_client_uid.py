@@ -48,14 +48,17 @@ def test_a_client_claiming_its_registered_uid_is_refused_unless_the_kernel_agree
         {"rank": 0, "argv": [pmix_ops, "pub:secret:string:s3cret", f"waitfile:{go}",
                              "look:secret", "look:stolen"]},
         {"rank": 1, "uid": other, "gid": other,
-         "argv": ["sh", "-c", f'{pmix_ops} look:secret pub:stolen:string:x; touch {go}'],
+         "argv": ["sh", "-c", f'{pmix_ops} look:secret pub:stolen:string:x; '
+                  f'{pmix_ops} pub:stolen2:string:x; touch {go}'],
          "env": {"LD_PRELOAD": shim, "LIAR_UID": str(other), "LIAR_GID": str(other)}},
     ]})
     guard = res.report["client_guard"]
     assert guard["state"] == "on", guard
-    assert guard["refused"] == 1, (guard, res.clients)
+    assert guard["refused"] == 2, (guard, res.clients)
     liar = res.clients[1]["stdout"]
-    assert "s3cret" not in liar and "PUBLISH key=stolen status=0" not in liar, liar
+    assert "s3cret" not in liar, liar
+    assert "PUBLISH key=stolen status=0" not in liar, liar
+    assert "PUBLISH key=stolen2 status=0" not in liar, liar
     # the host never heard from rank 1: no connection, no request
     assert not [r for r in res.requests if r.get("proc", "").endswith(":1")], res.requests
     assert "refused a client connecting as pydvm-test@1:1" in res.stderr, res.stderr

@@ -33,8 +33,10 @@ seen to drop: libpmix's lost-connection path counts the rank out of its
 job's local collectives, drops that rank's contributions to a fence in
 progress and announces ``PMIX_ERR_LOST_CONNECTION`` for it -- the victim's
 job would pay.  So the liar's socket is shut down and its descriptor
-number given a quiet stand-in: one end of a socket pair whose other end the
-guard holds until the job's namespace is deregistered.  libpmix then
+number given a quiet stand-in: a duplicate of one end of a socket pair
+(one pair per namespace) whose two ends the guard holds until the job's
+namespace is deregistered -- so a refused connection costs no descriptor
+beyond the one libpmix already had.  libpmix then
 watches a connection on which nothing ever arrives; the peer is marked
 finalized (so even its eventual end is silent), the rank's record points
 again at the rank's earlier connection (or at none), and the namespace's
@@ -89,7 +91,8 @@ class ClientGuard:
 
     def __init__(self, lib, version: tuple[int, int, int]) -> None:
         self.refused = 0
-        self._held: dict[str, list[socket.socket]] = {}
+        #: namespace -> (the stand-ins' end, the end that keeps them quiet)
+        self._held: dict[str, tuple[socket.socket, socket.socket]] = {}
         self._compat: dict[str, bytes] = {}
         self._ids: dict[str, dict[int, tuple[int, int]]] = {}
         self._lock = threading.Lock()
@@ -215,13 +218,11 @@ class ClientGuard:
             s.close()
         except OSError:
             pass
-        quiet, held = socket.socketpair()
-        try:
-            os.dup2(quiet.fileno(), sd)      # closes the liar's socket
-        finally:
-            quiet.close()
         with self._lock:
-            self._held.setdefault(proc.nspace, []).append(held)
+            pair = self._held.get(proc.nspace)
+            if pair is None:
+                pair = self._held[proc.nspace] = socket.socketpair()
+            os.dup2(pair[0].fileno(), sd)    # closes the liar's socket
 
     def _earlier(self, info: int, index: int) -> int:
         """The slot of another connection of the same rank (one not
@@ -252,13 +253,13 @@ class ClientGuard:
         self._ids.pop(nspace, None)
         self._compat.pop(nspace, None)
         with self._lock:
-            held = self._held.pop(nspace, [])
-        for s in held:
+            pair = self._held.pop(nspace, ())
+        for s in pair:
             s.close()
 
     def close(self) -> None:
         with self._lock:
-            held = [s for lst in self._held.values() for s in lst]
+            held = [s for pair in self._held.values() for s in pair]
             self._held.clear()
         for s in held:
             s.close()
