@@ -65,6 +65,10 @@ def built():
     shutil.rmtree(d, ignore_errors=True)
 
 
+#: a cut client's PMIx_Init may wait for ever (libpmix's client): bounded
+BOUND = ["timeout", "-s", "KILL", "10"]
+
+
 def _read_until(bg: subprocess.Popen, marker: str) -> str:
     out = ""
     while marker not in out:
@@ -98,8 +102,8 @@ def test_a_client_lying_about_its_uid_cannot_act_as_another_users_rank(
         p = subprocess.run([RUNUSER, "-u", "pdvmtestb", "--", "env", *lie, "id", "-u"],
                            capture_output=True, text=True, timeout=30)
         assert p.stdout.strip() == str(a.pw_uid), p.stdout + p.stderr
-        p = subprocess.run([RUNUSER, "-u", "pdvmtestb", "--", "env", *env, *lie, built["ops"],
-                            "look:secret", "pub:stolen:string:x"],
+        p = subprocess.run([RUNUSER, "-u", "pdvmtestb", "--", "env", *env, *lie, *BOUND,
+                            built["ops"], "look:secret", "pub:stolen:string:x"],
                            capture_output=True, text=True, timeout=60)
         liar = p.stdout + p.stderr
         assert "s3cret" not in liar, liar
@@ -151,8 +155,9 @@ def test_a_liar_cut_before_the_rank_connects_leaves_the_rank_its_place(mudvm, us
         os.chmod(envfile, 0o644)
         env = [ln for ln in envfile.read_text().splitlines() if ln]
         lie = [f"LD_PRELOAD={built['shim']}", f"LIAR_UID={a.pw_uid}", f"LIAR_GID={a.pw_gid}"]
-        p = subprocess.run([RUNUSER, "-u", "pdvmtestb", "--", "env", *env, *lie, built["ops"],
-                            "pub:stolen:string:x"], capture_output=True, text=True, timeout=60)
+        p = subprocess.run([RUNUSER, "-u", "pdvmtestb", "--", "env", *env, *lie, *BOUND,
+                            built["ops"], "pub:stolen:string:x"],
+                           capture_output=True, text=True, timeout=60)
         assert "PUBLISH key=stolen status=0" not in p.stdout, p.stdout + p.stderr
         go.touch()
         out, _ = bg.communicate(timeout=60)
