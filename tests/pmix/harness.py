@@ -20,7 +20,7 @@ parked (the host's state is behind one lock, taken there without waiting);
 the rest goes to the loop.  The report's ``now`` lists the kinds answered so.
 
 Spec keys: tmpdir, nspace, node, nodes {name: [ranks]}, apps [sizes],
-clients [{rank, argv, env, delay}], env {..}, fail {kind, mode}, timeout,
+clients [{rank, argv, env, delay, uid, gid}], env {..}, fail {kind, mode}, timeout,
 max_value_size, regex (bool), lookup_timeout_default, answer_now (bool).
 """
 
@@ -257,7 +257,8 @@ async def run(spec: dict) -> dict:
         procs = []
         for c in clients:
             proc = Proc(nspace, c["rank"])
-            await server.register_client(proc, os.getuid(), os.getgid())
+            await server.register_client(proc, c.get("uid", os.getuid()),
+                                         c.get("gid", os.getgid()))
             env = dict(os.environ)
             env.update(server.setup_fork(proc))
             env.update(spec.get("env", {}))
@@ -292,6 +293,9 @@ async def run(spec: dict) -> dict:
         report["now"] = host.now
         report["stats"] = dict(server.stats)
         report["attribute_fix"] = getattr(server, "attribute_fix", None)
+        guard = getattr(server, "client_guard", None)
+        report["client_guard"] = (None if guard is None else
+                                  {"state": guard.state, "refused": guard.refused})
         report["pending_replies"] = server.pending_replies
         for req, timer in host.parked:
             if timer:

@@ -30,6 +30,12 @@ def test_the_owner_of_a_loopback_connection_is_read_from_the_kernel():
         assert T.tcp_owner(cli.getpeername(), cli.getsockname()) == os.geteuid()
         # a pair nobody holds
         assert T.tcp_owner(("127.0.0.1", 1), acc.getsockname()) is None
+        # both ways of asking agree
+        assert T.proc_net_owner(acc.getpeername(), acc.getsockname()) == os.geteuid()
+        from pydvm.pmix import sockdiag
+        if sockdiag.available():
+            assert sockdiag.owner(acc.getpeername(), acc.getsockname()) == os.geteuid()
+            assert sockdiag.owner(("127.0.0.1", 1), acc.getsockname()) is None
     finally:
         cli.close()
         acc.close()

@@ -150,6 +150,8 @@ class PmixServer:
         self.tool_support = False
         #: libpmix 4.2.0-4.2.4's attribute-query fix (pmix/queries.py): set by start()
         self.attribute_fix: str | None = None
+        #: the kernel's check of connecting clients (pmix/clients.py): set by start()
+        self.client_guard = None
         self._tasks: set[asyncio.Task] = set()
         self._release_c = L.release_cbfunc_t(self._release)
         self._dmodex_c = L.dmodex_response_fn_t(self._dmodex_response)
@@ -229,6 +231,8 @@ class PmixServer:
                 *extra_info,
             ]
             info = build_info(items, keep)
+            from .clients import ClientGuard
+            self.client_guard = ClientGuard(lib, L.parse_version(lib.version))
             self._running = True
             rc = lib.server_init(ctypes.addressof(self._module), ctypes.addressof(info),
                                  len(items))
@@ -261,6 +265,8 @@ class PmixServer:
         rc = self.lib.server_finalize()
         if rc != C.SUCCESS:
             log.warning("PMIx_server_finalize: %s", C.status_name(rc))
+        if self.client_guard is not None:
+            self.client_guard.close()
         self._remove_tmpdir()
         with _active_lock:
             if _active is self:
@@ -311,6 +317,7 @@ class PmixServer:
         lib = self._need()
         await self._completed(lambda cb, tok: lib.deregister_nspace(check_nspace(nspace), cb, tok)
                               or C.SUCCESS)
+        self.client_guard.release(nspace)
 
     async def _completed(self, call, keep: Any = None, timeout: float = 5.0) -> int:
         """Run a libpmix call that takes (cbfunc, cbdata) and wait -- without
@@ -365,6 +372,7 @@ class PmixServer:
             ctypes.addressof(p), int(uid), int(gid), None, cb, tok), p)
         if rc not in _DONE:
             raise PmixServerError(rc, f"register_client({proc})")
+        self.client_guard.registered(proc, int(uid), int(gid))
 
     def deregister_client(self, proc: Proc) -> None:
         """``PMIx_server_deregister_client``.
@@ -591,7 +599,11 @@ class PmixServer:
     # libpmix answer the client itself; the reply object is then disarmed.
 
     def _up_connected(self, proc, server_object, info, ninfo, cbfunc, cbdata):
-        req = ClientConnected(proc_at(proc), directives(info, ninfo))
+        who = proc_at(proc)
+        if not self.client_guard.check(who):
+            self.stats["refused"] += 1
+            return C.SUCCESS          # cut in the check; the host never hears of it
+        req = ClientConnected(who, directives(info, ninfo))
         req.reply = OpReply(self, cbfunc, cbdata, L.op_cbfunc_t, req.kind)
         return self._post(req)
 

@@ -18,9 +18,8 @@ kernel vouches for.  So the binding asks the kernel.  The upcall's callback
 data is libpmix's pending-connection record, which holds the accepted
 socket; the binding finds the socket's descriptor in it (the descriptor
 whose peer address is the one recorded beside it -- a match of both, or
-nothing), and looks the tool's end of that loopback connection up in
-``/proc/net/tcp`` (or ``tcp6``), whose ``uid`` column is the kernel's
-record of who opened it.  :class:`ToolConnected` carries that uid (None
+nothing), and asks the kernel who owns the tool's end of that loopback
+connection (:func:`tcp_owner`: a sock_diag query, else ``/proc/net/tcp``).  :class:`ToolConnected` carries that uid (None
 when it could not be established, with ``why``), the claims, and a
 duplicate of the socket's descriptor, which the host may watch for the
 tool's end and must close.
@@ -53,6 +52,7 @@ from typing import Any
 
 from . import _lib as L
 from . import constants as C
+from . import sockdiag
 from .requests import Request
 from .values import PmixValueError, Proc, Value, info_at, proc_to_c
 
@@ -318,7 +318,16 @@ def _hex_addr(host: str, port: int) -> str:
 
 def tcp_owner(peer: tuple[str, int], local: tuple[str, int]) -> int | None:
     """The uid that owns the TCP socket at ``peer`` connected to ``local``
-    (this machine's, same network namespace), from /proc/net/tcp{,6}."""
+    (this machine's, same network namespace): the kernel's sock_diag answer
+    for that one socket (pmix/sockdiag.py), else /proc/net/tcp{,6}."""
+    uid = sockdiag.owner(peer, local)
+    if uid is not None:
+        return uid
+    return proc_net_owner(peer, local)
+
+
+def proc_net_owner(peer: tuple[str, int], local: tuple[str, int]) -> int | None:
+    """:func:`tcp_owner` from /proc/net/tcp{,6} (every socket listed: slow)."""
     want_local, want_remote = _hex_addr(*peer), _hex_addr(*local)
     path = "/proc/net/tcp6" if ":" in peer[0] else "/proc/net/tcp"
     try:

@@ -16,6 +16,7 @@
  *   connect  disconnect           PMIx_Connect / Disconnect of the whole namespace
  *   spawn:CMD:NPROCS              PMIx_Spawn of one app (argv CMD x, env X=1, cwd /)
  *   sleep:MS   nofin   abort:STATUS
+ *   waitfile:PATH                 wait (up to 60 s) until PATH exists
  *
  * DIRS is a comma list of NAME=TYPE/VALUE with NAME one of range, persist,
  * wait, timeout (the PMIx attributes) and TYPE a type name below.
@@ -279,6 +280,10 @@ int main(int argc, char **argv)
             printf("SPAWN status=%d nspace=%s\n", rc, ns);
         } else if (!strcmp(op, "sleep")) {
             usleep(atoi(rest) * 1000);
+        } else if (!strcmp(op, "waitfile")) {
+            int n = 0;
+            while (access(rest, F_OK) != 0 && n++ < 6000) usleep(10000);
+            printf("WAITFILE found=%d\n", access(rest, F_OK) == 0);
         } else if (!strcmp(op, "nofin")) {
             fin = 0;
         } else if (!strcmp(op, "abort")) {
