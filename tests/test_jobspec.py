@@ -28,6 +28,7 @@ SAME = [
     ({"report_bindings": True}, ["--report-bindings"]),
     ({"display_map": True, "display_allocation": True},
      ["--display-map", "--display-allocation"]),
+    ({"stop_in_init": True}, ["--stop-in-init"]),
 ]
 
 
