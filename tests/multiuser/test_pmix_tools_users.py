@@ -109,6 +109,19 @@ def test_a_users_tool_sees_and_finds_only_that_users_jobs_and_keys(make_mudvm, p
         bg.wait(timeout=60)
 
 
+def _wait_no_tools(d, timeout: float = 60.0) -> None:
+    """Until the head node's server says no tool is connected."""
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        m = re.search(r"PMIx tools attach .*; (\d+) connected", d.as_user(None, "info").stdout)
+        assert m, "pydvm info names where tools attach"
+        if int(m.group(1)) == 0:
+            return
+        assert time.monotonic() < deadline, "a tool stayed connected"
+        time.sleep(0.1)
+
+
 def test_a_users_pevent_reaches_that_users_processes_only(make_mudvm, progs):
     """A's and B's jobs on node b register for one code; A's pevent reaches A's
     process, and B's process's first event is B's own tool's, not A's."""
@@ -128,6 +141,10 @@ def test_a_users_pevent_reaches_that_users_processes_only(make_mudvm, progs):
             jobs[user] = (bg, ns)
         events = {}
         for user in ("pdvmtesta", "pdvmtestb"):
+            # a tool found through PMIX_SERVER_URI41 is told from others by
+            # being its user's only one connected (docs/pmix.md): A's pevent
+            # must be gone before B's comes (a loaded run once overlapped them)
+            _wait_no_tools(d)
             p = _as(user, "pevent", "--event", code, "--range", "5",
                     env={"PMIX_SERVER_URI41": uri})
             assert p.returncode == 0, p.stderr
