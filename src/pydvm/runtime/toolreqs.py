@@ -148,18 +148,9 @@ class ToolService:
         that submitted the job (no ``signal``: "killed by its submitter").
         The job's ``pydvm run`` is told who ended it.
         """
-        rid = msg.get("id")
-        ns = msg.get("nspace")
-        job = self._processes.jobs.get(ns) if isinstance(ns, str) else None
-        queued = self._queue.get(ns) if job is None else None
-        if queued is not None:
-            self._kill_queued(tool, msg, queued)
-            return
+        rid, ns = msg.get("id"), msg.get("nspace")
+        job = self._running_target(tool, msg, _own_kill(msg.get("signal")), "")
         if job is None:
-            tool.send(reply(rid, Status.ERR_NOT_FOUND,
-                            f"no running job {ns!r} ('pydvm ps' lists the jobs)"))
-            return
-        if _refused_kill(tool, rid, job):
             return
         if self._processes.tool_of(ns) is tool:
             self._processes.kill(ns, _own_kill(msg.get("signal")))
@@ -179,11 +170,23 @@ class ToolService:
             tool.send(reply(rid, Status.SUCCESS, exit=job.exit_status))
         self._tasks.start(run(), (tool.channel, rid))
 
-    def _kill_queued(self, tool: ToolSession, msg: Message, job: JobRecord) -> None:
-        """``kill_job`` of a queued job: it leaves the queue, its ``run`` is
-        answered as a killed job's; answered at once (``exit`` with ``wait``)."""
-        if not _refused_kill(tool, msg.get("id"), job):
-            self._off_queue(tool, msg, job.nspace, _own_kill(msg.get("signal")), "")
+    def _running_target(self, tool: ToolSession, msg: Message, own: str,
+                        sig: str) -> JobRecord | None:
+        """The running job ``msg`` names, if ``tool`` may end it; else None,
+        ``msg`` answered: a queued job taken off the queue (:meth:`_off_queue`
+        with ``own`` and ``sig``), an unknown one NOT_FOUND, another's refused."""
+        rid, ns = msg.get("id"), msg.get("nspace")
+        job = self._processes.jobs.get(ns) if isinstance(ns, str) else None
+        queued = self._queue.get(ns) if job is None else None
+        if queued is not None:
+            if not _refused_kill(tool, rid, queued):
+                self._off_queue(tool, msg, ns, own, sig)
+            return None
+        if job is None:
+            tool.send(reply(rid, Status.ERR_NOT_FOUND,
+                            f"no running job {ns!r} ('pydvm ps' lists the jobs)"))
+            return None
+        return None if _refused_kill(tool, rid, job) else job
 
     def _off_queue(self, tool: ToolSession, msg: Message, ns: str, own: str,
                    sig: str) -> None:
@@ -250,17 +253,8 @@ class ToolService:
                             f"not {sig!r}"))
             return
         name = _sig_name(sig)
-        job = self._processes.jobs.get(ns) if isinstance(ns, str) else None
-        queued = self._queue.get(ns) if job is None else None
-        if queued is not None:
-            if not _refused_kill(tool, rid, queued):
-                self._off_queue(tool, msg, ns, f"killed by its submitter ({name})", f" ({name})")
-            return
+        job = self._running_target(tool, msg, f"killed by its submitter ({name})", f" ({name})")
         if job is None:
-            tool.send(reply(rid, Status.ERR_NOT_FOUND,
-                            f"no running job {ns!r} ('pydvm ps' lists the jobs)"))
-            return
-        if _refused_kill(tool, rid, job):
             return
         if sig in (_signal.SIGTERM, _signal.SIGKILL):
             if sig == _signal.SIGKILL:  # ahead of the kill on each link: no SIGTERM first
