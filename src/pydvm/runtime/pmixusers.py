@@ -538,7 +538,9 @@ class UserServers:
         own server (logged once)."""
         host = self.host
         if uid == os.geteuid() or not getattr(host.node, "multi_user", False):
-            return host.server
+            if host.node.values.get("pydvm_pmix_isolate") != "on":
+                return host.server
+            uid, gid = os.geteuid(), os.getegid()   # the owner's own agent
         agent = self.agents.get(uid)
         if agent is not None:
             self._keep(uid)  # busy again (before any await: the stop cannot fire now)
@@ -565,7 +567,7 @@ class UserServers:
         try:
             await agent.start(os.path.dirname(host.server.tmpdir),
                               host.server.nspace + f"-u{uid}", name, MAX_FRAME // 2,
-                              jobproc.credentials(uid, gid))
+                              None if uid == os.geteuid() else jobproc.credentials(uid, gid))
         except Exception as exc:
             if uid not in self.failed:
                 log.warning("node %s: no PMIx server of its own for uid %d (%s): its "
@@ -586,10 +588,17 @@ class UserServers:
     def may(self, agent: UserServer, req) -> str | None:
         """Why an upcall relayed by ``agent`` is not its user's to make (None: it is)."""
         local = self.host.local_nspaces
-        for who in (getattr(req, "proc", None), getattr(req, "source", None)):
+        named = list(getattr(req, "procs", None) or ())
+        askers = (getattr(req, "proc", None), getattr(req, "source", None))
+        if getattr(req, "kind", None) == "direct_modex":
+            # libpmix names the process whose data is wanted (elsewhere, or of
+            # a peer job), never the asker
+            named.append(req.proc)
+            askers = ()
+        for who in askers:
             if who is not None and local.get(who.nspace) is not agent:
                 return f"from {who}, not a process of this user's jobs on this node"
-        for p in getattr(req, "procs", None) or ():
+        for p in named:
             srv = local.get(p.nspace)
             if srv is not None and srv is not agent:
                 return f"names {p}, a process of another user's job on this node"
