@@ -186,6 +186,10 @@ REGISTRY: dict[str, Param] = {
               "libpmix ends only that server and the processes it served, never the node "
               "or the master; 'off': the owner's jobs use the node process's own server",
               "on|off"),
+        Param("pydvm_pmix_attribute_fix", _on_off, "on",
+              "libpmix 4.2.0-4.2.4 crash on an attribute query (pattrs --host-fns); 'on' "
+              "answers those queries before libpmix can; 'off' leaves the crash in (to see "
+              "what a crash inside libpmix does)", "on|off"),
         Param("pydvm_pmix_system_server", _on_off, "off",
               "'on' in a DVM started by root: its head node's PMIx server is also this "
               "machine's system server ($TMPDIR/pmix.sys.<hostname>), which PMIx tools "
