@@ -24,7 +24,9 @@ the very handlers of its own server (:class:`~pydvm.runtime.pmixhost.PmixHost`),
 so routing, identity and the store's rules are the same.  The node in turn
 asks the agent to register the user's namespaces and processes, pass events
 on, and hand over modex data.  The DVM owner's own jobs stay with the node's
-in-process server.
+in-process server unless ``pydvm_pmix_isolate`` is on: then the owner gets
+an agent too (running as the node does), so that a crash inside libpmix
+ends only that agent and the processes connected to it (:meth:`UserServers.lost`).
 
 Trust
 -----
@@ -34,7 +36,9 @@ the requesting process of
 an upcall must belong to a namespace the node registered with *this* agent,
 and every process an upcall names that runs on this node must too (so a
 fence, connect or group between two users' jobs on one node is refused
-``PMIX_ERR_NO_PERMISSIONS``).  Identity stays the registered one: the
+``PMIX_ERR_NO_PERMISSIONS``).  A direct-modex upcall names the process whose
+data is wanted, never the asker: a process elsewhere, or of this user's jobs
+here.  Identity stays the registered one: the
 session of ``(nspace, rank)``, with the uid/gid of the job's owner.
 
 Wire
