@@ -204,7 +204,10 @@ def test_when_a_users_pmix_server_dies_its_processes_end_and_the_next_job_gets_a
     assert "R0 JOB pmix.job.size=1" in p.stdout, p.stdout
     assert len(_agents("pdvmtesta")) == 1 and _agents("pdvmtesta") != [pid]
     logs = "".join(f.read_text(errors="replace") for f in mudvm.log_dir.glob("*"))
-    assert "PMIx server of uid" in logs and "ending its 1 process" in logs, logs[-3000:]
+    assert ("the PMIx server of uid" in logs and "(killed by signal SIGKILL)" in logs
+            and "1 connected process(es) here are ended with their jobs" in logs), logs[-3000:]
+    # the job ended saying why (what its pydvm run printed, logged by the master)
+    assert "its PMIx server ended on node a (killed by signal SIGKILL)" in logs, logs[-3000:]
 
 
 def test_a_users_pmix_server_goes_when_idle_and_comes_back_with_the_next_job(

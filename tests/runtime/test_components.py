@@ -77,7 +77,7 @@ def test_every_message_type_is_handled_by_a_method_of_the_component_owning_it(ki
 
 
 def test_daemons_tools_and_direct_clients_each_reach_every_request_of_theirs():
-    assert set(DATA_OPS) | set(PMIX_REQUESTS) | {"ready", "exited", "output", "stdin_ack",
+    assert set(DATA_OPS) | set(PMIX_REQUESTS) | {"ready", "exited", "pmix_lost", "output", "stdin_ack",
                                                   "cancel", "node_holds", "ping"} \
         == set(master_mod.DAEMON_MESSAGES)
     assert set(DATA_OPS) | {"cancel", "ping"} == set(master_mod.DIRECT_MESSAGES)

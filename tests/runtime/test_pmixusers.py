@@ -185,6 +185,19 @@ def test_the_node_believes_an_agent_only_about_its_own_users_processes():
                                                               Proc("ns-b", 0)], {}))
 
 
+def test_a_direct_modex_names_the_process_whose_data_is_wanted_not_the_asker():
+    """libpmix's direct_modex upcall carries the process whose data a local
+    client wants (on another node, or of a peer job), never the asker: an
+    agent may ask for a remote process's data or its own user's, not for
+    another user's process here."""
+    mine, theirs = object(), object()
+    host = SimpleNamespace(host=SimpleNamespace(local_nspaces={"ns-a": mine, "ns-b": theirs}))
+    may = UserServers.may
+    assert may(host, mine, R.DirectModex(Proc("ns-remote", 3), {})) is None
+    assert may(host, mine, R.DirectModex(Proc("ns-a", 1), {})) is None
+    assert "another user's job" in may(host, mine, R.DirectModex(Proc("ns-b", 0), {}))
+
+
 def test_a_remote_reply_after_the_agent_is_gone_is_dropped_quietly():
     a = _agent(lambda req: None)
     a.channel.closed = True

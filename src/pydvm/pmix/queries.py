@@ -313,15 +313,20 @@ def has_attribute_query(queries: int, n: int) -> bool:
     return False
 
 
-def start(server) -> str:
+def start(server, fix: bool = True) -> str:
     """At a server's start: the host's attributes registered with libpmix, and
-    for the affected versions the attribute-query fix installed, answering
-    through ``server``'s replies.  Returns what was done about the fix."""
+    for the affected versions the attribute-query fix installed (unless
+    ``fix`` is False: the crash left in, to test what a libpmix crash does),
+    answering through ``server``'s replies.  Returns what was done about the fix."""
     from .replies import InfoReply
     lib = server.lib
     register_host_attributes(lib)
     if not affected(L.parse_version(lib.version)):
         return "not needed"
+    if not fix:
+        log.warning("libpmix %s answers attribute queries (pattrs) with a crash, and the "
+                    "fix is off (pydvm_pmix_attribute_fix=off)", lib.version)
+        return "off"
 
     def answer(queries, n, cbfunc, cbdata):
         # libpmix's progress thread, inside the server's query handler

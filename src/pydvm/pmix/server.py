@@ -170,7 +170,7 @@ class PmixServer:
               extra_info: Iterable[tuple[str, Any]] = (),
               answer_now: Callable[[Request], bool] | None = None,
               take_now: Callable[[Request], bool] | None = None,
-              share_topology: bool = True) -> None:
+              share_topology: bool = True, attribute_fix: bool = True) -> None:
         """Initialise libpmix as this process's server.
 
         A private directory is created inside ``tmpdir`` (default: the system
@@ -242,7 +242,8 @@ class PmixServer:
             if share_topology:
                 open_topology(self.tmpdir)
             from . import queries
-            self.attribute_fix = queries.start(self)   # installed, not needed, or why not
+            # installed, not needed, off, or why not
+            self.attribute_fix = queries.start(self, attribute_fix)
         except BaseException:
             self._running = False
             self._remove_tmpdir()

@@ -106,6 +106,7 @@ DAEMON_MESSAGES: dict[str, tuple[str, str]] = {
     "ready": ("nodes", "ready"),
     "node_holds": ("nodes", "holds"),
     "exited": ("processes", "exited"),
+    "pmix_lost": ("processes", "pmix_lost"),
     "output": ("streams", "output"),
     "stdin_ack": ("streams", "stdin_ack"),
     **{t: ("data", "daemon_request") for t in sorted(DATA_OPS)},

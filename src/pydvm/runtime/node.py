@@ -590,6 +590,9 @@ class NodeServer:
         # what it did with PMIx (None, "connected", "finalized"): one that
         # connected and never finalized ended abnormally whatever its status
         pmix = self.pmix.client_state(lp.nspace, lp.rank)
+        if pmix == "connected" and status:
+            # ended on its own because its PMIx server died? that is said first
+            self.pmix.check_server(lp.nspace)
         self._reaped(job, lp)
         if not self.uplink.closed:
             msg = {"t": "exited", "nspace": lp.nspace, "rank": lp.rank,

@@ -262,7 +262,8 @@ class Agent:
         cleanup_stale(msg["tmpdir"])
         server = PmixServer(max_value_size=int(msg["max_value_size"]), nspace=str(msg["nspace"]))
         server.start(msg["tmpdir"], asyncio.get_running_loop(), self.forward,
-                     extra_info=[(C.HOSTNAME, str(msg["host"]))], take_now=self.take_now)
+                     extra_info=[(C.HOSTNAME, str(msg["host"]))], take_now=self.take_now,
+                     attribute_fix=bool(msg.get("attribute_fix", True)))
         self.server = server
         return {"tmpdir": server.tmpdir}
 

@@ -279,7 +279,9 @@ class PmixHost:
                 server.tool_support = self.tools.wanted()
                 server.start(tmpdir, asyncio.get_running_loop(), self,
                              extra_info=[(C.HOSTNAME, self.node.name)],
-                             answer_now=self.answer_now)
+                             answer_now=self.answer_now,
+                             attribute_fix=self.node.values.get(
+                                 "pydvm_pmix_attribute_fix") != "off")
             except Exception as exc:
                 ok, what = False, f"cannot start the PMIx server: {exc}"
             else:
@@ -455,6 +457,14 @@ class PmixHost:
         if s is not None:
             s.pmix_state = "finalized"
         req.reply(Status.SUCCESS)
+
+    def check_server(self, nspace: str) -> None:
+        """A connected process of ``nspace`` failed: if the agent serving it
+        has died meanwhile, its end is handled now (``UserServers.lost``),
+        before this exit is reported, so the job ends with the reason."""
+        srv = self.local_nspaces.get(nspace)
+        if srv is not None and srv is not self.server and srv.died():
+            self.users.lost(srv, "its process ended")
 
     def client_state(self, nspace: str, rank: int) -> str | None:
         """What a local process did with PMIx before it ended (see PmixSession)."""

@@ -24,7 +24,9 @@ the very handlers of its own server (:class:`~pydvm.runtime.pmixhost.PmixHost`),
 so routing, identity and the store's rules are the same.  The node in turn
 asks the agent to register the user's namespaces and processes, pass events
 on, and hand over modex data.  The DVM owner's own jobs stay with the node's
-in-process server.
+in-process server unless ``pydvm_pmix_isolate`` is on: then the owner gets
+an agent too (running as the node does), so that a crash inside libpmix
+ends only that agent and the processes connected to it (:meth:`UserServers.lost`).
 
 Trust
 -----
@@ -34,7 +36,9 @@ the requesting process of
 an upcall must belong to a namespace the node registered with *this* agent,
 and every process an upcall names that runs on this node must too (so a
 fence, connect or group between two users' jobs on one node is refused
-``PMIX_ERR_NO_PERMISSIONS``).  Identity stays the registered one: the
+``PMIX_ERR_NO_PERMISSIONS``).  A direct-modex upcall names the process whose
+data is wanted, never the asker: a process elsewhere, or of this user's jobs
+here.  Identity stays the registered one: the
 session of ``(nspace, rank)``, with the uid/gid of the job's owner.
 
 Wire
@@ -284,7 +288,8 @@ class UserServer:
     # -- lifecycle -------------------------------------------------------
 
     async def start(self, base: str, nspace: str, hostname: str, max_value_size: int,
-                    switch: tuple[int, int, list[int]] | None) -> None:
+                    switch: tuple[int, int, list[int]] | None,
+                    attribute_fix: bool = True) -> None:
         """Start the agent as ``switch``'s user and its libpmix server in a
         directory of its own under ``base``.  Raises RuntimeError saying why
         it could not."""
@@ -313,8 +318,8 @@ class UserServer:
         _, self.channel = await loop.create_unix_connection(
             lambda: Channel(self._on_message, self._on_close, name=self.name), sock=ours)
         r = await self.channel.call({"t": "start", "tmpdir": d, "nspace": nspace,
-                                     "host": hostname, "max_value_size": max_value_size},
-                                    AGENT_TIMEOUT)
+                                     "host": hostname, "max_value_size": max_value_size,
+                                     "attribute_fix": attribute_fix}, AGENT_TIMEOUT)
         if r.get("status") != Status.SUCCESS:
             await self.finalize_async()
             raise RuntimeError(r.get("msg") or f"status {r.get('status')}")
@@ -352,6 +357,29 @@ class UserServer:
     @property
     def running(self) -> bool:
         return self.channel is not None and not self.channel.closed
+
+    def died(self) -> bool:
+        """The agent process has ended without being asked to."""
+        return not self.stopping and self.proc is not None and self.proc.poll() is not None
+
+    def exit_reason(self) -> str | None:
+        """How the agent process ended, in words (None: not seen ending).
+        Its socket closes as it exits, a moment before it can be reaped:
+        waited for briefly (only when an agent ended unasked)."""
+        proc = self.proc
+        if proc is None:
+            return None
+        try:
+            rc = proc.wait(0.2)
+        except subprocess.TimeoutExpired:
+            return None
+        if rc < 0:
+            import signal
+            try:
+                return f"killed by signal {signal.Signals(-rc).name}"
+            except ValueError:
+                return f"killed by signal {-rc}"
+        return f"exited with status {rc}"
 
     # -- what PmixHost calls -----------------------------------------------
 
@@ -538,7 +566,9 @@ class UserServers:
         own server (logged once)."""
         host = self.host
         if uid == os.geteuid() or not getattr(host.node, "multi_user", False):
-            return host.server
+            if host.node.values.get("pydvm_pmix_isolate") != "on":
+                return host.server
+            uid, gid = os.geteuid(), os.getegid()   # the owner's own agent
         agent = self.agents.get(uid)
         if agent is not None:
             self._keep(uid)  # busy again (before any await: the stop cannot fire now)
@@ -565,7 +595,8 @@ class UserServers:
         try:
             await agent.start(os.path.dirname(host.server.tmpdir),
                               host.server.nspace + f"-u{uid}", name, MAX_FRAME // 2,
-                              jobproc.credentials(uid, gid))
+                              None if uid == os.geteuid() else jobproc.credentials(uid, gid),
+                              host.node.values.get("pydvm_pmix_attribute_fix") != "off")
         except Exception as exc:
             if uid not in self.failed:
                 log.warning("node %s: no PMIx server of its own for uid %d (%s): its "
@@ -586,10 +617,17 @@ class UserServers:
     def may(self, agent: UserServer, req) -> str | None:
         """Why an upcall relayed by ``agent`` is not its user's to make (None: it is)."""
         local = self.host.local_nspaces
-        for who in (getattr(req, "proc", None), getattr(req, "source", None)):
+        named = list(getattr(req, "procs", None) or ())
+        askers = (getattr(req, "proc", None), getattr(req, "source", None))
+        if getattr(req, "kind", None) == "direct_modex":
+            # libpmix names the process whose data is wanted (elsewhere, or of
+            # a peer job), never the asker
+            named.append(req.proc)
+            askers = ()
+        for who in askers:
             if who is not None and local.get(who.nspace) is not agent:
                 return f"from {who}, not a process of this user's jobs on this node"
-        for p in getattr(req, "procs", None) or ():
+        for p in named:
             srv = local.get(p.nspace)
             if srv is not None and srv is not agent:
                 return f"names {p}, a process of another user's job on this node"
@@ -607,24 +645,35 @@ class UserServers:
             host.forget_foreign(ns, agent)
 
     def lost(self, agent: UserServer, reason: str) -> None:
-        """An agent ended: unless it was stopped, its processes here lost
-        their PMIx server, so they are ended (their jobs fail as with any
-        lost process)."""
+        """An agent ended: unless it was stopped, the processes here that are
+        connected to it lost their PMIx server: their jobs are ended, as a
+        lost node's are, with the reason (``pmix_lost`` to the master, which
+        kills them; ``pydvm run`` prints it), and the processes here are
+        ended at once.  Processes that never connected (or had finalized)
+        carry on; the user's next job here gets a new agent."""
         self._forget(agent)
         if agent.stopping:
             return
+        agent.stopping = True  # handled once (its socket's end may come after)
         host, node = self.host, self.host.node
-        procs = []
+        reason = agent.exit_reason() or reason
+        procs, nspaces = [], set()
         for key, s in list(host.sessions.items()):
-            if key[0] in agent.nspaces:
+            if key[0] in agent.nspaces and s.pmix_state == "connected":
                 job = node.jobs.get(key[0])
                 lp = job.procs.get(key[1]) if job is not None else None
-                if lp is not None:
+                if lp is not None and not lp.ended:
                     procs.append(lp)
+                    nspaces.add(key[0])
                 s.channel.close(f"its PMIx server ended: {reason}")
+        log.error("node %s: the PMIx server of uid %d (pid %s) ended (%s): it served %s; "
+                  "%d connected process(es) here are ended with their jobs", node.name,
+                  agent.uid, agent.proc.pid if agent.proc else "?", reason,
+                  ", ".join(sorted(agent.nspaces)) or "no job", len(procs))
+        if nspaces and not node.uplink.closed:
+            node.uplink.send({"t": "pmix_lost", "nspaces": sorted(nspaces),
+                              "why": f"its PMIx server ended on node {node.name} ({reason})"})
         if procs:
-            log.error("node %s: the PMIx server of uid %d ended (%s): ending its %d "
-                      "process(es) here", node.name, agent.uid, reason, len(procs))
             from .node import KILL_GRACE
             node._spawn(node._kill_procs(procs, KILL_GRACE))
 

@@ -605,6 +605,23 @@ class ProcessTable(NodeListener):
         failures, and the job's ``pydvm run`` reports them."""
         self._feed(core.EndRequested(nspace, tuple(ranks), why))
 
+    def pmix_lost(self, daemon: DaemonSession, msg: Message) -> None:
+        """A daemon's ``pmix_lost``: a PMIx server on its node ended unasked
+        (a crash inside libpmix, say) while processes of ``nspaces`` there
+        were connected to it.  Those jobs end as a lost node's would, ``why``
+        being what their ``pydvm run`` prints; only jobs with processes on
+        that node."""
+        nspaces, why = msg.get("nspaces"), msg.get("why")
+        if not (isinstance(nspaces, list) and isinstance(why, str)):
+            log.warning("%s: malformed pmix_lost: ignored", daemon.name)
+            return
+        for ns in nspaces:
+            job = self.jobs.get(ns) if isinstance(ns, str) else None
+            if job is None or not any(p.node == daemon.node for p in job.procs.values()):
+                continue
+            log.error("job %s: %s", ns, why[:300])
+            self.kill(ns, why[:300])
+
     def node_lost(self, name: str, reason: str) -> None:
         self._feed(core.NodeLost(name, reason))
 

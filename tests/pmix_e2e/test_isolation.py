@@ -1,0 +1,77 @@
+"""A crash inside libpmix, on purpose: with ``pydvm_pmix_isolate=on`` it ends
+the PMIx server it happened in and the processes that server served, never
+the master, a daemon, or a job that did not use that server.
+
+The crash is libpmix 4.2.0-4.2.4's own: an attribute query (``pattrs
+--host-fns``) segfaults the server's progress thread
+(src/pydvm/pmix/queries.py).  ``pydvm_pmix_attribute_fix=off`` leaves it in.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pmixkit import HEAD, NODES
+from dvmkit import LineReader, finish
+
+pytestmark = pytest.mark.pmix
+
+
+def _affected() -> bool:
+    from pydvm.pmix import _lib as L
+    from pydvm.pmix.queries import affected
+    return affected(L.parse_version(L.load().version))
+
+
+@pytest.fixture
+def pattrs():
+    import shutil
+    if shutil.which("pattrs") is None:
+        pytest.skip("pattrs (Debian's libpmix-bin) is not installed")
+    if not _affected():
+        pytest.skip("this libpmix answers attribute queries without crashing")
+
+
+@pytest.mark.parametrize("node", sorted(NODES))
+def test_a_crash_inside_libpmix_ends_its_server_and_its_clients_not_the_dvm(
+        make_pdvm, pmixcc, pattrs, node):
+    where = NODES[node]
+    d = make_pdvm(pydvm_pmix_isolate="on", pydvm_pmix_attribute_fix="off")
+    daemon_pids = dict(d.daemon_pids)
+    client = pmixcc("pmix_events")
+    # a PMIx process connected to the server that will crash, and a plain one beside it
+    served = d.run_bg("--host", where, "-n", "1", client, "sleep:600000")
+    plain = d.run_bg("--host", where, "-n", "1", "sh", "-c", "echo UP; exec sleep 600")
+    try:
+        assert LineReader(served.stdout).wait_line("INIT", timeout=60) == "INIT status=0 rank=0"
+        assert LineReader(plain.stdout).wait_line("UP", timeout=60) == "UP"
+
+        # (pattrs itself gets a garbled answer and fails a moment before the server dies)
+        crash = d.run("--host", where, "-n", "1", "pattrs", "--host-fns", timeout=60)
+        assert crash.returncode != 0
+        assert "HOST SUPPORTED FUNCTIONS:" not in crash.stderr
+
+        # the connected process went with its server, and says why
+        assert finish(served, timeout=60) != 0
+        why = served.stderr.read()
+        assert "its PMIx server ended" in why, why
+        # the plain process, the master and the daemons live on
+        assert plain.poll() is None
+        os.kill(d.pid, 0)
+        for pid in daemon_pids.values():
+            os.kill(pid, 0)
+        assert d.cmd("ps", check=True).returncode == 0
+
+        # the next PMIx job gets a new server
+        again = d.run("--host", where, "-n", "2", client, "fence", timeout=60)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert again.stdout.count("FENCE status=0") == 2
+        log = d.log(where if where != HEAD else "master")
+        assert "PMIx server of uid" in log and "ended" in log
+    finally:
+        for p in (served, plain):
+            if p.poll() is None:
+                p.terminate()
+            finish(p)
