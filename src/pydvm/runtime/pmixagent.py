@@ -160,6 +160,16 @@ class UpcallLink:
                 del self._waiting[rid]
             return False
 
+    def reserve(self, req: Any) -> int | None:
+        """An id under which ``req`` waits for the node's answer on this link
+        (one asked on the fast lane that may come here); None if closed."""
+        with self.lock:
+            if self.closed:
+                return None
+            rid = next(self._ids)
+            self._waiting[rid] = req
+            return rid
+
     def take(self, rid: Any) -> Any:
         """The upcall answered by the node's reply ``rid`` (None: no such one)."""
         try:
@@ -220,11 +230,16 @@ def give_answer(req, r: Message) -> None:
 class Agent:
     """One user's libpmix server, relaying upcalls to its node."""
 
-    def __init__(self) -> None:
+    def __init__(self, lane_fd: int | None = None) -> None:
         self.server = None
         self.channel: Channel | None = None
         self.link: UpcallLink | None = None  # once connected
         self.done: asyncio.Future | None = None
+        #: the fast lane's asking end (runtime/pmixfast.py), where the node offers one
+        self.fast = None
+        if lane_fd is not None:
+            from .pmixfast import Asker
+            self.fast = Asker(socket.socket(fileno=lane_fd))
 
     def on_message(self, ch: Channel, msg: Message) -> None:
         t = msg.get("t")
@@ -312,6 +327,9 @@ class Agent:
             m = data_request(req, 0)
             if m is not None:  # (None: a value the store cannot hold; the node refuses it)
                 del m["id"]
+                fast = self.fast
+                if fast is not None and not fast.broken:
+                    return self._ask_fast(fast, link, req, m)
                 return link.send_upcall({"t": "data", "p": [req.proc.nspace, req.proc.rank],
                                          "m": m}, req, True)
         try:
@@ -319,6 +337,24 @@ class Agent:
         except TypeError:
             return False
         return link.send_upcall(body, req, not req.reply.notification)
+
+    def _ask_fast(self, fast, link: UpcallLink, req, m: Message) -> bool:
+        """A data upcall asked on the fast lane, libpmix's thread waiting for
+        the node: answered here, or (``later``) by the node's answer on the
+        link, under the id reserved for it first."""
+        rid = link.reserve(req)
+        if rid is None:
+            return False  # the link is down: the loop refuses it
+        try:
+            r = fast.ask(rid, [req.proc.nspace, req.proc.rank], m)
+        except OSError as exc:
+            if link.take(rid) is req:
+                log.warning("fast lane to the node lost (%s): PMIX_ERR_UNREACH", exc)
+                req.reply.fail(int(Status.ERR_UNREACH))
+            return True
+        if r is not None and link.take(rid) is req:
+            answer(req, r, "pmix agent")
+        return True
 
     def forward(self, req) -> None:
         """An upcall on the loop (one :meth:`take_now` did not send): to the
@@ -356,15 +392,18 @@ class Agent:
         if self.server is not None:
             self.server.finalize()
             self.server = None
+        if self.fast is not None:
+            self.fast.close()
         self.channel.close(str(reason))
         log.debug("PMIx agent of uid %d done: %s", os.getuid(), reason)
 
 
-def run(fd: int) -> None:
-    """Run the agent on its socket pair's end ``fd`` until the node stops it."""
+def run(fd: int, lane_fd: int | None = None) -> None:
+    """Run the agent on its socket pair's end ``fd`` (and its fast lane's,
+    ``lane_fd``) until the node stops it."""
     try:
         import uvloop
     except ImportError:
-        asyncio.run(Agent().main(fd))
+        asyncio.run(Agent(lane_fd).main(fd))
     else:
-        uvloop.run(Agent().main(fd))
+        uvloop.run(Agent(lane_fd).main(fd))

@@ -601,6 +601,22 @@ class PmixHost:
             guard.post(effects)
         return r is not None
 
+    def serve_fast(self, nspace: str, rank: int, msg: Message):
+        """A data request from an agent's fast lane (runtime/pmixfast.py), on
+        the lane's thread: the store's :class:`~pydvm.store.Reply` when a
+        store here answers at once (``NodeServer.serve_now``, as
+        :meth:`answer_now`, under the store guard -- waited for: this is no
+        libpmix thread), else None having done nothing.  An unknown or
+        closed session is refused NO_PERMISSIONS."""
+        guard = self.node.guard
+        if guard is None:
+            return None
+        with guard:
+            s = self.sessions.get((nspace, rank))
+            if s is None or s.closed:
+                return _REFUSED
+            return self.node.serve_now(s, msg)
+
     def serve_relayed(self, nspace: str, rank: int, msg: Message, waiting: RelayedData):
         """A data request (:func:`~pydvm.runtime.pmixdata.relayed_request`) a
         user's agent relayed for its process ``(nspace, rank)`` -- one
