@@ -190,6 +190,23 @@ class UpcallLink:
         return waiting
 
 
+class LogToNode(logging.Handler):
+    """The agent's log records (warnings and worse) written to its node,
+    which logs them as the agent's in the node's own log: an agent has no
+    log file of its own, and its stderr is not the node's log."""
+
+    def __init__(self, link: UpcallLink) -> None:
+        super().__init__(logging.WARNING)
+        self.link = link
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.link.write(pack({"t": "log", "level": record.levelno,
+                                  "msg": record.getMessage()[:2000]}))
+        except Exception:  # never let logging break the agent
+            pass
+
+
 class LinkChannel(Channel):
     """The agent's :class:`~pydvm.wire.Channel` to its node: every frame it
     sends goes through the link's shared write (see the module docstring)."""
@@ -388,6 +405,7 @@ class Agent:
             return ch
         self.link = link
         _, self.channel = await loop.create_unix_connection(channel, sock=sock)
+        logging.getLogger("pydvm").addHandler(LogToNode(link))
         reason = await self.done
         if self.server is not None:
             self.server.finalize()

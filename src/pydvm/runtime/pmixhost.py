@@ -494,7 +494,17 @@ class PmixHost:
         tool = self.tools.event_source(req.source.nspace)
         if tool is not None:  # a tool's (pmixtools.py): the master decides where
             msg["tool_uid"], msg["source"] = tool[0], [tool[1], 0]
+        origin = getattr(req, "origin", None)
+        if origin is not None or self.users.running():
+            # libpmix delivered it to the clients of the server it came from
+            # only: this node's other servers get it back from the master
+            msg["server"] = self.server_tag(origin)
         self._ask_master(msg, answered)
+
+    def server_tag(self, server) -> str:
+        """How the master names one of this node's servers back to it: "node"
+        (the node's own) or "u<uid>" (that user's agent)."""
+        return "node" if server is None or server is self.server else f"u{server.uid}"
 
     async def deliver_event(self, msg: Message) -> int:
         """The master's ``event``: deliver it to this node's clients in range."""
@@ -504,11 +514,15 @@ class PmixHost:
         src = msg["source"]
         source = Proc(str(src[0]), int(src[1]))
         info = info_from_wire(msg.get("info") or [])
-        # every server here passes it to its own clients (libpmix filters by range)
+        # every server here passes it to its own clients (libpmix filters by
+        # range) -- but the one it came from, which has (``skip``: [node, server])
+        skip = msg.get("skip")
+        skip = skip[1] if isinstance(skip, list) and len(skip) == 2 and \
+            skip[0] == self.node.name else None
         statuses = await asyncio.gather(*[
             srv.notify_event(int(msg["code"]), source, int(msg["range"]), info,
                              timeout=EVENT_TIMEOUT)
-            for srv in (self.server, *self.users.running())])
+            for srv in (self.server, *self.users.running()) if self.server_tag(srv) != skip])
         return next((s for s in statuses if s != Status.SUCCESS), Status.SUCCESS)
 
     # -- groups --------------------------------------------------------------

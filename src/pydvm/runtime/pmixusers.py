@@ -472,6 +472,9 @@ class UserServer:
         t = msg.get("t")
         if t in ("reply", "error"):
             return  # the late answer to a call that timed out
+        if t == "log":
+            self._agent_log(msg)
+            return
         if t != "up" and t != "data":
             log.warning("%s: unexpected %r message: closing", self.name, t)
             ch.close("protocol error", error=True)
@@ -540,6 +543,18 @@ class UserServer:
         if r is not None:
             self.stats["answered_now"] += 1
             waiting.reply.relay(dataops.encode(rid, r))
+
+    def _agent_log(self, msg: Message) -> None:
+        """A log record of the agent's, logged here as its (one line, at most
+        WARNING's level and at least INFO's: the agent runs as its user, who
+        can make it say anything)."""
+        level, text = msg.get("level"), msg.get("msg")
+        if not isinstance(text, str):
+            return
+        level = level if isinstance(level, int) and not isinstance(level, bool) else 0
+        level = min(max(level, logging.INFO), logging.WARNING)
+        text = text[:2000].replace("\r", "\\r").replace("\n", "\\n")
+        log.log(level, "%s (pid %s): %s", self.name, self.proc.pid if self.proc else "?", text)
 
     def _lane_serve(self, rid: Any, p: Any, m: Any) -> Message | None:
         """A data request from the fast lane, on the lane's thread: the
