@@ -58,6 +58,7 @@ import os
 import pwd
 import select
 import socket
+import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Status
@@ -71,6 +72,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("pydvm.pmix")
 
 URI_FILE = "tool.uri"
+
+
+#: How many tools gone lately, and for how long, still own the events they sent.
+RECENT_MAX = 64
+RECENT_SECONDS = 30.0
 
 
 class ToolConn:
@@ -93,6 +99,11 @@ class ToolHost:
     def __init__(self, host: "PmixHost") -> None:
         self.host = host
         self.tools: dict[str, ToolConn] = {}
+        #: namespace -> (uid, when) of tools gone lately: an event a tool sent
+        #: just before it left (a debugger's release, then exit) may reach the
+        #: loop after its hang-up; it is still that tool's (namespaces of
+        #: tools are never reused).  At most RECENT_MAX, for RECENT_SECONDS.
+        self._recent: dict[str, tuple[int, float]] = {}
         self._by_fd: dict[int, str] = {}
         self._count = 0
         self._files: list[str] = []
@@ -251,6 +262,10 @@ class ToolHost:
         t = self.tools.pop(ns, None)
         if t is None:
             return
+        if not t.nameless:
+            self._recent[ns] = (t.uid, time.monotonic())
+            while len(self._recent) > RECENT_MAX:
+                del self._recent[next(iter(self._recent))]
         if t.fd is not None:
             self._by_fd.pop(t.fd, None)
             if self._ep is not None:
@@ -287,6 +302,9 @@ class ToolHost:
         t = self.tools.get(nspace)
         if t is not None:
             return t.uid, t.nspace
+        gone = self._recent.get(nspace)
+        if gone is not None and time.monotonic() - gone[1] < RECENT_SECONDS:
+            return gone[0], nspace
         if nspace == "":
             nameless = [t for t in self.tools.values() if t.nameless]
             if nameless and len({t.uid for t in nameless}) == 1:
