@@ -99,9 +99,17 @@ def test_an_event_a_tool_sent_just_before_it_left_is_still_that_tools(monkeypatc
     monkeypatch.setattr(pmixtools.time, "monotonic", lambda: now[0])
     host._gone("dvm-tool.3", "the tool disconnected", purge=False)
     host._gone("dvm-tool.4", "the tool disconnected", purge=False)
-    assert closed == ["the tool disconnected"] * 2
     assert host.event_source("dvm-tool.3") == (1234, "dvm-tool.3")
-    assert host.event_source("") is None and host.event_source("dvm-tool.4") is None
+    assert host.event_source("dvm-tool.4") is None
+    # a nameless event ("" is libpmix's name for such a tool): the one that
+    # just left, while no other user's did and none is connected
+    assert host.event_source("") == (1234, "dvm-tool.4")
+    host.tools["dvm-tool.5"] = ToolConn("dvm-tool.5", 77, 77, 98, "pevent", session, None, True)
+    assert host.event_source("") == (77, "dvm-tool.5")       # the connected one first
+    host._gone("dvm-tool.5", "the tool disconnected", purge=False)
+    assert host.event_source("") is None                      # two users' left: unknown
+    now[0] += pmixtools.NAMELESS_LINGER
+    assert host.event_source("") is None
     now[0] += pmixtools.RECENT_SECONDS + 1
     assert host.event_source("dvm-tool.3") is None
     for i in range(pmixtools.RECENT_MAX + 10):   # bounded
