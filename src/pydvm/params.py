@@ -200,8 +200,10 @@ REGISTRY: dict[str, Param] = {
               "a whole number from 1 to 1000000"),
         Param("pydvm_master_poll_us", _poll_us, 200.0,
               "microseconds the master keeps polling for the next request after each one "
-              "instead of sleeping (a sleeping process's wake-up costs tens of µs on a VM); "
-              "0 never; never on a one-CPU machine (0..10000)",
+              "instead of sleeping (a sleeping process's wake-up costs tens of µs on a VM), "
+              "and a PMIx server process of its own (other users', pydvm_pmix_isolate) "
+              "for the head node's answer to a data request, and the head node for that "
+              "server's next one; 0 never; never on a one-CPU machine (0..10000)",
               "microseconds: a number from 0 to 10000"),
         Param("pydvm_direct_data", _on_off, "on",
               "clients on daemon nodes send their master-store requests straight to the "

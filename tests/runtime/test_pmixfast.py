@@ -33,13 +33,15 @@ class _Node:
         self.later.append((rid, proc, req))
 
 
-def _lane(now):
+def _lane(now, spin=0):
     loop = asyncio.new_event_loop()
     node = _Node(now)
     ours, theirs = socket.socketpair()
-    lane = Lane(ours, "test lane", node.serve, node.to_loop, loop)
+    lane = Lane(ours, "test lane", node.serve, node.to_loop, loop, spin)
     lane.start()
-    return loop, node, lane, Asker(theirs)
+    asker = Asker(theirs)
+    asker.spin_ns = spin
+    return loop, node, lane, asker
 
 
 def _pump(loop):
@@ -47,14 +49,16 @@ def _pump(loop):
     loop.run_forever()
 
 
-def test_an_answer_now_comes_back_to_the_asker_with_its_id():
+@pytest.mark.parametrize("spin", [0, 200_000, 1], ids=["sleeping", "polling", "poll-then-sleep"])
+def test_an_answer_now_comes_back_to_the_asker_with_its_id(spin):
     loop, node, lane, asker = _lane(lambda rid, p, m: {"t": "reply", "id": rid, "status": 0,
-                                                        "found": [["k", "v", "ns", 0]]})
+                                                        "found": [["k", "v", "ns", 0]]}, spin)
     try:
-        r = asker.ask(7, ["ns", 0], {"t": "lookup", "keys": ["k"]})
-        assert r["status"] == 0 and r["found"] == [["k", "v", "ns", 0]]
-        assert node.served == [(7, ["ns", 0], {"t": "lookup", "keys": ["k"]})]
-        assert asker.stats == {"answered": 1, "later": 0}
+        for rid in (7, 8, 9):
+            r = asker.ask(rid, ["ns", 0], {"t": "lookup", "keys": ["k"]})
+            assert r["id"] == rid and r["status"] == 0 and r["found"] == [["k", "v", "ns", 0]]
+        assert node.served[0] == (7, ["ns", 0], {"t": "lookup", "keys": ["k"]})
+        assert asker.stats == {"answered": 3, "later": 0}
     finally:
         lane.close()
         asker.close()
@@ -134,3 +138,12 @@ def test_the_node_closes_a_lane_that_sends_nonsense(junk):
     finally:
         asker.close()
         loop.close()
+
+
+def test_no_polling_where_one_cpu_is_all_there_is(monkeypatch):
+    from pydvm.runtime import pmixfast
+    assert pmixfast.spin_ns(0) == 0
+    monkeypatch.setattr(pmixfast.os, "sched_getaffinity", lambda pid: {0})
+    assert pmixfast.spin_ns(200) == 0
+    monkeypatch.setattr(pmixfast.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert pmixfast.spin_ns(200) == 200_000

@@ -293,6 +293,10 @@ class Agent:
         from ..pmix import constants as C
         cleanup_stale(msg["tmpdir"])
         server = PmixServer(max_value_size=int(msg["max_value_size"]), nspace=str(msg["nspace"]))
+        if self.fast is not None:
+            from .pmixfast import spin_ns
+            us = msg.get("spin_us")
+            self.fast.spin_ns = spin_ns(float(us)) if isinstance(us, (int, float)) else 0
         server.start(msg["tmpdir"], asyncio.get_running_loop(), self.forward,
                      extra_info=[(C.HOSTNAME, str(msg["host"]))], take_now=self.take_now,
                      attribute_fix=bool(msg.get("attribute_fix", True)))

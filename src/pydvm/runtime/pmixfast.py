@@ -39,22 +39,36 @@ socket's ``data`` message), the node answers with the store's reply map
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
+import time
 from typing import Any, Callable
 
 #: PMIX_ERROR: a request the node failed to serve
 PMIX_ERROR = -1
+
+
+def spin_ns(microseconds: float) -> int:
+    """How long, in ns, the asker polls for the node's answer and the lane
+    for the next request after one before sleeping (``pydvm_master_poll_us``:
+    on a VM a sleeping thread's wake-up costs tens of µs, more than serving
+    the request).  0 where this process may use one CPU only."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return int(microseconds * 1000) if cpus > 1 and microseconds > 0 else 0
 from ..protocol import HEADER, MAX_FRAME, pack, unpack_body
 from ..wire import Message
 
 log = logging.getLogger("pydvm.pmix")
 
 
-def read_frame(sock: socket.socket) -> Message | None:
+def read_frame(sock: socket.socket, spin_ns: int = 0) -> Message | None:
     """One frame from blocking socket ``sock``; None at its end.  Raises
-    ValueError on a frame that is not one."""
-    head = _read(sock, HEADER.size)
+    ValueError on a frame that is not one.  ``spin_ns``: see :func:`_read`."""
+    head = _read(sock, HEADER.size, spin_ns)
     if head is None:
         return None
     (size,) = HEADER.unpack(head)
@@ -69,8 +83,22 @@ def read_frame(sock: socket.socket) -> Message | None:
         raise ValueError(f"a frame that is not one ({exc})") from None
 
 
-def _read(sock: socket.socket, n: int) -> bytes | None:
+def _read(sock: socket.socket, n: int, spin_ns: int = 0) -> bytes | None:
+    """``n`` bytes; first polled for without sleeping for up to ``spin_ns``."""
     buf = bytearray()
+    if spin_ns:
+        end = time.perf_counter_ns() + spin_ns
+        while True:
+            try:
+                chunk = sock.recv(n, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                if time.perf_counter_ns() < end:
+                    continue
+                break
+            if not chunk:
+                return None
+            buf += chunk
+            break
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))
         if not chunk:
@@ -88,6 +116,8 @@ class Asker:
         sock.setblocking(True)
         self.sock = sock
         self.broken = False
+        #: ns polled for each answer before sleeping (the node says: ``start``)
+        self.spin_ns = 0
         self.stats = {"answered": 0, "later": 0}
 
     def ask(self, rid: int, proc: list, request: Message) -> Message | None:
@@ -97,7 +127,7 @@ class Asker:
         gone or answers nonsense."""
         try:
             self.sock.sendall(pack({"t": "data", "id": rid, "p": proc, "m": request}))
-            r = read_frame(self.sock)
+            r = read_frame(self.sock, self.spin_ns)
             if r is None or r.get("id") != rid:
                 raise OSError("the node's lane closed" if r is None
                               else "the node's lane answered another request")
@@ -124,13 +154,15 @@ class Lane:
 
     ``serve(rid, proc, request)``: the answer now (a reply map), or None --
     then ``later(rid, proc, request)`` is called, on the node's loop, after
-    the ``later`` answer was written."""
+    the ``later`` answer was written.  ``spin``: ns polled for the next
+    request after each before sleeping (:func:`spin_ns`)."""
 
     def __init__(self, sock: socket.socket, name: str,
                  serve: Callable[[Any, Any, Any], Message | None],
-                 later: Callable[[Any, Any, Any], None], loop) -> None:
+                 later: Callable[[Any, Any, Any], None], loop, spin: int = 0) -> None:
         sock.setblocking(True)
         self.sock = sock
+        self.spin_ns = spin
         self.name = name
         self._serve = serve
         self._later = later
@@ -152,7 +184,7 @@ class Lane:
         try:
             while True:
                 try:
-                    msg = read_frame(self.sock)
+                    msg = read_frame(self.sock, self.spin_ns)
                 except ValueError as exc:
                     log.warning("%s: %s: lane closed", self.name, exc)
                     return

@@ -292,7 +292,7 @@ class UserServer:
 
     async def start(self, base: str, nspace: str, hostname: str, max_value_size: int,
                     switch: tuple[int, int, list[int]] | None,
-                    attribute_fix: bool = True, fast: bool = False) -> None:
+                    attribute_fix: bool = True, fast: bool = False, spin_us: float = 0) -> None:
         """Start the agent as ``switch``'s user and its libpmix server in a
         directory of its own under ``base`` (with ``fast``, and a fast lane:
         runtime/pmixfast.py).  Raises RuntimeError saying why it could not."""
@@ -331,7 +331,8 @@ class UserServer:
             lambda: Channel(self._on_message, self._on_close, name=self.name), sock=ours)
         r = await self.channel.call({"t": "start", "tmpdir": d, "nspace": nspace,
                                      "host": hostname, "max_value_size": max_value_size,
-                                     "attribute_fix": attribute_fix}, AGENT_TIMEOUT)
+                                     "attribute_fix": attribute_fix, "spin_us": spin_us},
+                                    AGENT_TIMEOUT)
         if r.get("status") != Status.SUCCESS:
             if lane_ours is not None:
                 lane_ours.close()
@@ -339,8 +340,9 @@ class UserServer:
             raise RuntimeError(r.get("msg") or f"status {r.get('status')}")
         self.tmpdir = r.get("tmpdir")
         if lane_ours is not None:
-            from .pmixfast import Lane
-            self.lane = Lane(lane_ours, self.name, self._lane_serve, self._lane_later, loop)
+            from .pmixfast import Lane, spin_ns
+            self.lane = Lane(lane_ours, self.name, self._lane_serve, self._lane_later, loop,
+                             spin_ns(spin_us))
             self.lane.start()
 
     async def finalize_async(self) -> None:
@@ -664,7 +666,8 @@ class UserServers:
                               host.server.nspace + f"-u{uid}", name, MAX_FRAME // 2,
                               None if uid == os.geteuid() else jobproc.credentials(uid, gid),
                               host.node.values.get("pydvm_pmix_attribute_fix") != "off",
-                              fast=bool(getattr(host.node.router, "answers_now", False)))
+                              fast=bool(getattr(host.node.router, "answers_now", False)),
+                              spin_us=float(host.node.values.get("pydvm_master_poll_us", 0)))
         except Exception as exc:
             if uid not in self.failed:
                 log.warning("node %s: no PMIx server of its own for uid %d (%s): its "
