@@ -180,7 +180,7 @@ REGISTRY: dict[str, Param] = {
         Param("pydvm_pmix_user_idle", _nonneg_float, 60.0,
               "multi-user DVMs: seconds a user's own PMIx server stays on a node after that "
               "user's last PMIx job there ended; 0 keeps it until the DVM stops", SECONDS),
-        Param("pydvm_pmix_isolate", _on_off, "off",
+        Param("pydvm_pmix_isolate", _on_off, "on",
               "'on': the DVM owner's PMIx/MPI jobs get a PMIx server in a process of its own "
               "on each node too, as other users' always do, so a crash or hang inside "
               "libpmix ends only that server and the processes it served, never the node "

@@ -307,14 +307,22 @@ class PmixHost:
             guard = self.node.guard
             if guard is not None and guard.check:
                 # what a test running with PYDVM_CHECK_STORES reads back
-                st = self.server.stats
+                # (the node's own server's requests, and its server processes')
+                stats = [self.server.stats, *(a.stats for a in self.users.running())]
                 log.warning("node %s: store checks: %d sections checked, %d broken; pmix: "
-                            "%d requests, %d answered on libpmix's thread, %d found the "
-                            "guard held", self.node.name, guard.checked, guard.broken,
-                            st["requests"], st["answered_now"], guard.busy)
+                            "%d requests, %d answered at once, %d found the guard held",
+                            self.node.name, guard.checked, guard.broken,
+                            sum(st["requests"] for st in stats),
+                            sum(st["answered_now"] for st in stats), guard.busy)
             self.server.finalize()
             self.server = None
         self.users.stop()
+
+    def prestart_owner(self) -> None:
+        """With ``pydvm_pmix_isolate`` on, the DVM owner's PMIx server process
+        starts with the node (not with its first job) and stays."""
+        if self.server is not None and self.node.values.get("pydvm_pmix_isolate") == "on":
+            self.node._spawn(self.users.server_for(os.geteuid(), os.getegid()))
 
     # ------------------------------------------------------------------
     # jobs and processes

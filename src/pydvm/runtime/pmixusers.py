@@ -761,8 +761,8 @@ class UserServers:
         """Arm the stop of ``agent`` if no job of its user runs here any more."""
         idle = float(self.host.node.values.get("pydvm_pmix_user_idle", 0) or 0)
         if (idle <= 0 or self.agents.get(agent.uid) is not agent or agent.uid in self._idle
-                or self._busy(agent)):
-            return
+                or self._busy(agent) or agent.uid == os.geteuid()):
+            return  # (the owner's, with pydvm_pmix_isolate, stays with the node)
         self._idle[agent.uid] = asyncio.get_running_loop().call_later(idle, self._retire, agent)
 
     def _retire(self, agent: UserServer) -> None:
