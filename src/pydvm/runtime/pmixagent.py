@@ -19,7 +19,11 @@ answer at once.  Every other upcall crosses as the tagged request of
 :func:`~pydvm.runtime.pmixusers.encode_request` (``{"t": "up"}``), answered
 with the reply call's arguments.  All of them go through the one socket in
 the order libpmix made them, so a process's requests reach the node in
-order.  An upcall that cannot be sent from libpmix's thread (the link is
+order -- except where the node offers a fast lane (the head node:
+:mod:`pydvm.runtime.pmixfast`): there a publish, lookup or unpublish is
+asked on the lane while libpmix's thread waits, so it still comes after
+everything the process sent before it, and is answered before the process
+can send the next one.  An upcall that cannot be sent from libpmix's thread (the link is
 down, a value the codec cannot carry) goes to the loop, which refuses it.
 
 The agent runs on uvloop when it is installed: asyncio's own loop reads

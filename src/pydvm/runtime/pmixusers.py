@@ -23,10 +23,11 @@ every upcall to the node server over a socket pair; the node serves it with
 the very handlers of its own server (:class:`~pydvm.runtime.pmixhost.PmixHost`),
 so routing, identity and the store's rules are the same.  The node in turn
 asks the agent to register the user's namespaces and processes, pass events
-on, and hand over modex data.  The DVM owner's own jobs stay with the node's
-in-process server unless ``pydvm_pmix_isolate`` is on: then the owner gets
-an agent too (running as the node does), so that a crash inside libpmix
-ends only that agent and the processes connected to it (:meth:`UserServers.lost`).
+on, and hand over modex data.  With ``pydvm_pmix_isolate`` on (the default)
+the DVM owner gets an agent too (running as the node does, started with the
+node and kept), so that a crash inside libpmix ends only that agent and the
+processes connected to it (:meth:`UserServers.lost`), never the node or the
+master; off, the owner's jobs use the node's in-process server.
 
 Trust
 -----
@@ -370,11 +371,20 @@ class UserServer:
         if self.lane is not None:
             self.lane.close()
         if self.channel is not None:
+            # at once: asyncio closes a transport's socket on the loop's next
+            # turn, and the wait below holds the loop's thread
+            try:
+                fd = self.channel.transport.get_extra_info("socket").fileno()
+                with socket.fromfd(fd, socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.shutdown(socket.SHUT_RDWR)   # (a duplicate: the socket itself ends)
+            except Exception:  # no transport, already closed
+                pass
             self.channel.close("node server stopping")
         if self.proc is not None:
             try:
                 self.proc.wait(STOP_GRACE)
             except subprocess.TimeoutExpired:
+                log.warning("%s (pid %d) did not stop: killed", self.name, self.proc.pid)
                 self.proc.kill()
                 self.proc.wait()
 
