@@ -180,12 +180,13 @@ REGISTRY: dict[str, Param] = {
         Param("pydvm_pmix_user_idle", _nonneg_float, 60.0,
               "multi-user DVMs: seconds a user's own PMIx server stays on a node after that "
               "user's last PMIx job there ended; 0 keeps it until the DVM stops", SECONDS),
-        Param("pydvm_pmix_isolate", _on_off, "on",
+        Param("pydvm_pmix_isolate", _pmix_mode, "auto",
               "'on': the DVM owner's PMIx/MPI jobs get a PMIx server in a process of its own "
-              "on each node too, as other users' always do, so a crash or hang inside "
-              "libpmix ends only that server and the processes it served, never the node "
-              "or the master; 'off': the owner's jobs use the node process's own server",
-              "on|off"),
+              "on each node too, as other users' always do, so a crash inside libpmix ends "
+              "only that server and the processes it served, never the node or the master; "
+              "'off': the owner's jobs use the node process's own server; 'auto': on for a "
+              "DVM that 'pydvm start' starts, off for a one-shot 'pydvm run' (one job: "
+              "nothing else to protect, and no extra process to start)", "auto|on|off"),
         Param("pydvm_pmix_attribute_fix", _on_off, "on",
               "libpmix 4.2.0-4.2.4 crash on an attribute query (pattrs --host-fns); 'on' "
               "answers those queries before libpmix can; 'off' leaves the crash in (to see "

@@ -321,7 +321,7 @@ class PmixHost:
     def prestart_owner(self) -> None:
         """With ``pydvm_pmix_isolate`` on, the DVM owner's PMIx server process
         starts with the node (not with its first job) and stays."""
-        if self.server is not None and self.node.values.get("pydvm_pmix_isolate") == "on":
+        if self.server is not None and self.node.values.get("pydvm_pmix_isolate") != "off":
             self.node._spawn(self.users.server_for(os.geteuid(), os.getegid()))
 
     # ------------------------------------------------------------------

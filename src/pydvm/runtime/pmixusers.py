@@ -23,7 +23,8 @@ every upcall to the node server over a socket pair; the node serves it with
 the very handlers of its own server (:class:`~pydvm.runtime.pmixhost.PmixHost`),
 so routing, identity and the store's rules are the same.  The node in turn
 asks the agent to register the user's namespaces and processes, pass events
-on, and hand over modex data.  With ``pydvm_pmix_isolate`` on (the default)
+on, and hand over modex data.  With ``pydvm_pmix_isolate`` on (``auto``,
+the default, is on for a DVM ``pydvm start`` starts)
 the DVM owner gets an agent too (running as the node does, started with the
 node and kept), so that a crash inside libpmix ends only that agent and the
 processes connected to it (:meth:`UserServers.lost`), never the node or the
@@ -645,7 +646,7 @@ class UserServers:
         own server (logged once)."""
         host = self.host
         if uid == os.geteuid() or not getattr(host.node, "multi_user", False):
-            if host.node.values.get("pydvm_pmix_isolate") != "on":
+            if host.node.values.get("pydvm_pmix_isolate") == "off":
                 return host.server
             uid, gid = os.geteuid(), os.getegid()   # the owner's own agent
         agent = self.agents.get(uid)
