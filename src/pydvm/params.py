@@ -180,12 +180,13 @@ REGISTRY: dict[str, Param] = {
         Param("pydvm_pmix_user_idle", _nonneg_float, 60.0,
               "multi-user DVMs: seconds a user's own PMIx server stays on a node after that "
               "user's last PMIx job there ended; 0 keeps it until the DVM stops", SECONDS),
-        Param("pydvm_pmix_isolate", _on_off, "off",
+        Param("pydvm_pmix_isolate", _pmix_mode, "auto",
               "'on': the DVM owner's PMIx/MPI jobs get a PMIx server in a process of its own "
-              "on each node too, as other users' always do, so a crash or hang inside "
-              "libpmix ends only that server and the processes it served, never the node "
-              "or the master; 'off': the owner's jobs use the node process's own server",
-              "on|off"),
+              "on each node too, as other users' always do, so a crash inside libpmix ends "
+              "only that server and the processes it served, never the node or the master; "
+              "'off': the owner's jobs use the node process's own server; 'auto': on for a "
+              "DVM that 'pydvm start' starts, off for a one-shot 'pydvm run' (one job: "
+              "nothing else to protect, and no extra process to start)", "auto|on|off"),
         Param("pydvm_pmix_attribute_fix", _on_off, "on",
               "libpmix 4.2.0-4.2.4 crash on an attribute query (pattrs --host-fns); 'on' "
               "answers those queries before libpmix can; 'off' leaves the crash in (to see "
@@ -200,8 +201,10 @@ REGISTRY: dict[str, Param] = {
               "a whole number from 1 to 1000000"),
         Param("pydvm_master_poll_us", _poll_us, 200.0,
               "microseconds the master keeps polling for the next request after each one "
-              "instead of sleeping (a sleeping process's wake-up costs tens of µs on a VM); "
-              "0 never; never on a one-CPU machine (0..10000)",
+              "instead of sleeping (a sleeping process's wake-up costs tens of µs on a VM), "
+              "and a PMIx server process of its own (other users', pydvm_pmix_isolate) "
+              "for the head node's answer to a data request, and the head node for that "
+              "server's next one; 0 never; never on a one-CPU machine (0..10000)",
               "microseconds: a number from 0 to 10000"),
         Param("pydvm_direct_data", _on_off, "on",
               "clients on daemon nodes send their master-store requests straight to the "

@@ -79,3 +79,40 @@ def test_a_refusal_cuts_the_connection_and_never_calls_libpmix_back():
         pass
     assert reply(C.SUCCESS) is False                # answered once
     cli.close()
+
+
+def test_an_event_a_tool_sent_just_before_it_left_is_still_that_tools(monkeypatch):
+    """A debugger sends its release and exits at once: the event's upcall can
+    reach the loop after the tool's hang-up was seen.  It is still that tool's
+    (uid and namespace) for a while; a nameless tool's never (ambiguous)."""
+    from types import SimpleNamespace
+
+    from pydvm.runtime import pmixtools
+    from pydvm.runtime.pmixtools import ToolConn, ToolHost
+
+    closed = []
+    session = SimpleNamespace(channel=SimpleNamespace(close=closed.append))
+    host = ToolHost(SimpleNamespace(node=SimpleNamespace(name="n0")))
+    for ns, nameless in (("dvm-tool.3", False), ("dvm-tool.4", True)):
+        host.tools[ns] = ToolConn(ns, 1234, 1234, 99, "pevent", session, None, nameless)
+    now = [1000.0]
+    monkeypatch.setattr(pmixtools.time, "monotonic", lambda: now[0])
+    host._gone("dvm-tool.3", "the tool disconnected", purge=False)
+    host._gone("dvm-tool.4", "the tool disconnected", purge=False)
+    assert host.event_source("dvm-tool.3") == (1234, "dvm-tool.3")
+    assert host.event_source("dvm-tool.4") is None
+    # a nameless event ("" is libpmix's name for such a tool): the one that
+    # just left, while no other user's did and none is connected
+    assert host.event_source("") == (1234, "dvm-tool.4")
+    host.tools["dvm-tool.5"] = ToolConn("dvm-tool.5", 77, 77, 98, "pevent", session, None, True)
+    assert host.event_source("") == (77, "dvm-tool.5")       # the connected one first
+    host._gone("dvm-tool.5", "the tool disconnected", purge=False)
+    assert host.event_source("") is None                      # two users' left: unknown
+    now[0] += pmixtools.NAMELESS_LINGER
+    assert host.event_source("") is None
+    now[0] += pmixtools.RECENT_SECONDS + 1
+    assert host.event_source("dvm-tool.3") is None
+    for i in range(pmixtools.RECENT_MAX + 10):   # bounded
+        host.tools[f"t.{i}"] = ToolConn(f"t.{i}", 1, 1, 1, "x", session, None)
+        host._gone(f"t.{i}", "gone", purge=False)
+    assert len(host._recent) == pmixtools.RECENT_MAX

@@ -137,7 +137,7 @@ def test_threads_of_pmix_clients_on_two_nodes_with_jobs_ending_meanwhile(
         assert "called again" not in text and "dropped without an answer" not in text
     logs = "".join(d.log(p.stem) for p in d.log_dir.glob("*.log"))
     summaries = re.findall(r"node (\S+): store checks: (\d+) sections checked, (\d+) broken; "
-                           r"pmix: (\d+) requests, (\d+) answered on libpmix's thread", logs)
+                           r"pmix: (\d+) requests, (\d+) answered at once", logs)
     by_node = {n: tuple(int(x) for x in rest) for n, *rest in summaries}
     assert set(by_node) == {HEAD, FAR}, logs[-4000:]
     for node, (checked, broken, requests, now) in by_node.items():

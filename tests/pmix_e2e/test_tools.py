@@ -228,6 +228,37 @@ def test_pevent_reaches_the_processes_that_registered(tdvm, pmixcc):
     assert all(re.fullmatch(r"pydvm-\w+-tool\.\d+", s) for _, s in got), got
 
 
+def test_pevent_reaches_processes_served_by_a_pmix_server_of_their_own(libpmix, pmixcc):
+    """With ``pydvm_pmix_isolate=on`` the job's processes on the head node are
+    served by a server process of their own, not by the head node's server
+    the tool attached to (whose libpmix delivers only to its own clients):
+    the master passes the event back to the origin node's other servers."""
+    d, base = _private_dvm(pydvm_pmix_isolate="on")
+    try:
+        exe = pmixcc("pmix_events")
+        code = -20000 - int(uuid.uuid4().int % 5000)
+        job = d.run_bg("--tag-output", "--host", f"{HEAD},{FAR}", "-n", "2", "--map-by",
+                       "node", exe, f"register:{code}", "fence", "wait:1:60000")
+        reader = LineReader(job.stdout)
+        try:
+            wait_for(lambda: sum("FENCE status=0" in ln for ln in reader.lines) == 2,
+                     timeout=60, what="both ranks registered")
+            p = run_tool(d, "pevent", "--event", str(code), "--range", "5",
+                         env=tool_env(d, TMPDIR=pmix_dir(d)))
+            assert p.returncode == 0, p.stderr
+            assert finish(job) == 0
+        finally:
+            if job.poll() is None:
+                job.terminate()
+                finish(job)
+        out = "\n".join(reader.lines)
+        got = re.findall(rf"^\[\S+,(\d)\] EVENT code={code} source=\S+:0 ", out, re.M)
+        assert sorted(got) == ["0", "1"], out      # each rank once, the head node's too
+    finally:
+        d.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a tool as another uid")
 def test_a_tool_of_another_uid_claiming_one_or_naming_a_process_is_refused(tdvm, pmixcc,
                                                                            sleeper):

@@ -282,3 +282,16 @@ def test_a_malformed_relayed_data_request_is_refused_bad_param_and_the_agent_kep
     assert host.asked == [] and a.stats["refused"] == 1 and not a.channel.closed
     if isinstance(msg["id"], int) and not isinstance(msg["id"], bool):
         assert a.channel.sent[-1]["fail"] == Status.ERR_BAD_PARAM
+
+
+def test_an_agents_log_record_is_logged_by_the_node_on_one_line_at_a_bounded_level(caplog):
+    import logging
+    a = _agent(lambda req: None)
+    with caplog.at_level(logging.DEBUG, logger="pydvm.pmix"):
+        a._on_message(a.channel, {"t": "log", "level": 50, "msg": "boom\nnode n1: forged"})
+        a._on_message(a.channel, {"t": "log", "level": 1, "msg": "quiet"})
+        a._on_message(a.channel, {"t": "log", "level": 30, "msg": ["not", "text"]})
+    recs = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert [lv for lv, _ in recs] == [logging.WARNING, logging.INFO]
+    assert recs[0][1].endswith(": boom\\nnode n1: forged") and "\n" not in recs[0][1]
+    assert not a.channel.closed

@@ -186,6 +186,11 @@ async def _one_shot(opts: dict, resolved) -> int:
         hosts, launcher = _one_shot_hosts(named, os.environ)
     except ValueError as exc:
         return fail(str(exc), 2)
+    if resolved["pydvm_pmix_isolate"].value == "auto":
+        # one job: no other job or later one to protect from a libpmix crash,
+        # and no server process to start (docs/pmix.md, "Isolation")
+        from ..params import Resolved
+        resolved = {**resolved, "pydvm_pmix_isolate": Resolved("off", "one-shot")}
     master = Master(hosts, launcher, resolved, bind=_bind(None, launcher))
     try:
         uri = await master.start()

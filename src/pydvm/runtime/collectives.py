@@ -270,7 +270,7 @@ class Collectives(ProcessListener, NodeListener):
             # users' jobs run too, only its user's processes (a custom range)
             uid = int(tool_uid)
             debugging.released_by_event(self._processes.jobs, code, rng, info, uid)
-            nodes = self._tool_event_nodes(uid, rng) - {daemon.node}
+            nodes, skip = self._beyond_origin(daemon, msg, self._tool_event_nodes(uid, rng))
             mine = [j.nspace for j in self._processes.jobs.values()
                     if not j.done and (uid == 0 or j.uid is None or j.uid == uid)]
             if nodes and any(not j.done and j.nspace not in mine
@@ -279,7 +279,7 @@ class Collectives(ProcessListener, NodeListener):
                 info = [i for i in info if i[0] != PC.EVENT_CUSTOM_RANGE] + [
                     [PC.EVENT_CUSTOM_RANGE, PC.DATA_ARRAY,
                      [PC.PROC, [[n, RANK_WILDCARD] for n in mine]]]]
-            await self._nodes.deliver_event(nodes, code, (ns, rank), rng, info)
+            await self._nodes.deliver_event(nodes, code, (ns, rank), rng, info, skip)
             daemon.send(reply(rid, Status.SUCCESS))
             return
         if code == PC.READY_FOR_DEBUG:
@@ -298,9 +298,24 @@ class Collectives(ProcessListener, NodeListener):
         src_uid = self._processes.jobs[ns].uid
         debugging.released_by_event(self._processes.jobs, code, rng, info,
                                     0 if src_uid is None else src_uid)
-        nodes = self._event_nodes(self._processes.jobs[ns], rng, info) - {daemon.node}
-        await self._nodes.deliver_event(nodes, code, (ns, rank), rng, info)
+        nodes, skip = self._beyond_origin(daemon, msg,
+                                          self._event_nodes(self._processes.jobs[ns], rng, info))
+        await self._nodes.deliver_event(nodes, code, (ns, rank), rng, info, skip)
         daemon.send(reply(rid, Status.SUCCESS))
+
+    @staticmethod
+    def _beyond_origin(daemon: DaemonSession, msg: Message, nodes: set[str]
+                       ) -> tuple[set[str], tuple[str, str] | None]:
+        """Where an event from ``daemon``'s node goes, of ``nodes`` in its
+        range: libpmix has delivered it to the clients of the server it came
+        from; the origin node stays a target only if it has other servers
+        (``server`` names the origin's: PMIx agents, runtime/pmixusers.py),
+        which then skips that one."""
+        origin = msg.get("server")
+        if isinstance(origin, str) and (daemon.node in nodes
+                                        or msg.get("range") == PC.RANGE_LOCAL):
+            return nodes | {daemon.node}, (daemon.node, origin)
+        return nodes - {daemon.node}, None
 
     def _tool_event_nodes(self, uid: int, rng: int) -> set[str]:
         """Where a tool's event goes: the nodes of its user's running jobs

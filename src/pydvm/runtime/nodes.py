@@ -455,16 +455,19 @@ class NodeTable:
         return [(n.name, r) for n, r in zip(targets, replies)]
 
     async def deliver_event(self, nodes: set[str], code: int, source: tuple[str, int],
-                            rng: int, info: list) -> bool:
+                            rng: int, info: list, skip: tuple[str, str] | None = None) -> bool:
         """Deliver a PMIx event through the PMIx servers of ``nodes`` (those
         hosting PMIx), each to its clients in range; returns once each has
         passed it on, or after :data:`EVENT_GRACE` x 2 at most.  False when
-        none of ``nodes`` hosts PMIx."""
+        none of ``nodes`` hosts PMIx.  ``skip``: (node, server) -- the server
+        of that node that has delivered it already (the event's origin)."""
         targets = self.hosting_pmix(nodes)
         if not targets:
             return False
         msg = {"t": "event", "code": code, "source": list(source), "range": rng,
                "info": info}
+        if skip is not None:
+            msg["skip"] = list(skip)
         try:
             await asyncio.wait_for(self.broadcast(msg, targets, what="event"), 2 * EVENT_GRACE)
         except asyncio.TimeoutError:

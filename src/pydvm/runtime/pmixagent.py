@@ -19,7 +19,11 @@ answer at once.  Every other upcall crosses as the tagged request of
 :func:`~pydvm.runtime.pmixusers.encode_request` (``{"t": "up"}``), answered
 with the reply call's arguments.  All of them go through the one socket in
 the order libpmix made them, so a process's requests reach the node in
-order.  An upcall that cannot be sent from libpmix's thread (the link is
+order -- except where the node offers a fast lane (the head node:
+:mod:`pydvm.runtime.pmixfast`): there a publish, lookup or unpublish is
+asked on the lane while libpmix's thread waits, so it still comes after
+everything the process sent before it, and is answered before the process
+can send the next one.  An upcall that cannot be sent from libpmix's thread (the link is
 down, a value the codec cannot carry) goes to the loop, which refuses it.
 
 The agent runs on uvloop when it is installed: asyncio's own loop reads
@@ -160,6 +164,16 @@ class UpcallLink:
                 del self._waiting[rid]
             return False
 
+    def reserve(self, req: Any) -> int | None:
+        """An id under which ``req`` waits for the node's answer on this link
+        (one asked on the fast lane that may come here); None if closed."""
+        with self.lock:
+            if self.closed:
+                return None
+            rid = next(self._ids)
+            self._waiting[rid] = req
+            return rid
+
     def take(self, rid: Any) -> Any:
         """The upcall answered by the node's reply ``rid`` (None: no such one)."""
         try:
@@ -178,6 +192,23 @@ class UpcallLink:
             waiting = list(self._waiting.values())
             self._waiting.clear()
         return waiting
+
+
+class LogToNode(logging.Handler):
+    """The agent's log records (warnings and worse) written to its node,
+    which logs them as the agent's in the node's own log: an agent has no
+    log file of its own, and its stderr is not the node's log."""
+
+    def __init__(self, link: UpcallLink) -> None:
+        super().__init__(logging.WARNING)
+        self.link = link
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.link.write(pack({"t": "log", "level": record.levelno,
+                                  "msg": record.getMessage()[:2000]}))
+        except Exception:  # never let logging break the agent
+            pass
 
 
 class LinkChannel(Channel):
@@ -220,11 +251,16 @@ def give_answer(req, r: Message) -> None:
 class Agent:
     """One user's libpmix server, relaying upcalls to its node."""
 
-    def __init__(self) -> None:
+    def __init__(self, lane_fd: int | None = None) -> None:
         self.server = None
         self.channel: Channel | None = None
         self.link: UpcallLink | None = None  # once connected
         self.done: asyncio.Future | None = None
+        #: the fast lane's asking end (runtime/pmixfast.py), where the node offers one
+        self.fast = None
+        if lane_fd is not None:
+            from .pmixfast import Asker
+            self.fast = Asker(socket.socket(fileno=lane_fd))
 
     def on_message(self, ch: Channel, msg: Message) -> None:
         t = msg.get("t")
@@ -261,6 +297,10 @@ class Agent:
         from ..pmix import constants as C
         cleanup_stale(msg["tmpdir"])
         server = PmixServer(max_value_size=int(msg["max_value_size"]), nspace=str(msg["nspace"]))
+        if self.fast is not None:
+            from .pmixfast import spin_ns
+            us = msg.get("spin_us")
+            self.fast.spin_ns = spin_ns(float(us)) if isinstance(us, (int, float)) else 0
         server.start(msg["tmpdir"], asyncio.get_running_loop(), self.forward,
                      extra_info=[(C.HOSTNAME, str(msg["host"]))], take_now=self.take_now,
                      attribute_fix=bool(msg.get("attribute_fix", True)))
@@ -312,6 +352,9 @@ class Agent:
             m = data_request(req, 0)
             if m is not None:  # (None: a value the store cannot hold; the node refuses it)
                 del m["id"]
+                fast = self.fast
+                if fast is not None and not fast.broken:
+                    return self._ask_fast(fast, link, req, m)
                 return link.send_upcall({"t": "data", "p": [req.proc.nspace, req.proc.rank],
                                          "m": m}, req, True)
         try:
@@ -319,6 +362,24 @@ class Agent:
         except TypeError:
             return False
         return link.send_upcall(body, req, not req.reply.notification)
+
+    def _ask_fast(self, fast, link: UpcallLink, req, m: Message) -> bool:
+        """A data upcall asked on the fast lane, libpmix's thread waiting for
+        the node: answered here, or (``later``) by the node's answer on the
+        link, under the id reserved for it first."""
+        rid = link.reserve(req)
+        if rid is None:
+            return False  # the link is down: the loop refuses it
+        try:
+            r = fast.ask(rid, [req.proc.nspace, req.proc.rank], m)
+        except OSError as exc:
+            if link.take(rid) is req:
+                log.warning("fast lane to the node lost (%s): PMIX_ERR_UNREACH", exc)
+                req.reply.fail(int(Status.ERR_UNREACH))
+            return True
+        if r is not None and link.take(rid) is req:
+            answer(req, r, "pmix agent")
+        return True
 
     def forward(self, req) -> None:
         """An upcall on the loop (one :meth:`take_now` did not send): to the
@@ -352,19 +413,23 @@ class Agent:
             return ch
         self.link = link
         _, self.channel = await loop.create_unix_connection(channel, sock=sock)
+        logging.getLogger("pydvm").addHandler(LogToNode(link))
         reason = await self.done
         if self.server is not None:
             self.server.finalize()
             self.server = None
+        if self.fast is not None:
+            self.fast.close()
         self.channel.close(str(reason))
         log.debug("PMIx agent of uid %d done: %s", os.getuid(), reason)
 
 
-def run(fd: int) -> None:
-    """Run the agent on its socket pair's end ``fd`` until the node stops it."""
+def run(fd: int, lane_fd: int | None = None) -> None:
+    """Run the agent on its socket pair's end ``fd`` (and its fast lane's,
+    ``lane_fd``) until the node stops it."""
     try:
         import uvloop
     except ImportError:
-        asyncio.run(Agent().main(fd))
+        asyncio.run(Agent(lane_fd).main(fd))
     else:
-        uvloop.run(Agent().main(fd))
+        uvloop.run(Agent(lane_fd).main(fd))

@@ -307,14 +307,22 @@ class PmixHost:
             guard = self.node.guard
             if guard is not None and guard.check:
                 # what a test running with PYDVM_CHECK_STORES reads back
-                st = self.server.stats
+                # (the node's own server's requests, and its server processes')
+                stats = [self.server.stats, *(a.stats for a in self.users.running())]
                 log.warning("node %s: store checks: %d sections checked, %d broken; pmix: "
-                            "%d requests, %d answered on libpmix's thread, %d found the "
-                            "guard held", self.node.name, guard.checked, guard.broken,
-                            st["requests"], st["answered_now"], guard.busy)
+                            "%d requests, %d answered at once, %d found the guard held",
+                            self.node.name, guard.checked, guard.broken,
+                            sum(st["requests"] for st in stats),
+                            sum(st["answered_now"] for st in stats), guard.busy)
             self.server.finalize()
             self.server = None
         self.users.stop()
+
+    def prestart_owner(self) -> None:
+        """With ``pydvm_pmix_isolate`` on, the DVM owner's PMIx server process
+        starts with the node (not with its first job) and stays."""
+        if self.server is not None and self.node.values.get("pydvm_pmix_isolate") != "off":
+            self.node._spawn(self.users.server_for(os.geteuid(), os.getegid()))
 
     # ------------------------------------------------------------------
     # jobs and processes
@@ -494,7 +502,17 @@ class PmixHost:
         tool = self.tools.event_source(req.source.nspace)
         if tool is not None:  # a tool's (pmixtools.py): the master decides where
             msg["tool_uid"], msg["source"] = tool[0], [tool[1], 0]
+        origin = getattr(req, "origin", None)
+        if origin is not None or self.users.running():
+            # libpmix delivered it to the clients of the server it came from
+            # only: this node's other servers get it back from the master
+            msg["server"] = self.server_tag(origin)
         self._ask_master(msg, answered)
+
+    def server_tag(self, server) -> str:
+        """How the master names one of this node's servers back to it: "node"
+        (the node's own) or "u<uid>" (that user's agent)."""
+        return "node" if server is None or server is self.server else f"u{server.uid}"
 
     async def deliver_event(self, msg: Message) -> int:
         """The master's ``event``: deliver it to this node's clients in range."""
@@ -504,11 +522,15 @@ class PmixHost:
         src = msg["source"]
         source = Proc(str(src[0]), int(src[1]))
         info = info_from_wire(msg.get("info") or [])
-        # every server here passes it to its own clients (libpmix filters by range)
+        # every server here passes it to its own clients (libpmix filters by
+        # range) -- but the one it came from, which has (``skip``: [node, server])
+        skip = msg.get("skip")
+        skip = skip[1] if isinstance(skip, list) and len(skip) == 2 and \
+            skip[0] == self.node.name else None
         statuses = await asyncio.gather(*[
             srv.notify_event(int(msg["code"]), source, int(msg["range"]), info,
                              timeout=EVENT_TIMEOUT)
-            for srv in (self.server, *self.users.running())])
+            for srv in (self.server, *self.users.running()) if self.server_tag(srv) != skip])
         return next((s for s in statuses if s != Status.SUCCESS), Status.SUCCESS)
 
     # -- groups --------------------------------------------------------------
@@ -600,6 +622,22 @@ class PmixHost:
         if effects:
             guard.post(effects)
         return r is not None
+
+    def serve_fast(self, nspace: str, rank: int, msg: Message):
+        """A data request from an agent's fast lane (runtime/pmixfast.py), on
+        the lane's thread: the store's :class:`~pydvm.store.Reply` when a
+        store here answers at once (``NodeServer.serve_now``, as
+        :meth:`answer_now`, under the store guard -- waited for: this is no
+        libpmix thread), else None having done nothing.  An unknown or
+        closed session is refused NO_PERMISSIONS."""
+        guard = self.node.guard
+        if guard is None:
+            return None
+        with guard:
+            s = self.sessions.get((nspace, rank))
+            if s is None or s.closed:
+                return _REFUSED
+            return self.node.serve_now(s, msg)
 
     def serve_relayed(self, nspace: str, rank: int, msg: Message, waiting: RelayedData):
         """A data request (:func:`~pydvm.runtime.pmixdata.relayed_request`) a

@@ -58,6 +58,7 @@ import os
 import pwd
 import select
 import socket
+import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Status
@@ -71,6 +72,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("pydvm.pmix")
 
 URI_FILE = "tool.uri"
+
+
+#: How many tools gone lately, and for how long, still own the events they sent.
+RECENT_MAX = 64
+RECENT_SECONDS = 30.0
+#: Seconds a nameless tool gone still owns a nameless event (when no other
+#: user's nameless tool left meanwhile and none is connected).
+NAMELESS_LINGER = 1.0
 
 
 class ToolConn:
@@ -93,6 +102,13 @@ class ToolHost:
     def __init__(self, host: "PmixHost") -> None:
         self.host = host
         self.tools: dict[str, ToolConn] = {}
+        #: namespace -> (uid, when) of tools gone lately: an event a tool sent
+        #: just before it left (a debugger's release, then exit) may reach the
+        #: loop after its hang-up; it is still that tool's (namespaces of
+        #: tools are never reused).  At most RECENT_MAX, for RECENT_SECONDS.
+        self._recent: dict[str, tuple[int, float]] = {}
+        #: (uid, namespace, when) of nameless tools gone lately (NAMELESS_LINGER)
+        self._recent_nameless: list[tuple[int, str, float]] = []
         self._by_fd: dict[int, str] = {}
         self._count = 0
         self._files: list[str] = []
@@ -251,12 +267,22 @@ class ToolHost:
         t = self.tools.pop(ns, None)
         if t is None:
             return
+        # libpmix may answer a tool's last message (a debugger's release, a
+        # pevent) before it passes it up, so the tool can be gone before that
+        # upcall reaches the loop: its events stay its own a while
+        if t.nameless:
+            self._recent_nameless.append((t.uid, t.nspace, time.monotonic()))
+            del self._recent_nameless[:-RECENT_MAX]
+        else:
+            self._recent[ns] = (t.uid, time.monotonic())
+            while len(self._recent) > RECENT_MAX:
+                del self._recent[next(iter(self._recent))]
         if t.fd is not None:
             self._by_fd.pop(t.fd, None)
             if self._ep is not None:
                 try:
                     self._ep.unregister(t.fd)
-                except OSError:
+                except (OSError, ValueError):  # (not registered any more: hung up)
                     pass
             os.close(t.fd)
             t.fd = None
@@ -287,10 +313,19 @@ class ToolHost:
         t = self.tools.get(nspace)
         if t is not None:
             return t.uid, t.nspace
+        gone = self._recent.get(nspace)
+        if gone is not None and time.monotonic() - gone[1] < RECENT_SECONDS:
+            return gone[0], nspace
         if nspace == "":
             nameless = [t for t in self.tools.values() if t.nameless]
             if nameless and len({t.uid for t in nameless}) == 1:
                 return nameless[0].uid, nameless[0].nspace
+            if not nameless:  # one that just left? only if all those were one user's
+                now = time.monotonic()
+                left = [(u, ns) for u, ns, when in self._recent_nameless
+                        if now - when < NAMELESS_LINGER]
+                if left and len({u for u, _ in left}) == 1:
+                    return left[-1]
         return None
 
     def query_uids(self) -> set[int]:

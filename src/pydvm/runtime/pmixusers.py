@@ -23,10 +23,12 @@ every upcall to the node server over a socket pair; the node serves it with
 the very handlers of its own server (:class:`~pydvm.runtime.pmixhost.PmixHost`),
 so routing, identity and the store's rules are the same.  The node in turn
 asks the agent to register the user's namespaces and processes, pass events
-on, and hand over modex data.  The DVM owner's own jobs stay with the node's
-in-process server unless ``pydvm_pmix_isolate`` is on: then the owner gets
-an agent too (running as the node does), so that a crash inside libpmix
-ends only that agent and the processes connected to it (:meth:`UserServers.lost`).
+on, and hand over modex data.  With ``pydvm_pmix_isolate`` on (``auto``,
+the default, is on for a DVM ``pydvm start`` starts)
+the DVM owner gets an agent too (running as the node does, started with the
+node and kept), so that a crash inside libpmix ends only that agent and the
+processes connected to it (:meth:`UserServers.lost`), never the node or the
+master; off, the owner's jobs use the node's in-process server.
 
 Trust
 -----
@@ -284,15 +286,18 @@ class UserServer:
         self._tasks: set[asyncio.Task] = set()
         self.stats = {"requests": 0, "refused": 0, "answered_now": 0, "handler_errors": 0}
         self.stopping = False
+        #: the fast lane's node end (runtime/pmixfast.py), where the node answers at once
+        self.lane = None
+        self._serve_fast = getattr(handler, "serve_fast", None)
 
     # -- lifecycle -------------------------------------------------------
 
     async def start(self, base: str, nspace: str, hostname: str, max_value_size: int,
                     switch: tuple[int, int, list[int]] | None,
-                    attribute_fix: bool = True) -> None:
+                    attribute_fix: bool = True, fast: bool = False, spin_us: float = 0) -> None:
         """Start the agent as ``switch``'s user and its libpmix server in a
-        directory of its own under ``base``.  Raises RuntimeError saying why
-        it could not."""
+        directory of its own under ``base`` (with ``fast``, and a fast lane:
+        runtime/pmixfast.py).  Raises RuntimeError saying why it could not."""
         from . import jobproc
         d = os.path.join(base, f"pmix-u{self.uid}")
         os.makedirs(d, mode=0o700, exist_ok=True)
@@ -300,34 +305,53 @@ class UserServer:
         os.chmod(d, 0o700)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         argv = [sys.executable, "-P", "-m", "pydvm.runtime.pmixusers", str(theirs.fileno())]
+        lane_ours = lane_theirs = None
+        if fast and self._serve_fast is not None:
+            lane_ours, lane_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            argv.append(str(lane_theirs.fileno()))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PMIX_", "PYDVM_"))}
         env["HOME"] = d
         kw: dict[str, Any] = {}
         if switch is not None and jobproc.setpriv_path() is None:
             kw = {"user": switch[0], "group": switch[1], "extra_groups": switch[2]}
         try:
+            fds = (theirs.fileno(),) + ((lane_theirs.fileno(),) if lane_theirs else ())
             self.proc = subprocess.Popen(jobproc.command_line(argv, switch), env=env, cwd=d,
-                                         stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                                         stdin=subprocess.DEVNULL, pass_fds=fds,
                                          start_new_session=True, close_fds=True, **kw)
         except OSError as exc:
             ours.close()
+            if lane_ours is not None:
+                lane_ours.close()
             raise RuntimeError(f"cannot start it: {exc}") from None
         finally:
             theirs.close()
+            if lane_theirs is not None:
+                lane_theirs.close()
         loop = asyncio.get_running_loop()
         _, self.channel = await loop.create_unix_connection(
             lambda: Channel(self._on_message, self._on_close, name=self.name), sock=ours)
         r = await self.channel.call({"t": "start", "tmpdir": d, "nspace": nspace,
                                      "host": hostname, "max_value_size": max_value_size,
-                                     "attribute_fix": attribute_fix}, AGENT_TIMEOUT)
+                                     "attribute_fix": attribute_fix, "spin_us": spin_us},
+                                    AGENT_TIMEOUT)
         if r.get("status") != Status.SUCCESS:
+            if lane_ours is not None:
+                lane_ours.close()
             await self.finalize_async()
             raise RuntimeError(r.get("msg") or f"status {r.get('status')}")
         self.tmpdir = r.get("tmpdir")
+        if lane_ours is not None:
+            from .pmixfast import Lane, spin_ns
+            self.lane = Lane(lane_ours, self.name, self._lane_serve, self._lane_later, loop,
+                             spin_ns(spin_us))
+            self.lane.start()
 
     async def finalize_async(self) -> None:
         """Stop the agent (its libpmix server finalises) and reap it."""
         self.stopping = True
+        if self.lane is not None:
+            self.lane.close()
         ch, proc = self.channel, self.proc
         if ch is not None and not ch.closed:
             await ch.call({"t": "stop"}, STOP_GRACE)
@@ -345,12 +369,23 @@ class UserServer:
         """Stop without waiting (the node is going): the agent finalises on
         the end of its connection, and has the death signal anyway."""
         self.stopping = True
+        if self.lane is not None:
+            self.lane.close()
         if self.channel is not None:
+            # at once: asyncio closes a transport's socket on the loop's next
+            # turn, and the wait below holds the loop's thread
+            try:
+                fd = self.channel.transport.get_extra_info("socket").fileno()
+                with socket.fromfd(fd, socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.shutdown(socket.SHUT_RDWR)   # (a duplicate: the socket itself ends)
+            except Exception:  # no transport, already closed
+                pass
             self.channel.close("node server stopping")
         if self.proc is not None:
             try:
                 self.proc.wait(STOP_GRACE)
             except subprocess.TimeoutExpired:
+                log.warning("%s (pid %d) did not stop: killed", self.name, self.proc.pid)
                 self.proc.kill()
                 self.proc.wait()
 
@@ -450,6 +485,9 @@ class UserServer:
         t = msg.get("t")
         if t in ("reply", "error"):
             return  # the late answer to a call that timed out
+        if t == "log":
+            self._agent_log(msg)
+            return
         if t != "up" and t != "data":
             log.warning("%s: unexpected %r message: closing", self.name, t)
             ch.close("protocol error", error=True)
@@ -519,6 +557,48 @@ class UserServer:
             self.stats["answered_now"] += 1
             waiting.reply.relay(dataops.encode(rid, r))
 
+    def _agent_log(self, msg: Message) -> None:
+        """A log record of the agent's, logged here as its (one line, at most
+        WARNING's level and at least INFO's: the agent runs as its user, who
+        can make it say anything)."""
+        level, text = msg.get("level"), msg.get("msg")
+        if not isinstance(text, str):
+            return
+        level = level if isinstance(level, int) and not isinstance(level, bool) else 0
+        level = min(max(level, logging.INFO), logging.WARNING)
+        text = text[:2000].replace("\r", "\\r").replace("\n", "\\n")
+        log.log(level, "%s (pid %s): %s", self.name, self.proc.pid if self.proc else "?", text)
+
+    def _lane_serve(self, rid: Any, p: Any, m: Any) -> Message | None:
+        """A data request from the fast lane, on the lane's thread: the
+        store's reply map if a store here answers it at once
+        (``PmixHost.serve_fast``), a refusal, or None (``_lane_later``)."""
+        from ..pmix import Proc
+        m = relayed_request(m)
+        if (not isinstance(rid, int) or isinstance(rid, bool) or m is None
+                or not (isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
+                        and isinstance(p[1], int) and not isinstance(p[1], bool))):
+            log.warning("%s: malformed data request on the fast lane: refused", self.name)
+            self.stats["refused"] += 1
+            return reply(rid if isinstance(rid, int) else None, Status.ERR_BAD_PARAM)
+        why = self._trusted(self, _Claim(Proc(p[0], p[1])))
+        if why:
+            log.warning("%s: %s %s: refused", self.name, m["t"], why)
+            self.stats["refused"] += 1
+            return reply(rid, Status.ERR_NO_PERMISSIONS)
+        r = self._serve_fast(p[0], p[1], m)
+        if r is None:
+            return None
+        self.stats["requests"] += 1
+        self.stats["answered_now"] += 1
+        return dataops.encode(rid, r)
+
+    def _lane_later(self, rid: Any, p: Any, m: Any) -> None:
+        """A lane request the node could not answer at once, on the loop:
+        served as the main socket's (its answer goes there)."""
+        if self.running:
+            self._on_data(rid, {"p": p, "m": m})
+
     def _on_close(self, ch: Channel, reason: str) -> None:
         if not self.stopping:
             log.warning("%s ended: %s", self.name, reason)
@@ -566,7 +646,7 @@ class UserServers:
         own server (logged once)."""
         host = self.host
         if uid == os.geteuid() or not getattr(host.node, "multi_user", False):
-            if host.node.values.get("pydvm_pmix_isolate") != "on":
+            if host.node.values.get("pydvm_pmix_isolate") == "off":
                 return host.server
             uid, gid = os.geteuid(), os.getegid()   # the owner's own agent
         agent = self.agents.get(uid)
@@ -596,7 +676,9 @@ class UserServers:
             await agent.start(os.path.dirname(host.server.tmpdir),
                               host.server.nspace + f"-u{uid}", name, MAX_FRAME // 2,
                               None if uid == os.geteuid() else jobproc.credentials(uid, gid),
-                              host.node.values.get("pydvm_pmix_attribute_fix") != "off")
+                              host.node.values.get("pydvm_pmix_attribute_fix") != "off",
+                              fast=bool(getattr(host.node.router, "answers_now", False)),
+                              spin_us=float(host.node.values.get("pydvm_master_poll_us", 0)))
         except Exception as exc:
             if uid not in self.failed:
                 log.warning("node %s: no PMIx server of its own for uid %d (%s): its "
@@ -690,8 +772,8 @@ class UserServers:
         """Arm the stop of ``agent`` if no job of its user runs here any more."""
         idle = float(self.host.node.values.get("pydvm_pmix_user_idle", 0) or 0)
         if (idle <= 0 or self.agents.get(agent.uid) is not agent or agent.uid in self._idle
-                or self._busy(agent)):
-            return
+                or self._busy(agent) or agent.uid == os.geteuid()):
+            return  # (the owner's, with pydvm_pmix_isolate, stays with the node)
         self._idle[agent.uid] = asyncio.get_running_loop().call_later(idle, self._retire, agent)
 
     def _retire(self, agent: UserServer) -> None:
@@ -711,14 +793,14 @@ class UserServers:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1 or not argv[0].isdigit():
-        print("usage: python -m pydvm.runtime.pmixusers FD (started by a pydvm node)",
+    if len(argv) not in (1, 2) or not all(a.isdigit() for a in argv):
+        print("usage: python -m pydvm.runtime.pmixusers FD [LANE_FD] (started by a pydvm node)",
               file=sys.stderr)
         return 2
     logging.basicConfig(level=os.environ.get("PYDVM_AGENT_LOG", "WARNING"),
                         format=f"pydvm pmix agent uid {os.getuid()}: %(levelname)s %(message)s")
     from .pmixagent import run
-    run(int(argv[0]))
+    run(int(argv[0]), int(argv[1]) if len(argv) > 1 else None)
     return 0
 
 
