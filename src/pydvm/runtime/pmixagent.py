@@ -164,16 +164,6 @@ class UpcallLink:
                 del self._waiting[rid]
             return False
 
-    def reserve(self, req: Any) -> int | None:
-        """An id under which ``req`` waits for the node's answer on this link
-        (one asked on the fast lane that may come here); None if closed."""
-        with self.lock:
-            if self.closed:
-                return None
-            rid = next(self._ids)
-            self._waiting[rid] = req
-            return rid
-
     def take(self, rid: Any) -> Any:
         """The upcall answered by the node's reply ``rid`` (None: no such one)."""
         try:
@@ -258,6 +248,7 @@ class Agent:
         self.done: asyncio.Future | None = None
         #: the fast lane's asking end (runtime/pmixfast.py), where the node offers one
         self.fast = None
+        self._lane_ids = itertools.count(1)
         if lane_fd is not None:
             from .pmixfast import Asker
             self.fast = Asker(socket.socket(fileno=lane_fd))
@@ -303,6 +294,7 @@ class Agent:
             self.fast.spin_ns = spin_ns(float(us)) if isinstance(us, (int, float)) else 0
         server.start(msg["tmpdir"], asyncio.get_running_loop(), self.forward,
                      extra_info=[(C.HOSTNAME, str(msg["host"]))], take_now=self.take_now,
+                     answer_now=self.answer_now if self.fast is not None else None,
                      attribute_fix=bool(msg.get("attribute_fix", True)))
         self.server = server
         return {"tmpdir": server.tmpdir}
@@ -352,9 +344,6 @@ class Agent:
             m = data_request(req, 0)
             if m is not None:  # (None: a value the store cannot hold; the node refuses it)
                 del m["id"]
-                fast = self.fast
-                if fast is not None and not fast.broken:
-                    return self._ask_fast(fast, link, req, m)
                 return link.send_upcall({"t": "data", "p": [req.proc.nspace, req.proc.rank],
                                          "m": m}, req, True)
         try:
@@ -363,22 +352,26 @@ class Agent:
             return False
         return link.send_upcall(body, req, not req.reply.notification)
 
-    def _ask_fast(self, fast, link: UpcallLink, req, m: Message) -> bool:
-        """A data upcall asked on the fast lane, libpmix's thread waiting for
-        the node: answered here, or (``later``) by the node's answer on the
-        link, under the id reserved for it first."""
-        rid = link.reserve(req)
-        if rid is None:
-            return False  # the link is down: the loop refuses it
+    def answer_now(self, req) -> bool:
+        """A publish, lookup or unpublish on libpmix's thread, inside its
+        upcall (the binding's ``answer_now``): asked on the fast lane and
+        answered here when the node answers it at once; False -- nothing
+        done -- to have it relayed as usual (:meth:`take_now`)."""
+        fast = self.fast
+        if fast is None or fast.broken or self.link is None:
+            return False
+        m = data_request(req, 0)
+        if m is None:
+            return False
+        del m["id"]
         try:
-            r = fast.ask(rid, [req.proc.nspace, req.proc.rank], m)
+            r = fast.ask(next(self._lane_ids), [req.proc.nspace, req.proc.rank], m)
         except OSError as exc:
-            if link.take(rid) is req:
-                log.warning("fast lane to the node lost (%s): PMIX_ERR_UNREACH", exc)
-                req.reply.fail(int(Status.ERR_UNREACH))
-            return True
-        if r is not None and link.take(rid) is req:
-            answer(req, r, "pmix agent")
+            log.warning("fast lane to the node lost (%s): requests go on the link", exc)
+            return False
+        if r is None:
+            return False
+        answer(req, r, "pmix agent")
         return True
 
     def forward(self, req) -> None:

@@ -19,10 +19,14 @@ the node's side a thread of its own reads the lane (:class:`Lane`), serves
 the request under the process's store guard exactly as ``answer_now`` does
 (``NodeServer.serve_now``: same routing, store rules, identity) and writes
 the answer.  A request the node cannot answer at once -- a lookup that
-would wait, one for another node, a session at its cap -- is answered
-``later``: the lane hands it to the node's loop, which serves it as a
-request from the main socket (``UserServer._on_data``) and answers it there;
-the agent registered its id for that answer before asking.
+would wait, one for another node, a session at its cap -- is declined
+(``later``), having changed nothing: the agent sends it on its main socket
+as any other (``UserServer._on_data`` serves it there).
+
+On the agent's side the lane is libpmix's ``answer_now`` hook, as the
+node's own server answers its clients: a publish or unpublish answered in
+the upcall is a status the upcall returns (no callback), a lookup's answer
+goes through libpmix's callback before the upcall returns.
 
 What libpmix's thread waits for is bounded by the node serving one request
 under the guard (the loop holds the guard only while it serves one itself);
@@ -33,7 +37,8 @@ not used again.
 Frames are the wire's (:func:`~pydvm.protocol.pack`): the agent sends
 ``{"t": "data", "id", "p": [nspace, rank], "m": request}`` (the main
 socket's ``data`` message), the node answers with the store's reply map
-(:func:`~pydvm.runtime.dataops.encode`) or ``{"id", "later": true}``.
+(:func:`~pydvm.runtime.dataops.encode`) or ``{"id", "later": true}``
+(declined).
 """
 
 from __future__ import annotations
@@ -122,9 +127,9 @@ class Asker:
 
     def ask(self, rid: int, proc: list, request: Message) -> Message | None:
         """Send data request ``request`` of process ``proc`` as ``rid``; the
-        node's answer (a reply map), or None: it comes later on the main
-        socket.  Raises OSError (and marks the lane broken) if the lane is
-        gone or answers nonsense."""
+        node's answer (a reply map), or None: declined, nothing done (the
+        request goes on the main socket).  Raises OSError (and marks the
+        lane broken) if the lane is gone or answers nonsense."""
         try:
             self.sock.sendall(pack({"t": "data", "id": rid, "p": proc, "m": request}))
             r = read_frame(self.sock, self.spin_ns)
@@ -152,21 +157,17 @@ class Lane:
     """The node's end of one agent's lane: a thread that reads its requests
     and answers each (see the module docstring).
 
-    ``serve(rid, proc, request)``: the answer now (a reply map), or None --
-    then ``later(rid, proc, request)`` is called, on the node's loop, after
-    the ``later`` answer was written.  ``spin``: ns polled for the next
-    request after each before sleeping (:func:`spin_ns`)."""
+    ``serve(rid, proc, request)``: the answer now (a reply map), or None,
+    having done nothing -- then the request is declined.  ``spin``: ns
+    polled for the next request after each before sleeping (:func:`spin_ns`)."""
 
     def __init__(self, sock: socket.socket, name: str,
-                 serve: Callable[[Any, Any, Any], Message | None],
-                 later: Callable[[Any, Any, Any], None], loop, spin: int = 0) -> None:
+                 serve: Callable[[Any, Any, Any], Message | None], spin: int = 0) -> None:
         sock.setblocking(True)
         self.sock = sock
         self.spin_ns = spin
         self.name = name
         self._serve = serve
-        self._later = later
-        self._loop = loop
         self.stats = {"answered": 0, "later": 0}
         self._thread = threading.Thread(target=self._run, name=f"lane {name}", daemon=True)
 
@@ -202,10 +203,6 @@ class Lane:
                     continue
                 self.stats["later"] += 1
                 self.sock.sendall(pack({"t": "reply", "id": rid, "later": True}))
-                try:
-                    self._loop.call_soon_threadsafe(self._later, rid, proc, request)
-                except RuntimeError:  # the loop is closed: the node is gone
-                    return
         except OSError:
             return
         finally:

@@ -343,8 +343,7 @@ class UserServer:
         self.tmpdir = r.get("tmpdir")
         if lane_ours is not None:
             from .pmixfast import Lane, spin_ns
-            self.lane = Lane(lane_ours, self.name, self._lane_serve, self._lane_later, loop,
-                             spin_ns(spin_us))
+            self.lane = Lane(lane_ours, self.name, self._lane_serve, spin_ns(spin_us))
             self.lane.start()
 
     async def finalize_async(self) -> None:
@@ -572,7 +571,8 @@ class UserServer:
     def _lane_serve(self, rid: Any, p: Any, m: Any) -> Message | None:
         """A data request from the fast lane, on the lane's thread: the
         store's reply map if a store here answers it at once
-        (``PmixHost.serve_fast``), a refusal, or None (``_lane_later``)."""
+        (``PmixHost.serve_fast``), a refusal, or None (declined: the agent
+        sends it on the main socket)."""
         from ..pmix import Proc
         m = relayed_request(m)
         if (not isinstance(rid, int) or isinstance(rid, bool) or m is None
@@ -592,12 +592,6 @@ class UserServer:
         self.stats["requests"] += 1
         self.stats["answered_now"] += 1
         return dataops.encode(rid, r)
-
-    def _lane_later(self, rid: Any, p: Any, m: Any) -> None:
-        """A lane request the node could not answer at once, on the loop:
-        served as the main socket's (its answer goes there)."""
-        if self.running:
-            self._on_data(rid, {"p": p, "m": m})
 
     def _on_close(self, ch: Channel, reason: str) -> None:
         if not self.stopping:
