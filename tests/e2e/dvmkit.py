@@ -136,7 +136,13 @@ def start_dvm(tmp: Path, hosts: str = "a,b,c", mca: dict[str, str] | None = None
     that must reach each other (a relay and its data server) share one.
     ``preexec`` runs in the ``pydvm start`` process before it starts (e.g.
     lowering a resource limit, which the master and daemons inherit).
+
+    The DVM owner's PMIx server processes (``pydvm_pmix_isolate``) are off
+    unless ``mca`` asks for them: every node would start one, and most
+    tests start many short-lived DVMs that are not about PMIx; the PMIx
+    end-to-end tests (tests/pmix_e2e) run with the default.
     """
+    mca = {"pydvm_pmix_isolate": "off", **(mca or {})}
     env = dict(os.environ)
     env["PYDVM_STATE_DIR"] = str(state_dir or tmp / "state")
     env.pop("PYDVM_URI", None)

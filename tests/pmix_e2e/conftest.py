@@ -99,7 +99,8 @@ def local_mpi(d: dvmkit.Dvm) -> dvmkit.Dvm:
 def pdvm(tmp_path_factory, libpmix):
     """One DVM for a module: the head node (this machine's name) and daemon node ``far``."""
     tmp = tmp_path_factory.mktemp("pdvm")
-    with dvmkit.start_dvm(tmp, f"{HEAD}:4,{FAR}:4", {"pydvm_pmix": "on"}) as d:
+    with dvmkit.start_dvm(tmp, f"{HEAD}:4,{FAR}:4", {"pydvm_pmix": "on",
+                                                    "pydvm_pmix_isolate": "auto"}) as d:
         local_mpi(d)
         yield d
 
@@ -108,7 +109,9 @@ def pdvm(tmp_path_factory, libpmix):
 def make_pdvm(tmp_path, libpmix):
     """Factory for DVMs with their own parameters (same two nodes); stopped at the end."""
     def start(sub, **mca) -> dvmkit.Dvm:
-        return local_mpi(dvmkit.start_dvm(sub, f"{HEAD}:4,{FAR}:4", {"pydvm_pmix": "on", **mca}))
+        return local_mpi(dvmkit.start_dvm(sub, f"{HEAD}:4,{FAR}:4",
+                                          {"pydvm_pmix": "on", "pydvm_pmix_isolate": "auto",
+                                           **mca}))
 
     with dvmkit.dvm_factory(tmp_path, start) as make:
         yield make

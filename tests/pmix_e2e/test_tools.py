@@ -43,7 +43,8 @@ def _private_dvm(**mca):
     saved = os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = tmpdir
     try:
-        d = start_dvm(Path(base), f"{HEAD}:4,{FAR}:4", {"pydvm_pmix": "on", **mca})
+        d = start_dvm(Path(base), f"{HEAD}:4,{FAR}:4",
+                      {"pydvm_pmix": "on", "pydvm_pmix_isolate": "auto", **mca})
     except BaseException:
         shutil.rmtree(base, ignore_errors=True)
         raise
