@@ -356,7 +356,10 @@ class Agent:
         """A publish, lookup or unpublish on libpmix's thread, inside its
         upcall (the binding's ``answer_now``): asked on the fast lane and
         answered here when the node answers it at once; False -- nothing
-        done -- to have it relayed as usual (:meth:`take_now`)."""
+        done -- to have it relayed as usual (:meth:`take_now`).  Unlike the
+        binding's rule for ``answer_now`` this waits, for the node to serve
+        one request under its store guard: this server's other clients (its
+        user's processes on this node) wait as long (runtime/pmixfast.py)."""
         fast = self.fast
         if fast is None or fast.broken or self.link is None:
             return False
