@@ -528,26 +528,37 @@ class UserServer:
             task.add_done_callback(lambda t: (self._tasks.discard(t),
                                               task_done(req, t, self.stats)))
 
+    def _data_claim(self, rid: Any, p: Any, m: Any, where: str):
+        """A relayed data request checked as any upcall is: ``(request, None)``
+        when well formed and this agent's user's to make, else ``(None,
+        status)`` -- refused BAD_PARAM or NO_PERMISSIONS, logged and counted."""
+        from ..pmix import Proc
+        m = relayed_request(m)
+        if (not isinstance(rid, int) or isinstance(rid, bool) or m is None
+                or not (isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
+                        and isinstance(p[1], int) and not isinstance(p[1], bool))):
+            log.warning("%s: malformed data request%s: refused", self.name, where)
+            self.stats["refused"] += 1
+            return None, Status.ERR_BAD_PARAM
+        why = self._trusted(self, _Claim(Proc(p[0], p[1])))
+        if why:
+            log.warning("%s: %s %s: refused", self.name, m["t"], why)
+            self.stats["refused"] += 1
+            return None, Status.ERR_NO_PERMISSIONS
+        return m, None
+
     def _on_data(self, rid: int | None, msg: Message) -> None:
         """A process's publish, lookup or unpublish, relayed as the store's
         request (``{"t": "data", "id", "p": [nspace, rank], "m": request}``):
         the same trust rule as any upcall, then served as that process's
         session (``PmixHost.serve_relayed``) and answered with the store's
         reply map -- at once, from this handler, when a store here can."""
-        from ..pmix import Proc
-        p, m = msg.get("p"), relayed_request(msg.get("m"))
-        if (rid is None or m is None or self._serve_relayed is None
-                or not (isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
-                        and isinstance(p[1], int) and not isinstance(p[1], bool))):
-            log.warning("%s: malformed data request: refused", self.name)
-            self.stats["refused"] += 1
-            self.answer(rid, fail=int(Status.ERR_BAD_PARAM))
-            return
-        why = self._trusted(self, _Claim(Proc(p[0], p[1])))
-        if why:
-            log.warning("%s: %s %s: refused", self.name, m["t"], why)
-            self.stats["refused"] += 1
-            self.answer(rid, fail=int(Status.ERR_NO_PERMISSIONS))
+        p = msg.get("p")
+        m, refused = self._data_claim(rid, p, msg.get("m"), "")
+        if refused is None and self._serve_relayed is None:
+            refused = Status.ERR_BAD_PARAM
+        if refused is not None:
+            self.answer(rid, fail=int(refused))
             return
         self.stats["requests"] += 1
         waiting = RelayedData(m["t"], RemoteReply(self, rid, m["t"]))
@@ -573,19 +584,9 @@ class UserServer:
         store's reply map if a store here answers it at once
         (``PmixHost.serve_fast``), a refusal, or None (declined: the agent
         sends it on the main socket)."""
-        from ..pmix import Proc
-        m = relayed_request(m)
-        if (not isinstance(rid, int) or isinstance(rid, bool) or m is None
-                or not (isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
-                        and isinstance(p[1], int) and not isinstance(p[1], bool))):
-            log.warning("%s: malformed data request on the fast lane: refused", self.name)
-            self.stats["refused"] += 1
-            return reply(rid if isinstance(rid, int) else None, Status.ERR_BAD_PARAM)
-        why = self._trusted(self, _Claim(Proc(p[0], p[1])))
-        if why:
-            log.warning("%s: %s %s: refused", self.name, m["t"], why)
-            self.stats["refused"] += 1
-            return reply(rid, Status.ERR_NO_PERMISSIONS)
+        m, refused = self._data_claim(rid, p, m, " on the fast lane")
+        if refused is not None:
+            return reply(rid if isinstance(rid, int) else None, refused)
         r = self._serve_fast(p[0], p[1], m)
         if r is None:
             return None
