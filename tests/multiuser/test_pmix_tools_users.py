@@ -66,9 +66,12 @@ def _bg_job(d, user: str, script: str) -> tuple[subprocess.Popen, str]:
     return bg, out.split("NS=", 1)[1].split()[0]
 
 
-def test_a_users_tool_sees_and_finds_only_that_users_jobs_and_keys(make_mudvm, progs):
+# "on": tools attach to the head node's tool server process (a `pydvm start`
+# DVM's default); "off": to the head node's own server, in the master
+@pytest.mark.parametrize("isolate", ["on", "off"])
+def test_a_users_tool_sees_and_finds_only_that_users_jobs_and_keys(make_mudvm, progs, isolate):
     tool_exe = progs["pmix_tool"]
-    d = make_mudvm(pydvm_head_node="a")
+    d = make_mudvm(pydvm_head_node="a", pydvm_pmix_isolate=isolate)
     p = d.as_user("pdvmtesta", "info", "--pmix-uri")
     assert p.returncode == 0, p.stderr
     uri = p.stdout.strip()
@@ -122,10 +125,13 @@ def _wait_no_tools(d, timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
-def test_a_users_pevent_reaches_that_users_processes_only(make_mudvm, progs):
+# "on": tools attach to the head node's tool server process (a `pydvm start`
+# DVM's default); "off": to the head node's own server, in the master
+@pytest.mark.parametrize("isolate", ["on", "off"])
+def test_a_users_pevent_reaches_that_users_processes_only(make_mudvm, progs, isolate):
     """A's and B's jobs on node b register for one code; A's pevent reaches A's
     process, and B's process's first event is B's own tool's, not A's."""
-    d = make_mudvm(pydvm_head_node="a")
+    d = make_mudvm(pydvm_head_node="a", pydvm_pmix_isolate=isolate)
     uri = d.as_user("pdvmtesta", "info", "--pmix-uri").stdout.strip()
     code = "-23456"
     jobs = {}

@@ -44,7 +44,7 @@ def _private_dvm(**mca):
     os.environ["TMPDIR"] = tmpdir
     try:
         d = start_dvm(Path(base), f"{HEAD}:4,{FAR}:4",
-                      {"pydvm_pmix": "on", "pydvm_pmix_isolate": "auto", **mca})
+                      {"pydvm_pmix": "on", **{"pydvm_pmix_isolate": "auto", **mca}})
     except BaseException:
         shutil.rmtree(base, ignore_errors=True)
         raise
@@ -57,9 +57,12 @@ def _private_dvm(**mca):
     return d, base
 
 
-@pytest.fixture(scope="module")
-def tdvm(libpmix):
-    d, base = _private_dvm()
+@pytest.fixture(scope="module", params=["auto", "off"])
+def tdvm(libpmix, request):
+    """The DVM the tools attach to: "auto" -- a `pydvm start` DVM's default --
+    serves them in a tool server process of the head node; "off" in the
+    head node's own server (the master's process)."""
+    d, base = _private_dvm(pydvm_pmix_isolate=request.param)
     try:
         yield d
     finally:
@@ -361,3 +364,48 @@ def test_a_daemons_server_lets_in_only_its_own_users_client_tools(tdvm, pmixcc):
     finally:
         job.terminate()
         finish(job)
+
+
+def test_a_crash_inside_libpmix_from_a_tool_outside_ends_only_the_tool_server(libpmix, pmixcc):
+    """Tools from outside attach to a server process of their own on a DVM
+    ``pydvm start`` started (``pydvm_pmix_isolate`` auto): a tool that crashes
+    libpmix there (4.2.2's attribute query, the fix off) ends that process
+    only -- not the master, not a job's process connected to the head node's
+    other server -- and a new tool server takes tools again, at a new URI."""
+    from pydvm.pmix import _lib as L
+    from pydvm.pmix.queries import affected
+    if not affected(L.parse_version(L.load().version)):
+        pytest.skip("this libpmix answers attribute queries without crashing")
+    d, base = _private_dvm(pydvm_pmix_attribute_fix="off")
+    served = None
+    try:
+        served = d.run_bg("--host", HEAD, "-n", "1", pmixcc("pmix_events"), "sleep:600000")
+        assert LineReader(served.stdout).wait_line("INIT", timeout=60) == "INIT status=0 rank=0"
+        uri = tool_uri(d)
+        crash = run_tool(d, "pattrs", "--uri", uri, "--host-fns")
+        assert "HOST SUPPORTED FUNCTIONS:" not in crash.stdout + crash.stderr
+        assert crash.returncode != 0
+
+        def new_uri():
+            p = d.cmd("info", "--pmix-uri")
+            return p.returncode == 0 and p.stdout.strip() not in ("", uri) and p.stdout.strip()
+        again = wait_for(new_uri, timeout=60, what="a new tool server")
+        os.kill(d.pid, 0)
+        assert served.poll() is None
+        p = run_tool(d, "pps", env=tool_env(d, PMIX_SERVER_URI41=again))
+        assert p.returncode == 0, p.stderr
+        assert len(active_nspaces(p)) == 1
+        # found by search too: the files name the new server only
+        p = run_tool(d, "pps", env=tool_env(d, TMPDIR=pmix_dir(d)))
+        assert p.returncode == 0, p.stderr
+        assert len(active_nspaces(p)) == 1
+        log = d.log("master")
+        assert re.search(r"PMIx tool server \(pid \d+\) ended \(killed by signal SIGSEGV\)",
+                         log), log[-3000:]
+    finally:
+        if served is not None:
+            if served.poll() is None:
+                served.terminate()
+            finish(served)
+        d.stop()
+        shutil.rmtree(base, ignore_errors=True)

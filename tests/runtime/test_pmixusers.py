@@ -168,8 +168,13 @@ def test_a_notification_gets_no_answer():
     assert got[0].reply(Status.SUCCESS) is False and a.channel.sent == []
 
 
+def _servers(n: int) -> list[SimpleNamespace]:
+    """Users' agents as UserServers.may reads them."""
+    return [SimpleNamespace(tools=False) for _ in range(n)]
+
+
 def test_the_node_believes_an_agent_only_about_its_own_users_processes():
-    mine, theirs = object(), object()
+    mine, theirs = _servers(2)
     host = SimpleNamespace(host=SimpleNamespace(local_nspaces={"ns-a": mine, "ns-b": theirs}))
     may = UserServers.may
     assert may(host, mine, R.Publish(Proc("ns-a", 0), {}, None, None, None, None, {})) is None
@@ -190,12 +195,51 @@ def test_a_direct_modex_names_the_process_whose_data_is_wanted_not_the_asker():
     client wants (on another node, or of a peer job), never the asker: an
     agent may ask for a remote process's data or its own user's, not for
     another user's process here."""
-    mine, theirs = object(), object()
+    mine, theirs = _servers(2)
     host = SimpleNamespace(host=SimpleNamespace(local_nspaces={"ns-a": mine, "ns-b": theirs}))
     may = UserServers.may
     assert may(host, mine, R.DirectModex(Proc("ns-remote", 3), {})) is None
     assert may(host, mine, R.DirectModex(Proc("ns-a", 1), {})) is None
     assert "another user's job" in may(host, mine, R.DirectModex(Proc("ns-b", 0), {}))
+
+
+def test_the_tool_server_speaks_for_its_tools_and_known_processes_only():
+    """The tool server process runs as the node does: it may speak for a tool
+    it let in (or one gone lately), a process the node knows (a "client
+    tool"), and libpmix's nameless client tool -- never for a namespace the
+    node does not know, nor for another tool server's tools."""
+    tools_srv, other = SimpleNamespace(tools=True), SimpleNamespace(tools=True)
+    known = {"dvm-tool.1": tools_srv, "dvm-tool.2": other}
+    host = SimpleNamespace(host=SimpleNamespace(
+        local_nspaces={"ns-a": object()}, sessions={("ns-a", 0): object()},
+        tools=SimpleNamespace(served_by=lambda ns: known.get(ns, False))))
+    may = UserServers.may
+    assert may(host, tools_srv, R.Publish(Proc("dvm-tool.1", 0), {}, None, None, None, None,
+                                          {})) is None
+    assert may(host, tools_srv, R.NotifyEvent(1, Proc("", 0), 0, [])) is None
+    assert may(host, tools_srv, R.Lookup(Proc("ns-a", 0), [], None, None, None, {})) is None
+    assert "not a tool" in may(host, tools_srv, R.Lookup(Proc("dvm-tool.2", 0), [], None,
+                                                         None, None, {}))
+    assert "not a tool" in may(host, tools_srv, R.NotifyEvent(1, Proc("ns-x", 0), 0, []))
+
+
+def test_a_tool_connection_crosses_from_the_tool_server_and_nothing_else_does():
+    import msgpack
+    from pydvm.pmix.tools import ToolConnected
+    from pydvm.runtime.pmixusers import decode_tool, encode_tool
+    req = ToolConnected(1000, "", 1000, 1000, 4242, "pps", 7, {"pmix.nspace": Value("x", C.STRING)},
+                        9, False)
+    back = decode_tool(msgpack.unpackb(msgpack.packb(encode_tool(req))))
+    assert (back.uid, back.claimed_uid, back.claimed_gid, back.pid, back.cmd, back.keeps_id) \
+        == (1000, 1000, 1000, 4242, "pps", False)
+    assert back.info["pmix.nspace"].value == "x"
+    assert back.fd is None and back.sd is None   # descriptors stay in the tool server
+    good = encode_tool(req)
+    for bad in (None, [], {**good, "extra": 1}, {**good, "uid": "0"}, {**good, "uid": True},
+                {**good, "keeps_id": 1}, {**good, "info": [1]}, {k: v for k, v in good.items()
+                                                                if k != "why"}):
+        with pytest.raises((ValueError, TypeError)):
+            decode_tool(bad)
 
 
 def test_a_remote_reply_after_the_agent_is_gone_is_dropped_quietly():

@@ -42,13 +42,15 @@ small pending-connection record per refused tool.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import os
+import select
 import socket
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from . import _lib as L
 from . import constants as C
@@ -340,6 +342,67 @@ def proc_net_owner(peer: tuple[str, int], local: tuple[str, int]) -> int | None:
     except OSError:
         return None
     return None
+
+
+class HangupWatch:
+    """Tools' connections watched for the tool's end, on an asyncio loop.
+
+    Each watched descriptor is a duplicate of libpmix's socket to a tool
+    (:attr:`ToolConnected.fd`): the watch waits for the peer's hang-up
+    only (``EPOLLRDHUP``), never for data, so it takes nothing libpmix is to
+    read.  On a hang-up the descriptor is closed and ``gone(key)`` called,
+    on the loop, once; :meth:`forget` stops watching one and closes it."""
+
+    def __init__(self, gone: Callable[[Any], None]) -> None:
+        self._gone = gone
+        self._keys: dict[int, Any] = {}
+        self._ep: select.epoll | None = select.epoll()
+        asyncio.get_running_loop().add_reader(self._ep.fileno(), self._ready)
+
+    def watch(self, fd: int, key: Any) -> None:
+        """Watch ``fd`` (owned by the watch from now on) for ``key``'s tool."""
+        if self._ep is None:
+            os.close(fd)
+            return
+        self._keys[fd] = key
+        self._ep.register(fd, select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR)
+
+    def forget(self, fd: int) -> None:
+        """Stop watching ``fd`` and close it (nothing if it is not watched:
+        one that hung up is closed already)."""
+        if self._keys.pop(fd, None) is None:
+            return
+        if self._ep is not None:
+            try:
+                self._ep.unregister(fd)
+            except (OSError, ValueError):  # (not registered any more)
+                pass
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+    def _ready(self) -> None:
+        if self._ep is None:
+            return
+        for fd, _ev in self._ep.poll(0):
+            key = self._keys.get(fd)
+            if key is None:
+                self._ep.unregister(fd)
+            else:
+                self.forget(fd)
+                self._gone(key)
+
+    def close(self) -> None:
+        for fd in list(self._keys):
+            self.forget(fd)
+        if self._ep is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(self._ep.fileno())
+            except RuntimeError:
+                pass
+            self._ep.close()
+            self._ep = None
 
 
 def read_uri_file(path: str) -> str:

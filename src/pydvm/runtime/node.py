@@ -229,6 +229,7 @@ class NodeServer:
         # removes them (and libpmix's shared-memory stores) however we die.
         self.pmix.start(str(self.socket_dir), self.values["pydvm_pmix"])
         self.pmix.prestart_owner()
+        await self.pmix.start_tools()
         self.uplink.on_message = self.on_master
         ready = {"t": "ready", "pmix": list(self.pmix.status),
                  # what ppr:N:socket and --map-by core:SPAN count (placement.py)

@@ -248,6 +248,8 @@ class Agent:
         self.done: asyncio.Future | None = None
         #: the fast lane's asking end (runtime/pmixfast.py), where the node offers one
         self.fast = None
+        #: the tool server's watch on its tools' connections (pmix/tools.py)
+        self.tool_watch = None
         self._lane_ids = itertools.count(1)
         if lane_fd is not None:
             from .pmixfast import Asker
@@ -258,7 +260,9 @@ class Agent:
         if t == "reply" and self.link is not None:
             req = self.link.take(msg.get("id"))
             if req is not None:
-                if "args" in msg or "fail" in msg:
+                if req.kind == "tool_connected":
+                    self._tool_answered(req, msg)
+                elif "args" in msg or "fail" in msg:
                     give_answer(req, msg)
                 else:  # the store's reply map, to a data request relayed as the store's
                     answer(req, msg, "pmix agent")
@@ -288,6 +292,10 @@ class Agent:
         from ..pmix import constants as C
         cleanup_stale(msg["tmpdir"])
         server = PmixServer(max_value_size=int(msg["max_value_size"]), nspace=str(msg["nspace"]))
+        server.tool_support = bool(msg.get("tools"))
+        if server.tool_support:
+            from ..pmix.tools import HangupWatch
+            self.tool_watch = HangupWatch(self._tool_gone)
         if self.fast is not None:
             from .pmixfast import spin_ns
             us = msg.get("spin_us")
@@ -380,6 +388,9 @@ class Agent:
     def forward(self, req) -> None:
         """An upcall on the loop (one :meth:`take_now` did not send): to the
         node if it can go, else refused."""
+        if req.kind == "tool_connected":
+            self._tool_connected(req)
+            return
         try:
             body = {"t": "up", "req": encode_request(req)}
         except TypeError as exc:
@@ -390,6 +401,50 @@ class Agent:
         if not (link is not None and link.send_upcall(body, req, not req.reply.notification)):
             if not req.reply.notification:
                 req.reply.fail(int(Status.ERR_UNREACH))
+
+    # -- tools (the tool server: pmixusers.UserServers.start_tools) ---------
+
+    def _tool_connected(self, req) -> None:
+        """A tool asks to connect: what this process found of it (the
+        kernel's uid of its socket, its claims) goes to the node, which
+        answers with the tool's identity or refuses it; the tool's socket
+        stays here (watched for its end once it is in)."""
+        from .pmixusers import encode_tool
+        link = self.link
+        try:
+            body = {"t": "tool", "req": encode_tool(req)}
+        except TypeError as exc:
+            log.error("a tool's connection cannot be relayed (%s): refused", exc)
+            body = None
+        if body is None or link is None or not link.send_upcall(body, req, True):
+            if req.fd is not None:
+                os.close(req.fd)
+            req.reply.abandon()
+
+    def _tool_answered(self, req, r: Message) -> None:
+        """The node's answer to a tool's connection: its identity, or a refusal."""
+        fd, req.fd = req.fd, None
+        ok = False
+        if "args" in r:
+            try:
+                status, proc = decode(r["args"])
+                ok = status == Status.SUCCESS and proc is not None and req.reply(status, proc)
+            except Exception as exc:
+                log.error("a tool's identity cannot be given (%s): refused", exc)
+        if not ok:
+            req.reply.abandon()
+            if fd is not None:
+                os.close(fd)
+        elif fd is not None:
+            if self.tool_watch is not None:
+                self.tool_watch.watch(fd, proc.nspace)
+            else:
+                os.close(fd)
+
+    def _tool_gone(self, nspace: str) -> None:
+        link = self.link
+        if link is not None:
+            link.write(pack({"t": "tool_gone", "ns": nspace}))
 
     async def main(self, fd: int) -> None:
         loop = asyncio.get_running_loop()
@@ -411,6 +466,8 @@ class Agent:
         _, self.channel = await loop.create_unix_connection(channel, sock=sock)
         logging.getLogger("pydvm").addHandler(LogToNode(link))
         reason = await self.done
+        if self.tool_watch is not None:
+            self.tool_watch.close()
         if self.server is not None:
             self.server.finalize()
             self.server = None

@@ -276,7 +276,8 @@ class PmixHost:
                 server = PmixServer(max_value_size=MAX_FRAME // 2,
                                     nspace=f"{self.node.dvm_nspace}-{self.node.name}")
                 from ..pmix import constants as C
-                server.tool_support = self.tools.wanted()
+                # with pydvm_pmix_isolate, tools attach to a process of their own
+                server.tool_support = self.tools.wanted() and not self.isolated
                 server.start(tmpdir, asyncio.get_running_loop(), self,
                              extra_info=[(C.HOSTNAME, self.node.name)],
                              answer_now=self.answer_now,
@@ -287,7 +288,8 @@ class PmixHost:
             else:
                 self.server = server
                 if server.tool_support:
-                    self.tools.started(server)
+                    self.tools.started(server.tmpdir, os.getpid(),
+                                       server.lib.version.split()[1] if server.lib else "")
         self.status = (ok, what, path)
         if not ok:
             if mode == "on":
@@ -298,6 +300,19 @@ class PmixHost:
         else:
             log.info("node %s: PMIx server (%s) in %s", self.node.name, what, self.server.tmpdir)
         return ok
+
+    @property
+    def isolated(self) -> bool:
+        """``pydvm_pmix_isolate``: the PMIx servers of jobs and tools run in
+        processes of their own (runtime/pmixusers.py)."""
+        return self.node.values.get("pydvm_pmix_isolate") != "off"
+
+    async def start_tools(self) -> None:
+        """On the head node with ``pydvm_pmix_isolate``: start the tool
+        server process before the node says it is ready, so that a tool
+        started once ``pydvm start`` returned finds it."""
+        if self.server is not None and self.isolated and self.tools.wanted():
+            await self.users.start_tools()
 
     def stop(self) -> None:
         self.tools.stop()
@@ -321,7 +336,7 @@ class PmixHost:
     def prestart_owner(self) -> None:
         """With ``pydvm_pmix_isolate`` on, the DVM owner's PMIx server process
         starts with the node (not with its first job) and stays."""
-        if self.server is not None and self.node.values.get("pydvm_pmix_isolate") != "off":
+        if self.server is not None and self.isolated:
             self.node._spawn(self.users.server_for(os.geteuid(), os.getegid()))
 
     # ------------------------------------------------------------------
@@ -511,8 +526,11 @@ class PmixHost:
 
     def server_tag(self, server) -> str:
         """How the master names one of this node's servers back to it: "node"
-        (the node's own) or "u<uid>" (that user's agent)."""
-        return "node" if server is None or server is self.server else f"u{server.uid}"
+        (the node's own), "tools" (the tool server process) or "u<uid>" (that
+        user's agent)."""
+        if server is None or server is self.server:
+            return "node"
+        return "tools" if server.tools else f"u{server.uid}"
 
     async def deliver_event(self, msg: Message) -> int:
         """The master's ``event``: deliver it to this node's clients in range."""

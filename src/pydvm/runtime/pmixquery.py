@@ -84,11 +84,14 @@ DEBUG_SUPPORT = ",".join(["pmix.dbg.init", "pmix.dbg.tgt", "pmix.dbg.dpnd", "pmi
 def requester_uid(host, req) -> int | None:
     """Whose query this is (see "Who asks"), or None when it cannot be told."""
     origin = getattr(req, "origin", None)
-    if origin is not None:
+    if origin is not None and not origin.tools:
         return origin.uid
-    uids = {s.caller.uid for (ns, _r), s in host.sessions.items()
-            if host.local_nspaces.get(ns) is host.server}
-    uids |= host.tools.query_uids()  # tools from outside (runtime/pmixtools.py)
+    if origin is not None:  # the tool server process: the users of its tools
+        uids = host.tools.query_uids(origin)
+    else:
+        uids = {s.caller.uid for (ns, _r), s in host.sessions.items()
+                if host.local_nspaces.get(ns) is host.server}
+        uids |= host.tools.query_uids(None)  # tools from outside (runtime/pmixtools.py)
     if len(uids) > 1:
         return None
     return uids.pop() if uids else os.geteuid()

@@ -52,11 +52,9 @@ with their reads and the idle timeout.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import pwd
-import select
 import socket
 import time
 from typing import TYPE_CHECKING, Any
@@ -83,17 +81,22 @@ NAMELESS_LINGER = 1.0
 
 
 class ToolConn:
-    """One connected tool: its namespace, uid/gid, pid claim, session, socket."""
+    """One connected tool: its namespace, uid/gid, pid claim, session, socket,
+    and the server it is connected to."""
 
-    __slots__ = ("nspace", "uid", "gid", "pid", "cmd", "session", "fd", "nameless")
+    __slots__ = ("nspace", "uid", "gid", "pid", "cmd", "session", "fd", "nameless", "server")
 
-    def __init__(self, nspace, uid, gid, pid, cmd, session, fd, nameless=False) -> None:
+    def __init__(self, nspace, uid, gid, pid, cmd, session, fd, nameless=False,
+                 server=None) -> None:
         self.nspace, self.uid, self.gid, self.pid, self.cmd = nspace, uid, gid, pid, cmd
         self.session: "PmixSession" = session
+        #: the watched duplicate of its socket (None: the tool server process watches it)
         self.fd: int | None = fd
         #: a "client tool" of no namespace (PMIX_SERVER_URI41 in its
         #: environment): libpmix names it "" whatever the host answers
         self.nameless = nameless
+        #: the tool server process it is connected to (None: the node's own server)
+        self.server = server
 
 
 class ToolHost:
@@ -102,31 +105,34 @@ class ToolHost:
     def __init__(self, host: "PmixHost") -> None:
         self.host = host
         self.tools: dict[str, ToolConn] = {}
-        #: namespace -> (uid, when) of tools gone lately: an event a tool sent
-        #: just before it left (a debugger's release, then exit) may reach the
-        #: loop after its hang-up; it is still that tool's (namespaces of
-        #: tools are never reused).  At most RECENT_MAX, for RECENT_SECONDS.
-        self._recent: dict[str, tuple[int, float]] = {}
+        #: namespace -> (uid, when, server) of tools gone lately: an event a
+        #: tool sent just before it left (a debugger's release, then exit) may
+        #: reach the loop after its hang-up; it is still that tool's
+        #: (namespaces of tools are never reused).  At most RECENT_MAX, for
+        #: RECENT_SECONDS.
+        self._recent: dict[str, tuple[int, float, Any]] = {}
         #: (uid, namespace, when) of nameless tools gone lately (NAMELESS_LINGER)
         self._recent_nameless: list[tuple[int, str, float]] = []
-        self._by_fd: dict[int, str] = {}
         self._count = 0
         self._files: list[str] = []
-        self._ep: select.epoll | None = None
+        self._watch = None
         #: the server's URI once tools are served (None: not served here)
         self.uri: str | None = None
 
     # -- start and stop ---------------------------------------------------
 
     def wanted(self) -> bool:
-        """Tools are served by the head node's server (the master's process)."""
+        """Tools are served by the head node (the master's process): by its
+        own server, or with ``pydvm_pmix_isolate`` by a tool server process."""
         from .dataservice import MasterRouter
         return isinstance(self.host.node.router, MasterRouter)
 
-    def started(self, server) -> None:
-        """The server runs with tool support: write the files tools look for."""
+    def started(self, tmp: str, pid: int, version: str) -> None:
+        """A server with tool support runs in directory ``tmp`` in process
+        ``pid`` (this one, or the tool server process): write the files tools
+        look for.  A new tool server's replace the last one's."""
+        self.drop_files()
         node = self.host.node
-        tmp = server.tmpdir
         mine = [f for f in os.listdir(tmp) if f.startswith("pmix.") and ".tool." in f]
         if not mine:
             log.warning("node %s: libpmix wrote no tool rendezvous file: tools cannot "
@@ -135,16 +141,19 @@ class ToolHost:
         from ..pmix.tools import read_uri_file
         src = os.path.join(tmp, sorted(mine)[0])
         self.uri = read_uri_file(src)
-        version = server.lib.version.split()[1] if server.lib else ""
         machine = socket.gethostname()
         with open(src) as f:
             body = f.read()
         prefix = f"pmix.{node.name}.tool."
-        if machine != node.name:
+        for name in {node.name, machine}:
             for f in mine:
-                if f.startswith(prefix):
-                    self._write(os.path.join(tmp, f"pmix.{machine}.tool.{f[len(prefix):]}"),
-                                body, 0o600)
+                if not f.startswith(prefix):
+                    continue
+                tail = f[len(prefix):]
+                # ``--pid`` names the master's (or a daemon's) pid, as PRRTE's
+                tail = str(os.getpid()) if tail == str(pid) else tail
+                if name != node.name or tail != f[len(prefix):]:
+                    self._write(os.path.join(tmp, f"pmix.{name}.tool.{tail}"), body, 0o600)
         self._write(os.path.join(str(node.socket_dir), URI_FILE),
                     f"{self.uri}\nv{version}\n", 0o644 if node.multi_user else 0o600)
         if os.geteuid() == 0 and node.values["pydvm_pmix_system_server"] == "on":
@@ -152,8 +161,9 @@ class ToolHost:
             if not _alive_owner(sysfile):
                 self._write(sysfile, body, 0o644)
                 node.guardian.remove_on_exit(sysfile)  # however this process ends
-        self._ep = select.epoll()
-        asyncio.get_running_loop().add_reader(self._ep.fileno(), self._hung_up)
+        if self._watch is None:
+            from ..pmix.tools import HangupWatch
+            self._watch = HangupWatch(lambda ns: self._gone(ns, "the tool disconnected"))
         log.info("node %s: PMIx tools attach at %s", node.name, self.uri)
 
     def _write(self, path: str, body: str, mode: int) -> None:
@@ -167,22 +177,30 @@ class ToolHost:
         except OSError as exc:
             log.warning("cannot write %s: %s", path, exc)
 
-    def stop(self) -> None:
-        for ns in list(self.tools):
-            self._gone(ns, "the node server stops", purge=False)
+    def drop_files(self) -> None:
+        """Remove the files tools look for (no server takes tools now)."""
         for path in self._files:
             try:
                 os.unlink(path)
             except OSError:
                 pass
         self._files.clear()
-        if self._ep is not None:
-            try:
-                asyncio.get_running_loop().remove_reader(self._ep.fileno())
-            except RuntimeError:
-                pass
-            self._ep.close()
-            self._ep = None
+        self.uri = None
+
+    def stop(self) -> None:
+        for ns in list(self.tools):
+            self._gone(ns, "the node server stops", purge=False)
+        self.drop_files()
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+
+    def server_lost(self, server, reason: str) -> None:
+        """The tool server process ``server`` ended: its tools are gone (their
+        connections went with it) and no file points at it any more."""
+        for ns in [ns for ns, t in self.tools.items() if t.server is server]:
+            self._gone(ns, f"its PMIx tool server ended ({reason})")
+        self.drop_files()
 
     # -- a tool connects ----------------------------------------------------
 
@@ -197,6 +215,7 @@ class ToolHost:
             self._refuse(req)
             return
         given = _given_id(req) if req.keeps_id else None
+        origin = getattr(req, "origin", None)
         if given is not None and given[0]:
             # a job's process of this server started as a tool (its own user's,
             # _refusal checked): libpmix keeps that identity, its session serves it
@@ -212,10 +231,13 @@ class ToolHost:
         session.pmix_state = "connected"
         self.host.sessions[(ns, 0)] = session
         self.tools[ns] = ToolConn(ns, req.uid, gid, req.pid, req.cmd, session, req.fd,
-                                  nameless=given is not None)
-        if req.fd is not None and self._ep is not None:
-            self._by_fd[req.fd] = ns
-            self._ep.register(req.fd, select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR)
+                                  nameless=given is not None, server=origin)
+        if req.fd is not None:
+            if self._watch is not None:
+                self._watch.watch(req.fd, ns)
+            else:
+                os.close(req.fd)
+                self.tools[ns].fd = None
         log.info("node %s: PMIx tool %s connected: uid %d (%s)", node.name, ns, req.uid,
                  _who(req))
         if not req.reply(Status.SUCCESS, Proc(ns, 0)):
@@ -253,15 +275,22 @@ class ToolHost:
 
     # -- a tool leaves ------------------------------------------------------
 
-    def _hung_up(self) -> None:
-        if self._ep is None:
-            return
-        for fd, _ev in self._ep.poll(0):
-            ns = self._by_fd.get(fd)
-            if ns is not None:
-                self._gone(ns, "the tool disconnected")
-            else:
-                self._ep.unregister(fd)
+    def disconnected(self, ns: str, server) -> None:
+        """Tool server process ``server`` saw tool ``ns``'s connection end."""
+        t = self.tools.get(ns)
+        if t is not None and t.server is server:
+            self._gone(ns, "the tool disconnected")
+
+    def served_by(self, ns: str) -> Any:
+        """The server tool ``ns`` is (or lately was) connected to: its tool
+        server process, None for the node's own, False when ``ns`` is no tool's."""
+        t = self.tools.get(ns)
+        if t is not None:
+            return t.server
+        gone = self._recent.get(ns)
+        if gone is not None and time.monotonic() - gone[1] < RECENT_SECONDS:
+            return gone[2]
+        return False
 
     def _gone(self, ns: str, reason: str, *, purge: bool = True) -> None:
         t = self.tools.pop(ns, None)
@@ -274,17 +303,12 @@ class ToolHost:
             self._recent_nameless.append((t.uid, t.nspace, time.monotonic()))
             del self._recent_nameless[:-RECENT_MAX]
         else:
-            self._recent[ns] = (t.uid, time.monotonic())
+            self._recent[ns] = (t.uid, time.monotonic(), t.server)
             while len(self._recent) > RECENT_MAX:
                 del self._recent[next(iter(self._recent))]
         if t.fd is not None:
-            self._by_fd.pop(t.fd, None)
-            if self._ep is not None:
-                try:
-                    self._ep.unregister(t.fd)
-                except (OSError, ValueError):  # (not registered any more: hung up)
-                    pass
-            os.close(t.fd)
+            if self._watch is not None:
+                self._watch.forget(t.fd)   # (closed already if it hung up)
             t.fd = None
         t.session.channel.close(reason)
         if purge:
@@ -328,14 +352,14 @@ class ToolHost:
                     return left[-1]
         return None
 
-    def query_uids(self) -> set[int]:
-        """The users whose tools are connected, as queries see them: on a
-        single-user DVM every job is the owner's, so root's tool asks as the
-        owner."""
-        own = os.geteuid()
-        uids = {t.uid for t in self.tools.values()} if self.host.node.multi_user else \
-            {own for _t in self.tools.values()}
-        return uids
+    def query_uids(self, server) -> set[int]:
+        """The users whose tools are connected to ``server`` (None: the
+        node's own), as queries see them: on a single-user DVM every job is
+        the owner's, so root's tool asks as the owner."""
+        mine = [t for t in self.tools.values() if t.server is server]
+        if not self.host.node.multi_user:
+            return {os.geteuid()} if mine else set()
+        return {t.uid for t in mine}
 
     def count(self) -> int:
         return len(self.tools)

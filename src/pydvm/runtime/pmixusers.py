@@ -98,6 +98,9 @@ STOP_GRACE = 5.0
 #: After a user's agent failed to start, how long that user's processes are
 #: served by the node's own server before another try.
 AGENT_RETRY = 60.0
+#: The soonest a tool server that ended is replaced, in seconds after its
+#: start (so that a tool crashing each new one cannot make the node spin).
+TOOLS_RESTART = 1.0
 
 
 # ----------------------------------------------------------------------
@@ -186,6 +189,38 @@ def decode_request(data: Any):
     return req
 
 
+#: What of a ``tool_connected`` request crosses from the tool server
+#: process (its reply, descriptors and libpmix's socket stay there).
+_TOOL_FIELDS = ("uid", "why", "claimed_uid", "claimed_gid", "pid", "cmd", "keeps_id")
+
+
+def encode_tool(req) -> dict:
+    """A :class:`~pydvm.pmix.tools.ToolConnected` as the tool server sends it."""
+    out = {f: getattr(req, f) for f in _TOOL_FIELDS}
+    out["info"] = encode(req.info)
+    return out
+
+
+def decode_tool(data: Any):
+    """The inverse of :func:`encode_tool` (``fd``, ``sd`` and ``reply`` unset).
+    Raises ValueError or TypeError on anything else."""
+    from ..pmix.tools import ToolConnected
+    if not isinstance(data, dict) or set(data) != {*_TOOL_FIELDS, "info"}:
+        raise ValueError("not a tool connection")
+    info = decode(data["info"])
+    if not isinstance(info, dict):
+        raise ValueError("a tool connection's info is a map")
+    for f in ("uid", "claimed_uid", "claimed_gid", "pid"):
+        v = data[f]
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+            raise TypeError(f"{f}: not an integer")
+    if not isinstance(data["why"], str) or not isinstance(data["cmd"], str) \
+            or not isinstance(data["keeps_id"], bool):
+        raise TypeError("why, cmd: strings; keeps_id: a bool")
+    return ToolConnected(data["uid"], data["why"], data["claimed_uid"], data["claimed_gid"],
+                         data["pid"], data["cmd"], None, info, None, data["keeps_id"])
+
+
 # ----------------------------------------------------------------------
 # node side
 # ----------------------------------------------------------------------
@@ -229,6 +264,11 @@ class RemoteReply:
         self._agent.answer(self._rid, fail=int(status))
         return True
 
+    def abandon(self) -> bool:
+        """Refuse a tool (``tool_connected``): the agent cuts its connection
+        (:meth:`pydvm.pmix.tools.ToolReply.abandon`)."""
+        return self.fail(int(Status.ERR_NO_PERMISSIONS))
+
     def relay(self, msg: Message) -> None:
         """Answer a relayed data request with the store's reply map ``msg``
         as it is (the agent makes the PMIx reply of it)."""
@@ -267,10 +307,14 @@ class UserServer:
 
     def __init__(self, uid: int, gid: int, handler: Callable[[Any], Any],
                  trusted: Callable[["UserServer", Any], str | None],
-                 on_lost: Callable[["UserServer", str], None]) -> None:
+                 on_lost: Callable[["UserServer", str], None], tools: bool = False) -> None:
         self.uid = uid
         self.gid = gid
-        self.name = f"PMIx agent of uid {uid}"
+        #: the head node's tool server (PMIx tools from outside any job, the
+        #: DVM owner's process serving every user's tools) rather than a
+        #: user's server for that user's jobs
+        self.tools = tools
+        self.name = "PMIx tool server" if tools else f"PMIx agent of uid {uid}"
         self._handler = handler
         #: the handler's answer-at-once path for data upcalls (PmixHost.answer_now),
         #: and its way with data requests relayed as the store's (serve_relayed)
@@ -299,10 +343,11 @@ class UserServer:
         directory of its own under ``base`` (with ``fast``, and a fast lane:
         runtime/pmixfast.py).  Raises RuntimeError saying why it could not."""
         from . import jobproc
-        d = os.path.join(base, f"pmix-u{self.uid}")
+        # (the tool server's directory is searched by every user's tools)
+        d = os.path.join(base, "pmix-tools" if self.tools else f"pmix-u{self.uid}")
         os.makedirs(d, mode=0o700, exist_ok=True)
         os.chown(d, self.uid, self.gid)
-        os.chmod(d, 0o700)
+        os.chmod(d, 0o755 if self.tools else 0o700)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         argv = [sys.executable, "-P", "-m", "pydvm.runtime.pmixusers", str(theirs.fileno())]
         lane_ours = lane_theirs = None
@@ -333,8 +378,8 @@ class UserServer:
             lambda: Channel(self._on_message, self._on_close, name=self.name), sock=ours)
         r = await self.channel.call({"t": "start", "tmpdir": d, "nspace": nspace,
                                      "host": hostname, "max_value_size": max_value_size,
-                                     "attribute_fix": attribute_fix, "spin_us": spin_us},
-                                    AGENT_TIMEOUT)
+                                     "attribute_fix": attribute_fix, "spin_us": spin_us,
+                                     "tools": self.tools}, AGENT_TIMEOUT)
         if r.get("status") != Status.SUCCESS:
             if lane_ours is not None:
                 lane_ours.close()
@@ -487,6 +532,9 @@ class UserServer:
         if t == "log":
             self._agent_log(msg)
             return
+        if self.tools and t in ("tool", "tool_gone"):
+            self._on_tool(t, msg)
+            return
         if t != "up" and t != "data":
             log.warning("%s: unexpected %r message: closing", self.name, t)
             ch.close("protocol error", error=True)
@@ -567,6 +615,34 @@ class UserServer:
             self.stats["answered_now"] += 1
             waiting.reply.relay(dataops.encode(rid, r))
 
+    def _on_tool(self, t: str, msg: Message) -> None:
+        """The tool server's ``tool`` (a tool connects: ``tool_connected``
+        with what the server process found, :func:`decode_tool`) or
+        ``tool_gone`` (a tool's connection ended).  Only the tool server
+        process sends these: it runs as the DVM's owner, so its word on a
+        tool's uid is as good as this process's own."""
+        if t == "tool_gone":
+            ns = msg.get("ns")
+            if isinstance(ns, str):
+                self._handler.tools.disconnected(ns, self)
+            return
+        rid = msg.get("id")
+        rid = rid if isinstance(rid, int) and not isinstance(rid, bool) else None
+        try:
+            req = decode_tool(msg.get("req"))
+        except (ValueError, TypeError, KeyError) as exc:
+            log.warning("%s: malformed tool connection (%s): refused", self.name, exc)
+            self.stats["refused"] += 1
+            self.answer(rid, fail=int(Status.ERR_BAD_PARAM))
+            return
+        req.reply = RemoteReply(self, rid, req.kind)
+        req.origin = self
+        self.stats["requests"] += 1
+        try:
+            self._handler(req)
+        except Exception as exc:
+            handler_failed(req, exc, self.stats)
+
     def _agent_log(self, msg: Message) -> None:
         """A log record of the agent's, logged here as its (one line, at most
         WARNING's level and at least INFO's: the agent runs as its user, who
@@ -621,18 +697,55 @@ class UserServers:
         #: once): its processes are served by the node's own server with the
         #: copying store, and a new agent is tried AGENT_RETRY seconds later.
         self.failed: dict[int, tuple[str, float]] = {}
+        #: the head node's tool server process (``pydvm_pmix_isolate``), if any
+        self.tool_server: UserServer | None = None
+        #: when the tool server last started (a crash soon after waits to restart)
+        self._tools_started = 0.0
+        self._stopped = False
 
     def running(self) -> list[UserServer]:
-        return list(self.agents.values())
+        return list(self.agents.values()) + ([self.tool_server] if self.tool_server else [])
 
     def stop(self) -> None:
         """The node is stopping: every agent goes with it."""
+        self._stopped = True
         for timer in self._idle.values():
             timer.cancel()
         self._idle.clear()
         for agent in self.running():
             agent.finalize()
         self.agents.clear()
+        self.tool_server = None
+
+    async def start_tools(self) -> bool:
+        """Start the tool server process: the DVM owner's libpmix server that
+        takes PMIx tools from outside any job on this (the head) node, so
+        that what a tool does to libpmix ends that process only
+        (runtime/pmixtools.py).  False, logged, if it cannot start."""
+        from ..wire import MAX_FRAME
+        host = self.host
+        if host.server is None or self._stopped:
+            return False
+        agent = UserServer(os.geteuid(), os.getegid(), host, self.may, self.lost, tools=True)
+        try:
+            # the libpmix namespace tools name (--namespace) is the node's own
+            await agent.start(os.path.dirname(host.server.tmpdir), host.server.nspace,
+                              host.node.name, MAX_FRAME // 2, None,
+                              host.node.values.get("pydvm_pmix_attribute_fix") != "off")
+        except Exception as exc:
+            log.error("node %s: no PMIx tool server (%s): tools cannot attach",
+                      host.node.name, exc)
+            return False
+        if host.server is None or self._stopped:  # the node stopped meanwhile
+            agent.finalize()
+            return False
+        self.tool_server = agent
+        self._tools_started = time.monotonic()
+        host.tools.started(agent.tmpdir, agent.proc.pid, host.status[1].split()[1]
+                           if len(host.status[1].split()) > 1 else "")
+        log.info("node %s: PMIx tool server (pid %d) in %s", host.node.name, agent.proc.pid,
+                 agent.tmpdir)
+        return True
 
     async def server_for(self, uid: int, gid: int):
         """The server the processes of user ``uid`` connect to: the node's
@@ -694,6 +807,16 @@ class UserServers:
     def may(self, agent: UserServer, req) -> str | None:
         """Why an upcall relayed by ``agent`` is not its user's to make (None: it is)."""
         local = self.host.local_nspaces
+        if agent.tools:
+            # the tool server runs as the node does: it speaks for the tools
+            # it let in (kernel-checked, pmix/tools.py), and for a job's
+            # process that connected to it as a "client tool"
+            for who in (getattr(req, "proc", None), getattr(req, "source", None)):
+                if (who is not None and who.nspace != ""
+                        and self.host.tools.served_by(who.nspace) is not agent
+                        and (who.nspace, who.rank) not in self.host.sessions):
+                    return f"from {who}, not a tool or process known here"
+            return None
         named = list(getattr(req, "procs", None) or ())
         askers = (getattr(req, "proc", None), getattr(req, "source", None))
         if getattr(req, "kind", None) == "direct_modex":
@@ -712,6 +835,9 @@ class UserServers:
 
     def _forget(self, agent: UserServer) -> None:
         """``agent`` serves nothing any more: out of every table."""
+        if agent is self.tool_server:
+            self.tool_server = None
+            return
         if self.agents.get(agent.uid) is agent:
             del self.agents[agent.uid]
             self._keep(agent.uid)
@@ -734,6 +860,9 @@ class UserServers:
         agent.stopping = True  # handled once (its socket's end may come after)
         host, node = self.host, self.host.node
         reason = agent.exit_reason() or reason
+        if agent.tools:
+            self._tools_lost(agent, reason)
+            return
         procs, nspaces = [], set()
         for key, s in list(host.sessions.items()):
             if key[0] in agent.nspaces and s.pmix_state == "connected":
@@ -753,6 +882,22 @@ class UserServers:
         if procs:
             from .node import KILL_GRACE
             node._spawn(node._kill_procs(procs, KILL_GRACE))
+
+    def _tools_lost(self, agent: UserServer, reason: str) -> None:
+        """The tool server ended unasked: its tools went with it; a new one
+        is started (a second after the last one's start at the soonest)."""
+        host = self.host
+        log.error("node %s: the PMIx tool server (pid %s) ended (%s): %d tool(s) were "
+                  "connected; a new one is started", host.node.name,
+                  agent.proc.pid if agent.proc else "?", reason,
+                  sum(t.server is agent for t in host.tools.tools.values()))
+        host.tools.server_lost(agent, reason)
+        wait = max(0.0, self._tools_started + TOOLS_RESTART - time.monotonic())
+
+        async def restart() -> None:
+            await asyncio.sleep(wait)
+            await self.start_tools()
+        host.node._spawn(restart())
 
     def _keep(self, uid: int) -> None:
         """Cancel the idle stop of ``uid``'s agent, if one is armed."""
