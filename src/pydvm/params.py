@@ -183,8 +183,10 @@ REGISTRY: dict[str, Param] = {
         Param("pydvm_pmix_isolate", _pmix_mode, "auto",
               "'on': the DVM owner's PMIx/MPI jobs get a PMIx server in a process of its own "
               "on each node too, as other users' always do, so a crash inside libpmix ends "
-              "only that server and the processes it served, never the node or the master; "
-              "'off': the owner's jobs use the node process's own server; 'auto': on for a "
+              "only that server and the processes it served, never the node or the master "
+              "(PMIx tools from outside any job get a server process of their own on the "
+              "head node, likewise); 'off': the owner's jobs and tools use the node "
+              "process's own server; 'auto': on for a "
               "DVM that 'pydvm start' starts, off for a one-shot 'pydvm run' (one job: "
               "nothing else to protect, and no extra process to start)", "auto|on|off"),
         Param("pydvm_pmix_attribute_fix", _on_off, "on",

@@ -50,6 +50,11 @@ import threading
 import time
 from typing import Any, Callable
 
+from ..protocol import HEADER, MAX_FRAME, pack, unpack_body
+from ..wire import Message
+
+log = logging.getLogger("pydvm.pmix")
+
 #: PMIX_ERROR: a request the node failed to serve
 PMIX_ERROR = -1
 
@@ -64,10 +69,6 @@ def spin_ns(microseconds: float) -> int:
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
     return int(microseconds * 1000) if cpus > 1 and microseconds > 0 else 0
-from ..protocol import HEADER, MAX_FRAME, pack, unpack_body
-from ..wire import Message
-
-log = logging.getLogger("pydvm.pmix")
 
 
 def read_frame(sock: socket.socket, spin_ns: int = 0) -> Message | None:

@@ -3,20 +3,31 @@
 
 Where
 -----
-The head node's PMIx server -- the one in the master's process -- accepts
-tool connections (``PMIX_SERVER_TOOL_SUPPORT``, :mod:`pydvm.pmix.tools`);
-the daemons' servers do not (their data requests reach the master as a
-process's, which a tool is not).  Once the server runs, the node writes:
+The head node (the master's process) takes tool connections; the daemons'
+servers do not (their data requests reach the master as a process's, which
+a tool is not).  With ``pydvm_pmix_isolate`` on (a ``pydvm start`` DVM's
+default) a **tool server process** takes them: the DVM owner's libpmix
+server with ``PMIX_SERVER_TOOL_SUPPORT`` and no job, started before the
+head node says it is ready (:meth:`UserServers.start_tools
+<pydvm.runtime.pmixusers.UserServers.start_tools>`), so a tool that crashes
+or hangs libpmix ends that process only -- its tools lose their
+connections, jobs and the master carry on, and a new tool server is started
+(at once, or a second after the last one's start), with new files.  It finds
+each tool's uid itself and passes the connection to the node (``tool``),
+which decides here as for its own server, and says when a tool's
+connection ends (``tool_gone``).  With isolation off the head node's own
+server (in the master) takes tools.  Once a server takes tools, the node
+writes:
 
 * ``tool.uri`` in the DVM's socket directory for the head node: the URI
   (``NSPACE.RANK;tcp4://127.0.0.1:PORT``) and libpmix's version, a file a
   tool takes as ``--uri file:PATH``; ``pydvm pmix-uri`` prints both;
-* copies of libpmix's rendezvous files named after this *machine*
-  (``pmix.<hostname>.tool.<master pid>``, ``pmix.<hostname>.tool.<server
-  nspace>``) in the server's directory: libpmix names its own after the
-  node, but a tool looks for files named after the machine it runs on
-  (``--pid``, ``--namespace``, and the search a tool makes without either,
-  under its ``TMPDIR``);
+* copies of libpmix's rendezvous files (``pmix.<node>.tool.<pid>``,
+  ``pmix.<node>.tool.<server nspace>``, in the server's directory) named
+  after this *machine* -- a tool looks for files named after the machine it
+  runs on (``--pid``, ``--namespace``, and the search a tool makes without
+  either, under its ``TMPDIR``) -- and, for a tool server process, after the
+  master's pid: ``--pid <master pid>`` finds the DVM as it finds PRRTE's;
 * with ``pydvm_pmix_system_server`` on, in a DVM started by root,
   ``$TMPDIR/pmix.sys.<hostname>`` (mode 0644), what a tool asking for the
   system server reads first (``pps``, ``plookup``, ``pevent`` do, even
@@ -26,7 +37,8 @@ process's, which a tool is not).  Once the server runs, the node writes:
 Who
 ---
 A tool's identity is its uid as the kernel knows it (the owner of its end of
-the loopback connection, :func:`pydvm.pmix.tools.peer_of_pending`); a tool
+the loopback connection, :func:`pydvm.pmix.tools.peer_of_pending`, read in
+the process of the server it connected to); a tool
 whose handshake claims another uid, or a gid that is not one of that user's
 groups, is refused -- its connection cut during the handshake, so its
 ``PMIx_tool_init`` fails (:meth:`pydvm.pmix.tools.ToolReply.abandon`) --, as
@@ -42,8 +54,9 @@ passed on to the nodes of that user's jobs (root's and a single-user DVM's
 tools: every job's).
 
 Lifetime: the tool's connection is its process and its namespace.  When it
-closes (``PMIx_tool_finalize``, or the tool dies: the node watches a
-duplicate of the socket for the peer's hang-up), the tool's session closes
+closes (``PMIx_tool_finalize``, or the tool dies: the server's process
+watches a duplicate of the socket for the peer's hang-up,
+:class:`pydvm.pmix.tools.HangupWatch`), the tool's session closes
 (its parked lookups go) and what it published with persistence PROC, APP or
 NSPACE is purged from the node's and the master's stores; SESSION items
 stay with the default session (the DVM's life), FIRST_READ and INDEF ones

@@ -28,7 +28,10 @@ the default, is on for a DVM ``pydvm start`` starts)
 the DVM owner gets an agent too (running as the node does, started with the
 node and kept), so that a crash inside libpmix ends only that agent and the
 processes connected to it (:meth:`UserServers.lost`), never the node or the
-master; off, the owner's jobs use the node's in-process server.
+master; off, the owner's jobs use the node's in-process server.  On the
+head node it also gets a *tool server*: an agent of the owner's with tool
+support and no job, that takes PMIx tools from outside any job
+(runtime/pmixtools.py, :meth:`UserServers.start_tools`).
 
 Trust
 -----
@@ -60,6 +63,15 @@ written by libpmix's thread in the agent (:mod:`pydvm.runtime.pmixagent`):
   agent makes the PMIx reply.  The node builds no PMIx object for these.
 * ``up``: any other upcall (:func:`encode_request`), answered by a reply
   whose ``args`` are the arguments of the upcall's reply call.
+
+* ``tool`` (the tool server only): a tool asks to connect -- what the
+  server process found of it (:func:`encode_tool`: the kernel's uid of its
+  socket, its claims) --, answered with the ``args`` of libpmix's callback
+  (its identity) or refused by ``fail`` (the agent then cuts the tool's
+  connection); ``tool_gone`` (the tool server only, no answer): an accepted
+  tool's connection ended.  The tool server runs as the node does, so the
+  node believes its word on a tool's uid; it speaks for the tools it let in
+  and for processes the node knows (:meth:`UserServers.may`).
 
 Either is refused by a reply whose ``fail`` is a status.  PMIx values,
 processes and data arrays cross as tagged maps (:func:`encode`).
