@@ -189,6 +189,12 @@ REGISTRY: dict[str, Param] = {
               "process's own server; 'auto': on for a "
               "DVM that 'pydvm start' starts, off for a one-shot 'pydvm run' (one job: "
               "nothing else to protect, and no extra process to start)", "auto|on|off"),
+        Param("pydvm_pmix_watchdog", _nonneg_float, 30.0,
+              "seconds within which a PMIx server process (pydvm_pmix_isolate, other "
+              "users', the tool server) must answer the node's probe -- a call its libpmix "
+              "completes on its progress thread -- or be ended as hung: its connected "
+              "processes' jobs end saying so, the next job gets a new one; 0 disables",
+              SECONDS),
         Param("pydvm_pmix_attribute_fix", _on_off, "on",
               "libpmix 4.2.0-4.2.4 crash on an attribute query (pattrs --host-fns); 'on' "
               "answers those queries before libpmix can; 'off' leaves the crash in (to see "

@@ -75,3 +75,63 @@ def test_a_crash_inside_libpmix_ends_its_server_and_its_clients_not_the_dvm(
             if p.poll() is None:
                 p.terminate()
             finish(p)
+
+
+def _server_process(parent: int, directory: str) -> int:
+    """The pid of node process ``parent``'s PMIx server process running in
+    ``directory`` (``pmix-u<uid>``: a user's; ``pmix-tools``: the tool server)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid == parent and os.path.basename(os.readlink(f"/proc/{entry}/cwd")) \
+                    == directory:
+                return int(entry)
+        except (OSError, ValueError, IndexError):
+            continue
+    raise AssertionError(f"no PMIx server process of pid {parent} in {directory}")
+
+
+@pytest.mark.parametrize("node", sorted(NODES))
+def test_a_hung_pmix_server_is_ended_by_the_watchdog_and_its_clients_jobs_say_why(
+        make_pdvm, pmixcc, node):
+    """A server process that stops answering (here: stopped, SIGSTOP -- as
+    stuck as a hang inside libpmix leaves it) is killed after
+    ``pydvm_pmix_watchdog`` seconds; its connected process's job ends saying
+    so, the node and the master live on, the next PMIx job gets a new server."""
+    import signal
+    where = NODES[node]
+    d = make_pdvm(pydvm_pmix_isolate="on", pydvm_pmix_watchdog="4")
+    client = pmixcc("pmix_events")
+    served = d.run_bg("--host", where, "-n", "1", client, "sleep:600000")
+    stopped = None
+    try:
+        assert LineReader(served.stdout).wait_line("INIT", timeout=60) == "INIT status=0 rank=0"
+        parent = d.pid if where == HEAD else d.daemon_pids[where]
+        stopped = _server_process(parent, f"pmix-u{os.geteuid()}")
+        os.kill(stopped, signal.SIGSTOP)
+
+        assert finish(served, timeout=60) != 0
+        why = served.stderr.read()
+        assert "its PMIx server ended" in why and "hung" in why, why
+        os.kill(d.pid, 0)
+        for pid in d.daemon_pids.values():
+            os.kill(pid, 0)
+        again = d.run("--host", where, "-n", "2", client, "fence", timeout=60)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert again.stdout.count("FENCE status=0") == 2
+        log = d.log(where if where != HEAD else "master")
+        assert f"(pid {stopped}) hung: its process did not answer the node" in log, log[-3000:]
+        # the stopped process was killed, not left behind (a zombie until reaped)
+        try:
+            with open(f"/proc/{stopped}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            state = "gone"
+        assert state in ("Z", "gone"), state
+    finally:
+        if served.poll() is None:
+            served.terminate()
+        finish(served)

@@ -50,22 +50,30 @@ class _Req:
 
 def test_frames_from_libpmixs_thread_and_the_loop_keep_their_order_and_never_interleave():
     """A thread writes 400 frames of 4 KiB while the loop writes its own
-    between them, and the peer reads slowly (small reads) all along: the
-    socket is full now and then, so the thread's writes are sometimes sent
-    straight, sometimes in part, sometimes queued for the loop.  Every frame
-    arrives whole, each writer's in its order."""
+    between them, and the peer reads slowly (small reads) once the thread's
+    first 100 frames -- more than the socket holds -- are written: the socket
+    is full now and then, so the thread's writes are sometimes sent straight,
+    sometimes in part, sometimes queued for the loop.  Every frame arrives
+    whole, each writer's in its order."""
     async def main():
         link, ch, peer, _, _ = await _linked()
+        link.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
         loop = asyncio.get_running_loop()
         pad = "x" * 4096
-        done = threading.Event()
+        done, hundred = threading.Event(), threading.Event()
         n_loop = 300
 
         def thread():
             for i in range(400):
                 assert link.send_upcall({"t": "up", "n": i, "pad": pad}, _Req(), True)
+                if i == 99:
+                    hundred.set()
             done.set()
-        reader = loop.run_in_executor(None, _frames, peer, 400 + n_loop, 1500)
+
+        def read():
+            assert hundred.wait(60)
+            return _frames(peer, 400 + n_loop, 1500)
+        reader = loop.run_in_executor(None, read)
         threading.Thread(target=thread).start()
         for k in range(n_loop):  # the loop writes too, meanwhile
             ch.send({"t": "reply", "id": 10_000 + k, "status": 0, "pad": pad[:k]})
@@ -193,3 +201,30 @@ def test_when_the_node_goes_the_agent_answers_every_waiting_upcall_unreach():
         assert req.reply.got == [Status.ERR_UNREACH]
         assert not agent.link.send_upcall({"t": "up"}, _Req(), True)
     asyncio.run(main())
+
+
+class _Sent:
+    closed = False
+
+    def __init__(self):
+        self.sent = []
+
+    def send(self, msg):
+        self.sent.append(msg)
+
+
+def test_an_unknown_command_from_the_node_is_answered_not_supported():
+    from pydvm.pmix import constants as C
+    from pydvm.runtime.pmixagent import Agent
+    ch = _Sent()
+    Agent().on_message(ch, {"t": "no-such-command", "id": 3})
+    assert [(m.get("id"), m.get("status")) for m in ch.sent] == [(3, C.ERR_NOT_SUPPORTED)]
+
+
+def test_a_node_without_pmix_answers_an_event_not_supported():
+    from types import SimpleNamespace
+    from pydvm.pmix import constants as C
+    from pydvm.runtime.pmixhost import PmixHost
+    host = PmixHost(SimpleNamespace(name="n"))
+    assert asyncio.run(host.deliver_event({"source": ["ns", 0], "code": -1, "range": 0})) \
+        == C.ERR_NOT_SUPPORTED

@@ -339,3 +339,35 @@ def test_an_agents_log_record_is_logged_by_the_node_on_one_line_at_a_bounded_lev
     assert [lv for lv, _ in recs] == [logging.WARNING, logging.INFO]
     assert recs[0][1].endswith(": boom\\nnode n1: forged") and "\n" not in recs[0][1]
     assert not a.channel.closed
+
+
+# -- the watchdog's probe ------------------------------------------------------
+
+class _Answers:
+    """A channel whose call answers ``reply`` (and records what it was asked)."""
+
+    closed = False
+
+    def __init__(self, reply):
+        self.reply, self.asked = reply, []
+
+    async def call(self, msg, timeout):
+        self.asked.append((msg, timeout))
+        return self.reply
+
+
+@pytest.mark.parametrize("reply, why", [
+    ({"status": Status.SUCCESS}, None),
+    ({"status": C.ERR_NOT_SUPPORTED, "msg": "unknown command 'probe'"}, None),
+    ({"status": Status.ERR_TIMEOUT, "msg": "PMIX_ERR_TIMEOUT: libpmix did not complete"},
+     "hung: its libpmix did not complete a call in 4 s"),
+    ({"status": Status.ERR_TIMEOUT, "msg": "no reply from PMIx agent of uid 1001 in 6.0s"},
+     "hung: its process did not answer the node in 6 s"),
+])
+def test_a_probe_tells_a_hang_inside_libpmix_from_a_stuck_process_and_from_an_answer(
+        reply, why):
+    import asyncio
+    a = _agent(lambda req: None)
+    a.channel = _Answers(reply)
+    assert asyncio.run(a.probe(4.0)) == why
+    assert a.channel.asked == [({"t": "probe", "timeout": 4.0}, 6.0)]

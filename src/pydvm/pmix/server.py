@@ -82,6 +82,10 @@ DEFAULT_MAX_VALUE_SIZE = 16 * 1024 * 1024
 _DONE = (C.SUCCESS, C.OPERATION_SUCCEEDED)
 
 
+#: The namespace :meth:`PmixServer.probe` deregisters (never registered).
+PROBE_NSPACE = "pydvm-probe"
+
+
 class PmixServerError(RuntimeError):
     """A libpmix call failed, or a host answer to raise from a handler; ``status`` is PMIx's."""
 
@@ -319,6 +323,17 @@ class PmixServer:
         await self._completed(lambda cb, tok: lib.deregister_nspace(check_nspace(nspace), cb, tok)
                               or C.SUCCESS)
         self.client_guard.release(nspace)
+
+    async def probe(self, timeout: float) -> int:
+        """Is libpmix's progress thread still serving?  A call it completes
+        on that thread and that changes nothing (the deregistration of a
+        namespace never registered: ``PROBE_NSPACE``).  Its status (libpmix's
+        "not found") once completed; ``PMIX_ERR_TIMEOUT`` when not completed
+        within ``timeout`` seconds -- the thread is stuck."""
+        lib = self._need()
+        ns = check_nspace(PROBE_NSPACE)
+        return await self._completed(lambda cb, tok: lib.deregister_nspace(ns, cb, tok)
+                                     or C.SUCCESS, ns, timeout)
 
     async def _completed(self, call, keep: Any = None, timeout: float = 5.0) -> int:
         """Run a libpmix call that takes (cbfunc, cbdata) and wait -- without

@@ -271,7 +271,7 @@ class Agent:
             return  # a late answer; a call the node gave up on runs to its end
         fn = getattr(self, "_do_" + str(t), None)
         if fn is None:
-            ch.send(reply(msg.get("id"), Status.ERR_NOT_SUPPORTED, f"unknown command {t!r}"))
+            ch.send(reply(msg.get("id"), C.ERR_NOT_SUPPORTED, f"unknown command {t!r}"))
             return
         task = asyncio.ensure_future(self._run(fn, msg))
         task.add_done_callback(lambda t: None)
@@ -335,6 +335,19 @@ class Agent:
         if status != Status.SUCCESS:
             raise PmixServerError(status, "direct modex")
         return {"data": blob}
+
+    async def _do_probe(self, msg: Message) -> None:
+        """The node's watchdog asks whether libpmix still serves: refused
+        ``PMIX_ERR_TIMEOUT`` when its progress thread did not complete a
+        call within ``timeout`` seconds (pmixusers.UserServers.watch)."""
+        from ..pmix import PmixServerError
+        if self.server is None:
+            return
+        timeout = msg.get("timeout")
+        timeout = float(timeout) if isinstance(timeout, (int, float)) else 30.0
+        if await self.server.probe(timeout) == Status.ERR_TIMEOUT:
+            raise PmixServerError(Status.ERR_TIMEOUT,
+                                  f"libpmix did not complete a call in {timeout:g} s")
 
     async def _do_stop(self, msg: Message) -> None:
         if self.done is not None and not self.done.done():

@@ -535,8 +535,9 @@ class PmixHost:
     async def deliver_event(self, msg: Message) -> int:
         """The master's ``event``: deliver it to this node's clients in range."""
         from ..pmix import Proc
+        from ..pmix import constants as C
         if self.server is None:
-            return Status.ERR_NOT_SUPPORTED
+            return C.ERR_NOT_SUPPORTED
         src = msg["source"]
         source = Proc(str(src[0]), int(src[1]))
         info = info_from_wire(msg.get("info") or [])

@@ -342,6 +342,10 @@ class UserServer:
         self._tasks: set[asyncio.Task] = set()
         self.stats = {"requests": 0, "refused": 0, "answered_now": 0, "handler_errors": 0}
         self.stopping = False
+        #: a watchdog probe is out (UserServers.watch)
+        self.probing = False
+        #: why the watchdog ended it (it did not answer): its end's reason
+        self.hung: str | None = None
         #: the fast lane's node end (runtime/pmixfast.py), where the node answers at once
         self.lane = None
         self._serve_fast = getattr(handler, "serve_fast", None)
@@ -458,6 +462,13 @@ class UserServer:
         Its socket closes as it exits, a moment before it can be reaped:
         waited for briefly (only when an agent ended unasked)."""
         proc = self.proc
+        if self.hung is not None:
+            if proc is not None:
+                try:
+                    proc.wait(0.2)   # (killed: reaped here if it is gone already)
+                except subprocess.TimeoutExpired:
+                    pass
+            return self.hung
         if proc is None:
             return None
         try:
@@ -471,6 +482,19 @@ class UserServer:
             except ValueError:
                 return f"killed by signal {-rc}"
         return f"exited with status {rc}"
+
+    async def probe(self, limit: float) -> str | None:
+        """Why this server is hung (None: it answered): the watchdog's probe,
+        which its libpmix must complete within ``limit`` seconds (and its
+        process answer within half as long again)."""
+        if not self.running:
+            return None
+        r = await self.channel.call({"t": "probe", "timeout": limit}, limit * 1.5)
+        if r.get("status") != Status.ERR_TIMEOUT or self.stopping:
+            return None   # (answered; or refused otherwise: an agent without probes)
+        if str(r.get("msg") or "").startswith("no reply from"):
+            return f"hung: its process did not answer the node in {limit * 1.5:g} s"
+        return f"hung: its libpmix did not complete a call in {limit:g} s"
 
     # -- what PmixHost calls -----------------------------------------------
 
@@ -714,6 +738,8 @@ class UserServers:
         #: when the tool server last started (a crash soon after waits to restart)
         self._tools_started = 0.0
         self._stopped = False
+        #: the next round of the watchdog's probes (``pydvm_pmix_watchdog``)
+        self._watchdog: asyncio.TimerHandle | None = None
 
     def running(self) -> list[UserServer]:
         return list(self.agents.values()) + ([self.tool_server] if self.tool_server else [])
@@ -721,6 +747,9 @@ class UserServers:
     def stop(self) -> None:
         """The node is stopping: every agent goes with it."""
         self._stopped = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         for timer in self._idle.values():
             timer.cancel()
         self._idle.clear()
@@ -753,6 +782,7 @@ class UserServers:
             return False
         self.tool_server = agent
         self._tools_started = time.monotonic()
+        self._arm_watchdog()
         host.tools.started(agent.tmpdir, agent.proc.pid, host.status[1].split()[1]
                            if len(host.status[1].split()) > 1 else "")
         log.info("node %s: PMIx tool server (pid %d) in %s", host.node.name, agent.proc.pid,
@@ -812,6 +842,7 @@ class UserServers:
             return None
         self.agents[uid] = agent
         self.failed.pop(uid, None)
+        self._arm_watchdog()
         log.info("node %s: PMIx server of uid %d (pid %d) in %s", name, uid, agent.proc.pid,
                  agent.tmpdir)
         return agent
@@ -910,6 +941,53 @@ class UserServers:
             await asyncio.sleep(wait)
             await self.start_tools()
         host.node._spawn(restart())
+
+    # -- the watchdog ------------------------------------------------------
+
+    def _limit(self) -> float:
+        return float(self.host.node.values.get("pydvm_pmix_watchdog", 0) or 0)
+
+    def _arm_watchdog(self) -> None:
+        """Probe every server process now and then (a third of
+        ``pydvm_pmix_watchdog``, at most every 10 s) while any runs."""
+        limit = self._limit()
+        if limit > 0 and self._watchdog is None and not self._stopped and self.running():
+            self._watchdog = asyncio.get_running_loop().call_later(min(10.0, limit / 3),
+                                                                   self.watch)
+
+    def watch(self) -> None:
+        """One round of the watchdog: each server process without a probe
+        out gets one (:meth:`UserServer.probe`); one that does not answer in
+        time is hung (:meth:`hung`)."""
+        self._watchdog = None
+        limit = self._limit()
+        for agent in self.running():
+            if not agent.probing and agent.running and not agent.stopping:
+                agent.probing = True
+                self.host.node._spawn(self._probe(agent, limit))
+        self._arm_watchdog()
+
+    async def _probe(self, agent: UserServer, limit: float) -> None:
+        try:
+            why = await agent.probe(limit)
+        finally:
+            agent.probing = False
+        if why is not None and not agent.stopping and agent.proc is not None:
+            self.hung(agent, why)
+
+    def hung(self, agent: UserServer, why: str) -> None:
+        """``agent`` is hung (a hang inside libpmix, or its process stuck):
+        it is killed, and its end is handled as any server process's
+        (:meth:`lost`: its connected processes' jobs end saying why; the next
+        job, or tool, gets a new one)."""
+        log.error("node %s: %s (pid %d) %s: killed", self.host.node.name, agent.name,
+                  agent.proc.pid, why)
+        agent.hung = why
+        try:
+            agent.proc.kill()
+        except OSError:
+            pass
+        self.lost(agent, why)
 
     def _keep(self, uid: int) -> None:
         """Cancel the idle stop of ``uid``'s agent, if one is armed."""
