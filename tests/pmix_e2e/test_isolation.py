@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from pmixkit import HEAD, NODES
+from pmixkit import FAR, HEAD, NODES
 from dvmkit import LineReader, finish
 
 pytestmark = pytest.mark.pmix
@@ -135,3 +135,26 @@ def test_a_hung_pmix_server_is_ended_by_the_watchdog_and_its_clients_jobs_say_wh
         if served.poll() is None:
             served.terminate()
         finish(served)
+
+
+def test_with_isolation_no_node_process_hosts_a_libpmix_server(make_pdvm, pmixcc):
+    """``pydvm_pmix_isolate=on``: jobs and tools are served by server
+    processes, so neither the master nor a daemon starts a libpmix server of
+    its own (whose directory is ``pydvm-pmix.<its pid>.*``): nothing a local
+    user sends to a libpmix listener can reach those processes."""
+    import glob
+    import tempfile
+    d = make_pdvm(pydvm_pmix_isolate="on")
+    r = d.run("--host", f"{HEAD},{FAR}", "-n", "2", "--map-by", "node",
+              pmixcc("pmix_events"), "fence", timeout=60)
+    assert r.returncode == 0 and r.stdout.count("FENCE status=0") == 2, r.stdout + r.stderr
+    root = os.path.join(tempfile.gettempdir(), f"pydvm-{os.getuid()}*")
+
+    def servers_of(pid: int) -> list[str]:
+        return glob.glob(os.path.join(root, "**", f"pydvm-pmix.{pid}.*"), recursive=True)
+    nodes = {HEAD: d.pid, **{n: p for n, p in d.daemon_pids.items() if n != HEAD}}
+    for name, pid in nodes.items():
+        assert servers_of(pid) == [], name
+        agent = _server_process(pid, f"pmix-u{os.geteuid()}")
+        assert servers_of(agent), (name, "the server process's directory is where expected")
+    assert servers_of(_server_process(d.pid, "pmix-tools"))

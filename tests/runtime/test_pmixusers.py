@@ -371,3 +371,24 @@ def test_a_probe_tells_a_hang_inside_libpmix_from_a_stuck_process_and_from_an_an
     a.channel = _Answers(reply)
     assert asyncio.run(a.probe(4.0)) == why
     assert a.channel.asked == [({"t": "probe", "timeout": 4.0}, 6.0)]
+
+
+def test_processes_whose_server_process_cannot_start_get_the_nodes_own_server_or_a_reason():
+    """With ``pydvm_pmix_isolate`` the node process hosts no libpmix server:
+    when a server process cannot start, the node starts its own for them
+    (``PmixHost.fallback_server``); if that cannot start either, the job is
+    refused with the reason.  Without isolation the node's own serves them."""
+    asked = []
+    own = object()
+    host = SimpleNamespace(server=object(), isolated=True,
+                           fallback_server=lambda why: asked.append(why) or None)
+    users = UserServers(host)
+    with pytest.raises(RuntimeError, match="no PMIx server for these processes: no setpriv"):
+        users._fallback("no setpriv")
+    assert asked == ["no setpriv"]
+    host.fallback_server = lambda why: own
+    assert users._fallback("no setpriv") is own
+    host.isolated = False
+    assert users._fallback("no setpriv") is host.server
+    host.server = None   # the node stopped
+    assert users._fallback("no setpriv") is None

@@ -3,8 +3,11 @@
 :class:`PmixHost` belongs to a :class:`~pydvm.runtime.node.NodeServer`
 (the one component that serves a node's clients, in a daemon or in the
 master for the head node).  It hosts the process's one libpmix server
-(:mod:`pydvm.pmix`), registers every job the node launches and every local
-process of it, and turns each upcall into what pydvm already does:
+(:mod:`pydvm.pmix`) -- or, with ``pydvm_pmix_isolate``, none: then every
+job's server is a process of its own (:mod:`pydvm.runtime.pmixusers`) whose
+upcalls arrive here relayed, and :class:`NoServerHere` stands for the
+node's --, registers every job the node launches and every local process of
+it, and turns each upcall into what pydvm already does:
 
 =========================  ==================================================
 upcall                     served by
@@ -226,6 +229,47 @@ class PmixSession(PeerSession):
                 req.reply.fail(status)
 
 
+class NoServerHere:
+    """What stands for the node process's own libpmix server where
+    ``pydvm_pmix_isolate`` keeps libpmix out of it: every job's and tool's
+    server is a process of its own (runtime/pmixusers.py), so this serves no
+    one -- nothing registers with it, events have no client here, and a
+    server process's directory goes beside ``tmpdir``
+    (:meth:`PmixHost.fallback_server` replaces it by a real one when a server
+    process cannot start)."""
+
+    tool_support = False
+    running = True
+
+    def __init__(self, base: str, nspace: str) -> None:
+        #: never made: server processes make their directories beside it
+        self.tmpdir = os.path.join(base, "pmix-node")
+        self.nspace = nspace
+        self.stats = {"requests": 0, "answered_now": 0}
+
+    async def register_nspace(self, nspace: str, nlocalprocs: int, info=()) -> None:
+        raise RuntimeError("no PMIx server in the node process (pydvm_pmix_isolate)")
+
+    async def register_client(self, proc, uid: int, gid: int) -> None:
+        raise RuntimeError("no PMIx server in the node process (pydvm_pmix_isolate)")
+
+    async def deregister_nspace(self, nspace: str) -> None:
+        return None
+
+    def setup_fork(self, proc) -> dict[str, str]:
+        return {}
+
+    async def notify_event(self, code: int, source, rng: int, info=(), timeout: float = 5.0
+                           ) -> int:
+        return int(Status.SUCCESS)
+
+    async def dmodex_request(self, proc) -> tuple[int, bytes]:
+        return int(Status.ERR_NOT_FOUND), b""
+
+    def finalize(self) -> None:
+        return None
+
+
 class PmixHost:
     """The node's PMIx server and the upcalls it serves (see the module docstring).
 
@@ -268,28 +312,16 @@ class PmixHost:
             return False
         ok, what, path = pmix_status()
         if ok:
-            from ..pmix import PmixServer, cleanup_stale
+            from ..pmix import cleanup_stale
             try:
                 cleanup_stale(tmpdir)
-                # The store judges sizes against its cap (OUT_OF_RESOURCE); the
-                # binding only refuses what no frame could carry (BAD_PARAM).
-                server = PmixServer(max_value_size=MAX_FRAME // 2,
-                                    nspace=f"{self.node.dvm_nspace}-{self.node.name}")
-                from ..pmix import constants as C
-                # with pydvm_pmix_isolate, tools attach to a process of their own
-                server.tool_support = self.tools.wanted() and not self.isolated
-                server.start(tmpdir, asyncio.get_running_loop(), self,
-                             extra_info=[(C.HOSTNAME, self.node.name)],
-                             answer_now=self.answer_now,
-                             attribute_fix=self.node.values.get(
-                                 "pydvm_pmix_attribute_fix") != "off")
+                if self.isolated:
+                    # no libpmix server in this process: server processes only
+                    self.server = NoServerHere(tmpdir, self.server_nspace)
+                else:
+                    self.server = self._in_process(tmpdir)
             except Exception as exc:
                 ok, what = False, f"cannot start the PMIx server: {exc}"
-            else:
-                self.server = server
-                if server.tool_support:
-                    self.tools.started(server.tmpdir, os.getpid(),
-                                       server.lib.version.split()[1] if server.lib else "")
         self.status = (ok, what, path)
         if not ok:
             if mode == "on":
@@ -297,9 +329,55 @@ class PmixHost:
                           self.node.name, what)
                 raise RuntimeError(f"pydvm_pmix=on but PMIx cannot be hosted: {what}")
             log.info("node %s: PMIx hosting unavailable: %s", self.node.name, what)
+        elif self.isolated:
+            log.info("node %s: PMIx (%s) served by processes of their own under %s",
+                     self.node.name, what, tmpdir)
         else:
             log.info("node %s: PMIx server (%s) in %s", self.node.name, what, self.server.tmpdir)
         return ok
+
+    @property
+    def server_nspace(self) -> str:
+        """The libpmix namespace of this node's own server (and of the tool server)."""
+        return f"{self.node.dvm_nspace}-{self.node.name}"
+
+    def _in_process(self, tmpdir: str):
+        """Start libpmix's server in this process (this node's own server)."""
+        from ..pmix import PmixServer
+        from ..pmix import constants as C
+        # The store judges sizes against its cap (OUT_OF_RESOURCE); the
+        # binding only refuses what no frame could carry (BAD_PARAM).
+        server = PmixServer(max_value_size=MAX_FRAME // 2, nspace=self.server_nspace)
+        # with pydvm_pmix_isolate, tools attach to a process of their own
+        server.tool_support = self.tools.wanted() and not self.isolated
+        server.start(tmpdir, asyncio.get_running_loop(), self,
+                     extra_info=[(C.HOSTNAME, self.node.name)], answer_now=self.answer_now,
+                     attribute_fix=self.node.values.get("pydvm_pmix_attribute_fix") != "off")
+        if server.tool_support:
+            self.tools.started(server.tmpdir, os.getpid(),
+                               server.lib.version.split()[1] if server.lib else "")
+        return server
+
+    def fallback_server(self, why: str):
+        """With ``pydvm_pmix_isolate``, when a server process cannot start:
+        this node's own server after all (started now, once, logged), so
+        that the user's PMIx jobs still run -- with the risk isolation
+        avoids.  None if it cannot start either."""
+        if not isinstance(self.server, NoServerHere):
+            return self.server
+        base = os.path.dirname(self.server.tmpdir)
+        try:
+            server = self._in_process(base)
+        except Exception as exc:
+            log.error("node %s: no PMIx server for these processes: a server process "
+                      "cannot start (%s) and this process's cannot either (%s)",
+                      self.node.name, why, exc)
+            return None
+        log.warning("node %s: a PMIx server process cannot start (%s): this node process "
+                    "serves those PMIx jobs itself -- a crash inside libpmix now ends the "
+                    "node", self.node.name, why)
+        self.server = server
+        return server
 
     @property
     def isolated(self) -> bool:

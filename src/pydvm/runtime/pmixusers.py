@@ -28,7 +28,10 @@ the default, is on for a DVM ``pydvm start`` starts)
 the DVM owner gets an agent too (running as the node does, started with the
 node and kept), so that a crash inside libpmix ends only that agent and the
 processes connected to it (:meth:`UserServers.lost`), never the node or the
-master; off, the owner's jobs use the node's in-process server.  On the
+master -- which then host no libpmix server at all
+(:class:`~pydvm.runtime.pmixhost.NoServerHere` stands for theirs, unless a
+server process cannot start: :meth:`UserServers._fallback`); off, the
+owner's jobs use the node's in-process server.  On the
 head node it also gets a *tool server*: an agent of the owner's with tool
 support and no job, that takes PMIx tools from outside any job
 (runtime/pmixtools.py, :meth:`UserServers.start_tools`).
@@ -78,7 +81,8 @@ processes and data arrays cross as tagged maps (:func:`encode`).
 
 If the agent cannot be started (the user cannot run this Python, no
 ``setpriv`` and no privilege), the node serves that user's processes from
-its own server with the copying store, as before, and logs why once.
+its own server with the copying store, as before, and logs why once (with
+isolation, starting that server then).
 """
 
 from __future__ import annotations
@@ -791,9 +795,10 @@ class UserServers:
 
     async def server_for(self, uid: int, gid: int):
         """The server the processes of user ``uid`` connect to: the node's
-        own, or on a multi-user DVM for another user that user's agent,
-        started at its first job here.  If the agent cannot start, the node's
-        own server (logged once)."""
+        own, or (on a multi-user DVM for another user; with
+        ``pydvm_pmix_isolate`` for the owner too) that user's agent, started
+        at its first job here.  If the agent cannot start, the node's own
+        server (logged once; :meth:`_fallback`)."""
         host = self.host
         if uid == os.geteuid() or not getattr(host.node, "multi_user", False):
             if host.node.values.get("pydvm_pmix_isolate") == "off":
@@ -805,7 +810,7 @@ class UserServers:
             return agent
         failed = self.failed.get(uid)
         if failed is not None and time.monotonic() - failed[1] < AGENT_RETRY:
-            return host.server
+            return self._fallback(failed[0])
         starting = self._starting.get(uid)
         if starting is not None:
             return await asyncio.shield(starting)
@@ -836,7 +841,7 @@ class UserServers:
                             "job's data into each process (tried again after %.0f s)",
                             name, uid, exc, AGENT_RETRY)
             self.failed[uid] = (str(exc), time.monotonic())
-            return host.server
+            return self._fallback(str(exc))
         if host.server is None:  # the node stopped meanwhile
             agent.finalize()
             return None
@@ -846,6 +851,18 @@ class UserServers:
         log.info("node %s: PMIx server of uid %d (pid %d) in %s", name, uid, agent.proc.pid,
                  agent.tmpdir)
         return agent
+
+    def _fallback(self, why: str):
+        """The server for processes whose server process cannot start: the
+        node's own (with ``pydvm_pmix_isolate``, started for them now:
+        ``PmixHost.fallback_server``).  Raises RuntimeError if there is none."""
+        host = self.host
+        if host.server is None:
+            return None   # (the node stopped)
+        server = host.fallback_server(why) if host.isolated else host.server
+        if server is None:
+            raise RuntimeError(f"no PMIx server for these processes: {why}")
+        return server
 
     def may(self, agent: UserServer, req) -> str | None:
         """Why an upcall relayed by ``agent`` is not its user's to make (None: it is)."""
