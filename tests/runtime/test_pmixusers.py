@@ -392,3 +392,31 @@ def test_processes_whose_server_process_cannot_start_get_the_nodes_own_server_or
     assert users._fallback("no setpriv") is host.server
     host.server = None   # the node stopped
     assert users._fallback("no setpriv") is None
+
+
+def test_only_the_tool_server_may_pass_on_a_tools_connection_and_its_end():
+    from pydvm.pmix.tools import ToolConnected
+    from pydvm.runtime.pmixusers import encode_tool
+    seen, gone = [], []
+
+    def handler(req):
+        seen.append(req)
+    handler.tools = SimpleNamespace(disconnected=lambda ns, srv: gone.append((ns, srv)))
+    tool = encode_tool(ToolConnected(1000, "", 1000, 1000, 7, "pps", None, {}, None, False))
+
+    users_agent = _agent(handler)
+    users_agent._on_message(users_agent.channel, {"t": "tool", "id": 1, "req": tool})
+    assert seen == [] and users_agent.channel.why == "protocol error"
+
+    srv = UserServer(0, 0, handler, lambda a, r: None, lambda a, why: None, tools=True)
+    srv.channel = FakeChannel()
+    srv._on_message(srv.channel, {"t": "tool", "id": 2, "req": {**tool, "uid": "root"}})
+    assert seen == [] and srv.channel.sent[-1]["fail"] == Status.ERR_BAD_PARAM
+    srv._on_message(srv.channel, {"t": "tool", "id": 3, "req": tool})
+    (req,) = seen
+    assert req.kind == "tool_connected" and req.origin is srv and req.uid == 1000
+    req.reply.abandon()   # a refusal: the tool server cuts the connection
+    last = srv.channel.sent[-1]
+    assert (last["id"], last["fail"]) == (3, Status.ERR_NO_PERMISSIONS)
+    srv._on_message(srv.channel, {"t": "tool_gone", "ns": "dvm-tool.1"})
+    assert gone == [("dvm-tool.1", srv)] and not srv.channel.closed

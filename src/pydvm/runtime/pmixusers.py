@@ -572,10 +572,14 @@ class UserServer:
         if t == "log":
             self._agent_log(msg)
             return
-        if self.tools and t in ("tool", "tool_gone"):
-            self._on_tool(t, msg)
+        if self.tools and t == "tool_gone":
+            # (only the tool server sends these: it runs as the node does, so
+            # its word on a tool is as good as this process's own)
+            ns = msg.get("ns")
+            if isinstance(ns, str):
+                self._handler.tools.disconnected(ns, self)
             return
-        if t != "up" and t != "data":
+        if t not in ("up", "data") and not (self.tools and t == "tool"):
             log.warning("%s: unexpected %r message: closing", self.name, t)
             ch.close("protocol error", error=True)
             return
@@ -585,9 +589,11 @@ class UserServer:
             self._on_data(rid, msg)
             return
         try:
-            req = decode_request(msg.get("req"))
+            # a tool's connection (``tool``: what the tool server found of it), or an upcall
+            req = decode_tool(msg.get("req")) if t == "tool" else decode_request(msg.get("req"))
         except (ValueError, TypeError, KeyError, IndexError) as exc:
-            log.warning("%s: malformed upcall (%s): refused", self.name, exc)
+            log.warning("%s: malformed %s (%s): refused", self.name,
+                        "tool connection" if t == "tool" else "upcall", exc)
             self.stats["refused"] += 1
             self.answer(rid, fail=int(Status.ERR_BAD_PARAM))
             return
@@ -654,34 +660,6 @@ class UserServer:
         if r is not None:
             self.stats["answered_now"] += 1
             waiting.reply.relay(dataops.encode(rid, r))
-
-    def _on_tool(self, t: str, msg: Message) -> None:
-        """The tool server's ``tool`` (a tool connects: ``tool_connected``
-        with what the server process found, :func:`decode_tool`) or
-        ``tool_gone`` (a tool's connection ended).  Only the tool server
-        process sends these: it runs as the DVM's owner, so its word on a
-        tool's uid is as good as this process's own."""
-        if t == "tool_gone":
-            ns = msg.get("ns")
-            if isinstance(ns, str):
-                self._handler.tools.disconnected(ns, self)
-            return
-        rid = msg.get("id")
-        rid = rid if isinstance(rid, int) and not isinstance(rid, bool) else None
-        try:
-            req = decode_tool(msg.get("req"))
-        except (ValueError, TypeError, KeyError) as exc:
-            log.warning("%s: malformed tool connection (%s): refused", self.name, exc)
-            self.stats["refused"] += 1
-            self.answer(rid, fail=int(Status.ERR_BAD_PARAM))
-            return
-        req.reply = RemoteReply(self, rid, req.kind)
-        req.origin = self
-        self.stats["requests"] += 1
-        try:
-            self._handler(req)
-        except Exception as exc:
-            handler_failed(req, exc, self.stats)
 
     def _agent_log(self, msg: Message) -> None:
         """A log record of the agent's, logged here as its (one line, at most
