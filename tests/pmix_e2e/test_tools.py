@@ -139,7 +139,9 @@ def test_pattrs_by_pid_namespace_and_uri_file(tdvm):
     uri = tool_uri(tdvm)
     server_ns = uri.split(";")[0].rsplit(".", 1)[0]
     uri_file = re.search(r"\(file (\S+);", tdvm.cmd("info", check=True).stdout).group(1)
-    for how in (["--pid", str(tdvm.pid)], ["--namespace", server_ns], ["--uri", uri],
+    # (the far node's daemon runs here too: its pid leads to the head node, as the master's)
+    for how in (["--pid", str(tdvm.pid)], ["--pid", str(tdvm.daemon_pids[FAR])],
+                ["--namespace", server_ns], ["--uri", uri],
                 ["--uri", f"file:{uri_file}"]):
         p = run_tool(tdvm, "pattrs", *how, "--host-fns")
         assert p.returncode == 0, (how, p.stdout, p.stderr)

@@ -88,6 +88,7 @@ from .heap import IdleTrim, tune as tune_heap
 from .door import Door, Listener
 from .credential import ENV as credential_env
 from .credential import Voucher
+from .auth import host_identity
 from .guard import Guardian, group_alive
 from . import jobdirs, jobio
 from .jobio import PumpState, StdinFeed, drain_output, pump_output
@@ -233,7 +234,10 @@ class NodeServer:
         self.uplink.on_message = self.on_master
         ready = {"t": "ready", "pmix": list(self.pmix.status),
                  # what ppr:N:socket and --map-by core:SPAN count (placement.py)
-                 "topo": self.binding.topology.counts()}
+                 "topo": self.binding.topology.counts(),
+                 # which process this is, where: a PMIx tool that sees what the
+                 # master sees may name it (--pid) to reach the DVM (pmixtools.py)
+                 "pid": os.getpid(), "where": host_identity()}
         if self.voucher is not None:
             ready["holders"] = []  # from now on announced (see _holder_changed)
         self.uplink.send(ready)

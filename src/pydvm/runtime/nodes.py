@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from ..errors import Status
 from ..wire import Channel, LocalEnd, Message, heartbeat, local_pair, refuse, reply
+from .auth import host_identity
 from .guard import Guardian
 from .jobs import HostSpec
 from .launch import DaemonCommand, LaunchError, Launcher, stderr_sink
@@ -73,6 +74,9 @@ class NodeRecord:
     #: how many sockets, cores, NUMA domains, hardware threads and L3
     #: caches its daemon may use, as its ``ready`` said (None: not said).
     topo: dict[str, int] | None = None
+    #: its daemon's pid, when that runs here: this machine, loopback and
+    #: mount namespace (as its ``ready`` said)
+    local_pid: int | None = None
 
     @property
     def up(self) -> bool:
@@ -318,10 +322,25 @@ class NodeTable:
                                           and not isinstance(v, bool) and v >= 1
                                           for k, v in topo.items()):
             node.topo = dict(topo)
+        pid = msg.get("pid")
+        here = host_identity()
+        if (isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and here
+                and msg.get("where") == here):
+            node.local_pid = pid   # a daemon that sees this machine, loopback and files as we do
+            self._tools_alias(pid, True)
         if node.state == "joining":
             node.state = "up"
             node.registered.set()
             log.info("daemon %s registered", node.name)
+
+    def _tools_alias(self, pid: int, on: bool) -> None:
+        """A daemon on this machine: a PMIx tool naming its pid (``--pid``)
+        finds the head node's tool server, as one naming the master's
+        (runtime/pmixtools.py)."""
+        head = self.records.get(self.head_node or "")
+        server = head.server if head is not None else None
+        if server is not None and server.pmix is not None:
+            server.pmix.tools.alias(pid, on)
 
     def holds(self, daemon: DaemonSession, msg: Message) -> None:
         """A daemon's ``node_holds``: ``uids`` now own items in its store
@@ -355,6 +374,8 @@ class NodeTable:
         node.state = "stopped" if self.stopping else "lost"
         node.lost_reason = reason
         node.holders = None
+        if node.local_pid is not None:
+            self._tools_alias(node.local_pid, False)
         if self.stopping:
             return
         log.error("lost node %s: %s", name, reason)

@@ -27,7 +27,11 @@ writes:
   after this *machine* -- a tool looks for files named after the machine it
   runs on (``--pid``, ``--namespace``, and the search a tool makes without
   either, under its ``TMPDIR``) -- and, for a tool server process, after the
-  master's pid: ``--pid <master pid>`` finds the DVM as it finds PRRTE's;
+  master's pid: ``--pid <master pid>`` finds the DVM as it finds PRRTE's --,
+  and after the pid of each daemon that runs here (this machine, loopback
+  and mount namespace, :func:`~pydvm.runtime.auth.host_identity`; as its
+  ``ready`` says): ``--pid <daemon pid>`` finds the head node too
+  (:meth:`ToolHost.alias`);
 * with ``pydvm_pmix_system_server`` on, in a DVM started by root,
   ``$TMPDIR/pmix.sys.<hostname>`` (mode 0644), what a tool asking for the
   system server reads first (``pps``, ``plookup``, ``pevent`` do, even
@@ -129,6 +133,12 @@ class ToolHost:
         self._count = 0
         self._files: list[str] = []
         self._watch = None
+        #: pids of daemons here (this machine, loopback, files) that a tool may
+        #: name (``--pid``) as well as the master's (:meth:`alias`)
+        self._aliases: set[int] = set()
+        #: (server directory, libpmix's file of the server's pid) -- where the
+        #: aliases are copies of
+        self._source: tuple[str, str] | None = None
         #: the server's URI once tools are served (None: not served here)
         self.uri: str | None = None
 
@@ -167,6 +177,9 @@ class ToolHost:
                 tail = str(os.getpid()) if tail == str(pid) else tail
                 if name != node.name or tail != f[len(prefix):]:
                     self._write(os.path.join(tmp, f"pmix.{name}.tool.{tail}"), body, 0o600)
+        self._source = (tmp, body)
+        for alias in self._aliases:
+            self._write_alias(alias)
         self._write(os.path.join(str(node.socket_dir), URI_FILE),
                     f"{self.uri}\nv{version}\n", 0o644 if node.multi_user else 0o600)
         if os.geteuid() == 0 and node.values["pydvm_pmix_system_server"] == "on":
@@ -178,6 +191,32 @@ class ToolHost:
             from ..pmix.tools import HangupWatch
             self._watch = HangupWatch(lambda ns: self._gone(ns, "the tool disconnected"))
         log.info("node %s: PMIx tools attach at %s", node.name, self.uri)
+
+    def alias(self, pid: int, on: bool) -> None:
+        """A daemon here reported in (``on``) or went: a tool naming its pid
+        (``--pid``, as PRRTE's tools name a ``prted``) finds this server too."""
+        if on:
+            self._aliases.add(pid)
+            self._write_alias(pid)
+        elif pid in self._aliases:
+            self._aliases.discard(pid)
+            for path in self._alias_paths(pid):
+                if path in self._files:
+                    self._files.remove(path)
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
+    def _alias_paths(self, pid: int) -> list[str]:
+        if self._source is None:
+            return []
+        names = {self.host.node.name, socket.gethostname()}
+        return [os.path.join(self._source[0], f"pmix.{n}.tool.{pid}") for n in sorted(names)]
+
+    def _write_alias(self, pid: int) -> None:
+        for path in self._alias_paths(pid):
+            self._write(path, self._source[1], 0o600)
 
     def _write(self, path: str, body: str, mode: int) -> None:
         tmp = f"{path}.{os.getpid()}.tmp"
@@ -199,6 +238,7 @@ class ToolHost:
                 pass
         self._files.clear()
         self.uri = None
+        self._source = None
 
     def stop(self) -> None:
         for ns in list(self.tools):
