@@ -90,7 +90,12 @@ def read_frame(sock: socket.socket, spin_ns: int = 0) -> Message | None:
 
 
 def _read(sock: socket.socket, n: int, spin_ns: int = 0) -> bytes | None:
-    """``n`` bytes; first polled for without sleeping for up to ``spin_ns``."""
+    """``n`` bytes; first polled for without sleeping for up to ``spin_ns``,
+    yielding the CPU (``sched_yield``) between tries: both ends of the lane
+    poll, and when the scheduler puts them on one CPU the one that is to
+    answer would otherwise wait for the other's poll to run out (a request
+    took 430-490 µs instead of 115-170 in some runs, by where the threads
+    landed; bench/pmix_isolate.py)."""
     buf = bytearray()
     if spin_ns:
         end = time.perf_counter_ns() + spin_ns
@@ -99,6 +104,7 @@ def _read(sock: socket.socket, n: int, spin_ns: int = 0) -> bytes | None:
                 chunk = sock.recv(n, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 if time.perf_counter_ns() < end:
+                    os.sched_yield()
                     continue
                 break
             if not chunk:
