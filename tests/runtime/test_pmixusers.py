@@ -420,3 +420,36 @@ def test_only_the_tool_server_may_pass_on_a_tools_connection_and_its_end():
     assert (last["id"], last["fail"]) == (3, Status.ERR_NO_PERMISSIONS)
     srv._on_message(srv.channel, {"t": "tool_gone", "ns": "dvm-tool.1"})
     assert gone == [("dvm-tool.1", srv)] and not srv.channel.closed
+
+
+def test_registrations_wait_at_the_node_not_inside_the_server_process():
+    """6,000 one-rank jobs submitted at once to an isolated DVM all failed
+    (PMIX_ERR_TIMEOUT from register_client): the node sent every
+    registration to the server process at once, whose libpmix calls then
+    queued for longer than their 5 s.  The node keeps at most
+    REGISTRATIONS_IN_FLIGHT requests out; the rest wait their turn here,
+    with their timeout starting when they are sent."""
+    import asyncio
+    from pydvm.pmix import Proc
+    from pydvm.runtime.pmixusers import REGISTRATIONS_IN_FLIGHT
+
+    class Slow:
+        closed = False
+
+        def __init__(self):
+            self.now = self.most = 0
+
+        async def call(self, msg, timeout):
+            self.now += 1
+            self.most = max(self.most, self.now)
+            await asyncio.sleep(0.001)
+            self.now -= 1
+            return {"status": Status.SUCCESS, "env": {}}
+
+    async def main():
+        a = _agent(lambda req: None)
+        a.channel = Slow()
+        await asyncio.gather(*[a.register_client(Proc(f"ns{i}", 0), 0, 0) for i in range(500)],
+                             *[a.register_nspace(f"ns{i}", 1) for i in range(500)])
+        return a.channel.most
+    assert 1 < asyncio.run(main()) <= REGISTRATIONS_IN_FLIGHT < 500

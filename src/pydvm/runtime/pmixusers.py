@@ -109,6 +109,12 @@ log = logging.getLogger("pydvm.pmix")
 #: How long the node waits for an agent to start its libpmix server, and
 #: for each of its answers (a registration, an event, modex data).
 AGENT_TIMEOUT = 30.0
+#: Registrations (a namespace, a process, a deregistration) the node has
+#: out with one server process at once; more wait their turn at the node.
+#: Each libpmix call in the server process gives up after 5 s, counted from
+#: when it is made: thousands of jobs launched at once, sent all together,
+#: queued in libpmix for longer than that and every one failed.
+REGISTRATIONS_IN_FLIGHT = 32
 #: How long an agent has to finish after ``stop`` before it is killed.
 STOP_GRACE = 5.0
 #: After a user's agent failed to start, how long that user's processes are
@@ -345,6 +351,7 @@ class UserServer:
         self._envs: dict[tuple[str, int], dict[str, str]] = {}
         self._tasks: set[asyncio.Task] = set()
         self.stats = {"requests": 0, "refused": 0, "answered_now": 0, "handler_errors": 0}
+        self._in_flight = asyncio.Semaphore(REGISTRATIONS_IN_FLIGHT)
         self.stopping = False
         #: a watchdog probe is out (UserServers.watch)
         self.probing = False
@@ -503,9 +510,13 @@ class UserServer:
     # -- what PmixHost calls -----------------------------------------------
 
     async def _ask(self, msg: Message) -> Message:
+        """A registration request, answered SUCCESS or raised
+        (``PmixServerError``); at most REGISTRATIONS_IN_FLIGHT out at once,
+        each timed from when it is sent."""
         if self.channel is None:
             raise RuntimeError(f"{self.name} is not running")
-        r = await self.channel.call(msg, AGENT_TIMEOUT)
+        async with self._in_flight:
+            r = await self.channel.call(msg, AGENT_TIMEOUT)
         if r.get("status") != Status.SUCCESS:
             from ..pmix import PmixServerError
             raise PmixServerError(int(r.get("status", C.ERROR)), r.get("msg") or msg["t"])
