@@ -98,6 +98,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import Status
+from ..pmix import DataArray, Proc, Value
 from ..pmix import constants as C
 from ..pmix.replies import handler_failed, task_done
 from ..wire import Channel, Message, reply
@@ -129,11 +130,29 @@ TOOLS_RESTART = 1.0
 # codec: PMIx objects as msgpack can carry them
 # ----------------------------------------------------------------------
 
+#: Types msgpack carries as they are (exactly these: a subclass takes the long way).
+_PLAIN = frozenset((type(None), bool, int, float, str, bytes))
+
+
 def encode(x: Any) -> Any:
     """``x`` (Proc, Value, DataArray, a request dataclass, dicts, lists,
     tuples, scalars) as plain msgpack data; :func:`decode` is its inverse.
-    Raises TypeError for anything else."""
-    from ..pmix import DataArray, Proc, Value
+    Raises TypeError for anything else.  (A job's registration is thousands
+    of these a second: the common types are told by ``type`` first.)"""
+    t = type(x)
+    if t in _PLAIN:
+        return x
+    if t is Value:
+        v = x.value
+        return {"V": [x.type, v if type(v) in _PLAIN else encode(v)]}
+    if t is list:
+        return [encode(i) for i in x]
+    if t is tuple:
+        return {"T": [encode(i) for i in x]}
+    if t is DataArray:
+        return {"A": [x.type, [encode(i) for i in x.items]]}
+    if t is Proc:
+        return {"P": [x.nspace, x.rank]}
     if x is None or isinstance(x, (bool, int, float, str, bytes)):
         return x
     if isinstance(x, Value):
@@ -158,7 +177,6 @@ def encode(x: Any) -> Any:
 
 def decode(x: Any) -> Any:
     """The inverse of :func:`encode`.  Raises ValueError on what it never makes."""
-    from ..pmix import DataArray, Proc, Value
     if isinstance(x, list):
         return [decode(i) for i in x]
     if not isinstance(x, dict):
@@ -637,7 +655,6 @@ class UserServer:
         """A relayed data request checked as any upcall is: ``(request, None)``
         when well formed and this agent's user's to make, else ``(None,
         status)`` -- refused BAD_PARAM or NO_PERMISSIONS, logged and counted."""
-        from ..pmix import Proc
         m = relayed_request(m)
         if (not isinstance(rid, int) or isinstance(rid, bool) or m is None
                 or not (isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
