@@ -228,3 +228,30 @@ def test_a_node_without_pmix_answers_an_event_not_supported():
     host = PmixHost(SimpleNamespace(name="n"))
     assert asyncio.run(host.deliver_event({"source": ["ns", 0], "code": -1, "range": 0})) \
         == C.ERR_NOT_SUPPORTED
+
+
+def test_an_event_reaches_the_tool_server_only_while_a_tool_is_connected_to_it():
+    """Every job's end is an event to each server on its nodes; the tool
+    server has no client but its tools, so it is passed over while none is
+    connected (0.15 ms of its CPU per job in a bulk of one-rank jobs)."""
+    from types import SimpleNamespace
+    from pydvm.runtime.pmixhost import PmixHost
+    from pydvm.runtime.pmixtools import ToolConn
+
+    class Server:
+        def __init__(self, tools):
+            self.tools, self.got = tools, []
+
+        async def notify_event(self, code, source, rng, info, timeout):
+            self.got.append(code)
+            return Status.SUCCESS
+    host = PmixHost(SimpleNamespace(name="n"))
+    host.server, tool_server = Server(False), Server(True)
+    host.users.tool_server = tool_server
+    msg = {"source": ["ns", 0], "code": -7, "range": 0}
+    assert asyncio.run(host.deliver_event(msg)) == Status.SUCCESS
+    assert host.server.got == [-7] and tool_server.got == []
+    host.tools.tools["dvm-tool.1"] = ToolConn("dvm-tool.1", 0, 0, 1, "pps", None, None,
+                                              server=tool_server)
+    asyncio.run(host.deliver_event(msg))
+    assert host.server.got == [-7, -7] and tool_server.got == [-7]

@@ -624,10 +624,12 @@ class PmixHost:
         skip = msg.get("skip")
         skip = skip[1] if isinstance(skip, list) and len(skip) == 2 and \
             skip[0] == self.node.name else None
+        # (the tool server's only clients are its tools: none, nothing to tell)
         statuses = await asyncio.gather(*[
             srv.notify_event(int(msg["code"]), source, int(msg["range"]), info,
                              timeout=EVENT_TIMEOUT)
-            for srv in (self.server, *self.users.running()) if self.server_tag(srv) != skip])
+            for srv in (self.server, *self.users.running()) if self.server_tag(srv) != skip
+            and not (srv is self.users.tool_server and not self.tools.serves(srv))])
         return next((s for s in statuses if s != Status.SUCCESS), Status.SUCCESS)
 
     # -- groups --------------------------------------------------------------

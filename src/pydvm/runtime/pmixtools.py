@@ -414,6 +414,10 @@ class ToolHost:
             return {os.geteuid()} if mine else set()
         return {t.uid for t in mine}
 
+    def serves(self, server) -> bool:
+        """Is a tool connected to ``server`` (a tool server process) now?"""
+        return any(t.server is server for t in self.tools.values())
+
     def count(self) -> int:
         return len(self.tools)
 
