@@ -137,7 +137,7 @@ def test_a_job_process_dies_with_its_daemon_even_without_the_guardian(dvm):
         daemon = dvm.daemon_pids["b"]
         guardians = [k for k in _children(daemon) if k != pid
                      and os.readlink(f"/proc/{k}/exe") == os.readlink(f"/proc/{daemon}/exe")
-                     and b"pmixusers" not in open(f"/proc/{k}/cmdline", "rb").read()]
+                     and b"pmixagent" not in open(f"/proc/{k}/cmdline", "rb").read()]
         assert len(guardians) == 1, guardians
         os.kill(guardians[0], signal.SIGKILL)
         wait_for(lambda: not pid_alive(guardians[0]), what="the guardian to die")

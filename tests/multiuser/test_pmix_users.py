@@ -140,7 +140,7 @@ def _read_until(bg: subprocess.Popen, marker: str) -> str:
 
 
 def _agents(user: str) -> list[int]:
-    p = subprocess.run(["pgrep", "-u", user, "-f", "pydvm.runtime.pmixusers"],
+    p = subprocess.run(["pgrep", "-u", user, "-f", "pydvm.runtime.pmixagent"],
                        capture_output=True, text=True)
     return [int(x) for x in p.stdout.split()]
 

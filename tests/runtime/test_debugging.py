@@ -12,7 +12,7 @@ from pydvm.pmix.jobinfo import JobLayout, job_info
 from pydvm.pmix.values import Proc, Value
 from pydvm.runtime import debugging as D
 from pydvm.runtime.jobs import AppRecord, JobRecord, ProcRecord, ProcState
-from pydvm.runtime.pmixhost import job_layout
+from pydvm.runtime.pmixcodec import job_layout
 
 W = C.RANK_WILDCARD
 

@@ -15,7 +15,7 @@ from pydvm.pmix.requests import Allocate, JobControl
 from pydvm.pmix.values import DataArray, Proc, Value
 from pydvm.runtime import pmixjobctl as PJ
 from pydvm.runtime.jobs import AppRecord, JobRecord, ProcRecord, ProcState
-from pydvm.runtime.pmixusers import decode_request, encode_request
+from pydvm.runtime.pmixcodec import decode_request, encode_request
 
 W = C.RANK_WILDCARD
 

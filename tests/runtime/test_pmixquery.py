@@ -12,7 +12,7 @@ from pydvm.pmix import constants as C
 from pydvm.pmix.values import DataArray, ProcInfo, Proc, Value
 from pydvm.runtime import pmixquery as PQ
 from pydvm.runtime.jobs import AppRecord, JobRecord, ProcRecord, ProcState
-from pydvm.runtime.pmixusers import decode, encode
+from pydvm.runtime.pmixcodec import decode, encode
 
 
 def job(ns: str, uid: int, states=(ProcState.RUNNING, ProcState.RUNNING)) -> JobRecord:

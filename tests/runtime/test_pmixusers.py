@@ -15,8 +15,8 @@ from pydvm.errors import Status
 from pydvm.pmix import DataArray, Proc, Value
 from pydvm.pmix import constants as C
 from pydvm.pmix import requests as R
-from pydvm.runtime.pmixusers import (RemoteReply, UserServer, UserServers, decode,
-                                     decode_request, encode, encode_request)
+from pydvm.runtime.pmixcodec import decode, decode_request, encode, encode_request
+from pydvm.runtime.pmixusers import RemoteReply, UserServer, UserServers
 
 P = Proc("ns-a", 3)
 INFO = DataArray(C.INFO, (("k1", Value("x", C.STRING)), ("k2", Value(7, C.UINT32))))
@@ -226,7 +226,7 @@ def test_the_tool_server_speaks_for_its_tools_and_known_processes_only():
 def test_a_tool_connection_crosses_from_the_tool_server_and_nothing_else_does():
     import msgpack
     from pydvm.pmix.tools import ToolConnected
-    from pydvm.runtime.pmixusers import decode_tool, encode_tool
+    from pydvm.runtime.pmixcodec import decode_tool, encode_tool
     req = ToolConnected(1000, "", 1000, 1000, 4242, "pps", 7, {"pmix.nspace": Value("x", C.STRING)},
                         9, False)
     back = decode_tool(msgpack.unpackb(msgpack.packb(encode_tool(req))))
@@ -396,7 +396,7 @@ def test_processes_whose_server_process_cannot_start_get_the_nodes_own_server_or
 
 def test_only_the_tool_server_may_pass_on_a_tools_connection_and_its_end():
     from pydvm.pmix.tools import ToolConnected
-    from pydvm.runtime.pmixusers import encode_tool
+    from pydvm.runtime.pmixcodec import encode_tool
     seen, gone = [], []
 
     def handler(req):

@@ -1,6 +1,6 @@
 """A user's PMIx agent: the process that hosts that user's libpmix server on a
 node and relays its upcalls to the node (why, the trust rule and the wire:
-:mod:`pydvm.runtime.pmixusers`, whose ``main`` starts it).
+:mod:`pydvm.runtime.pmixusers`, which starts it: :func:`main`).
 
 Threads
 -------
@@ -72,7 +72,7 @@ from ..errors import Status
 from ..pmix import constants as C
 from ..wire import Channel, Message, pack, reply
 from .pmixdata import DATA_KINDS, answer, data_request
-from .pmixusers import decode, encode_request
+from .pmixcodec import decode, encode_request
 
 log = logging.getLogger("pydvm.pmix")
 
@@ -422,7 +422,7 @@ class Agent:
         kernel's uid of its socket, its claims) goes to the node, which
         answers with the tool's identity or refuses it; the tool's socket
         stays here (watched for its end once it is in)."""
-        from .pmixusers import encode_tool
+        from .pmixcodec import encode_tool
         link = self.link
         try:
             body = {"t": "tool", "req": encode_tool(req)}
@@ -499,3 +499,22 @@ def run(fd: int, lane_fd: int | None = None) -> None:
         asyncio.run(Agent(lane_fd).main(fd))
     else:
         uvloop.run(Agent(lane_fd).main(fd))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pydvm.runtime.pmixagent FD [LANE_FD]``: what a node starts
+    (:meth:`pydvm.runtime.pmixusers.UserServer.start`)."""
+    import sys
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) not in (1, 2) or not all(x.isdigit() for x in argv):
+        print("usage: python -m pydvm.runtime.pmixagent FD [LANE_FD] (started by a pydvm node)",
+              file=sys.stderr)
+        return 2
+    logging.basicConfig(level=os.environ.get("PYDVM_AGENT_LOG", "WARNING"),
+                        format=f"pydvm pmix agent uid {os.getuid()}: %(levelname)s %(message)s")
+    run(int(argv[0]), int(argv[1]) if len(argv) > 1 else None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -135,6 +135,13 @@ EVENT_TIMEOUT = 5.0
 DMODEX_TIMEOUT = 60.0
 
 
+def _codec():
+    """:mod:`pydvm.runtime.pmixcodec` (it imports :mod:`pydvm.pmix`, which a
+    node loads only once it hosts PMIx: see :func:`pmix_status`)."""
+    from . import pmixcodec
+    return pmixcodec
+
+
 def pmix_status():
     """``(available, version or reason, library path)`` without starting anything."""
     try:
@@ -433,7 +440,7 @@ class PmixHost:
             raise RuntimeError("the node's PMIx server stopped")
         for srv in self.foreign.pop(ns, ()):  # known as a peer's namespace; now it runs here too
             await srv.deregister_nspace(ns)
-        jl = job_layout(ns, layout, job.session_id)
+        jl = _codec().job_layout(ns, layout, job.session_id)
         jl.proc_extra = proc_extra or {}
         from ..pmix.jobinfo import job_info
         self.local_nspaces[ns] = server
@@ -511,7 +518,7 @@ class PmixHost:
         for ns, lay in (layouts or {}).items():
             if ns in self.local_nspaces or server in self.foreign.get(ns, ()):
                 continue
-            jl = job_layout(ns, lay, lay.get("session_id"))
+            jl = _codec().job_layout(ns, lay, lay.get("session_id"))
             self.foreign.setdefault(ns, []).append(server)
             try:
                 await server.register_nspace(ns, 0, job_info(jl, self.node.name))
@@ -591,7 +598,7 @@ class PmixHost:
                 log.warning("event %d of %s not passed on: %s", req.code, req.source,
                             r.get("msg"))
         msg = {"t": "notify", "code": req.code, "source": [req.source.nspace, req.source.rank],
-               "range": req.range, "info": info_to_wire(req.info)}
+               "range": req.range, "info": _codec().info_to_wire(req.info)}
         tool = self.tools.event_source(req.source.nspace)
         if tool is not None:  # a tool's (pmixtools.py): the master decides where
             msg["tool_uid"], msg["source"] = tool[0], [tool[1], 0]
@@ -618,7 +625,7 @@ class PmixHost:
             return C.ERR_NOT_SUPPORTED
         src = msg["source"]
         source = Proc(str(src[0]), int(src[1]))
-        info = info_from_wire(msg.get("info") or [])
+        info = _codec().info_from_wire(msg.get("info") or [])
         # every server here passes it to its own clients (libpmix filters by
         # range) -- but the one it came from, which has (``skip``: [node, server])
         skip = msg.get("skip")
@@ -653,7 +660,7 @@ class PmixHost:
                     info.append((C.GROUP_CONTEXT_ID, Value(r["ctxid"], C.SIZE)))
             req.reply(status, info)
         self._ask_master({"t": "group", "op": req.op, "grpid": req.grpid,
-                          "procs": _procs(req.procs), "data": data,
+                          "procs": _codec().procs_to_wire(req.procs), "data": data,
                           "ctxid": bool(ctx is not None and ctx.value),
                           "timeout": t.value if t is not None and isinstance(t.value, int)
                           else None}, answered)
@@ -771,7 +778,7 @@ class PmixHost:
             if _trace.PATH:
                 _trace.mark("pmix.fence_done")
             req.reply(r.get("status", Status.ERR_UNREACH), r.get("data") or b"")
-        self._ask_master({"t": "fence", "procs": _procs(req.procs), "data": req.data,
+        self._ask_master({"t": "fence", "procs": _codec().procs_to_wire(req.procs), "data": req.data,
                           "collect": req.collect, "timeout": req.timeout}, answered)
 
     def _up_direct_modex(self, req) -> None:
@@ -785,7 +792,7 @@ class PmixHost:
             req.reply(r.get("status", Status.ERR_UNREACH))
         self._ask_master({"t": "abort", "nspace": req.proc.nspace, "rank": req.proc.rank,
                           "status": req.status, "msg": req.message or "",
-                          "procs": _procs(req.procs)}, answered)
+                          "procs": _codec().procs_to_wire(req.procs)}, answered)
 
     def _up_connect(self, req) -> None:
         async def learn_then_reply(r: Message) -> None:
@@ -799,12 +806,12 @@ class PmixHost:
                 self.node._spawn(learn_then_reply(r))
             else:
                 req.reply(r.get("status", Status.ERR_UNREACH))
-        self._ask_master({"t": "connect", "procs": _procs(req.procs)}, answered)
+        self._ask_master({"t": "connect", "procs": _codec().procs_to_wire(req.procs)}, answered)
 
     def _up_disconnect(self, req) -> None:
         def answered(r: Message) -> None:
             req.reply(r.get("status", Status.ERR_UNREACH))
-        self._ask_master({"t": "disconnect", "procs": _procs(req.procs)}, answered)
+        self._ask_master({"t": "disconnect", "procs": _codec().procs_to_wire(req.procs)}, answered)
 
     def _up_spawn(self, req) -> None:
         apps = [{"cmd": a.cmd, "argv": list(a.argv), "env": list(a.env), "cwd": a.cwd,
@@ -850,72 +857,3 @@ class PmixHost:
             return reply(msg.get("id"), Status.ERR_TIMEOUT,
                          f"{ns}:{rank} posted no modex data within {DMODEX_TIMEOUT:.0f}s")
         return reply(msg.get("id"), status, data=blob)
-
-
-def info_to_wire(items) -> list[list]:
-    """An event's info as msgpack can carry it: ``[key, type, value]`` each,
-    a proc as ``[nspace, rank]``, a data array as ``[type, [items]]``."""
-    return [[k, v.type, _plain(v.type, v.value)] for k, v in items]
-
-
-def info_from_wire(rows) -> list[tuple[str, Any]]:
-    """The inverse of :func:`info_to_wire` (entries it cannot read are dropped)."""
-    from ..pmix import Value
-    out = []
-    for row in rows:
-        try:
-            k, t, x = row
-            out.append((str(k), Value(_unplain(int(t), x), int(t))))
-        except (TypeError, ValueError):
-            log.warning("dropping a malformed event info entry %r", row)
-    return out
-
-
-def _plain(t: int, x):
-    from ..pmix import constants as C
-    if t == C.PROC:
-        return [x.nspace, x.rank]
-    if t == C.DATA_ARRAY:
-        if x is None:
-            return None
-        if x.type == C.INFO:
-            return [x.type, [[k, v.type, _plain(v.type, v.value)] for k, v in x.items]]
-        return [x.type, [_plain(x.type, i) for i in x.items]]
-    return x
-
-
-def _unplain(t: int, x):
-    from ..pmix import DataArray, Proc, Value
-    from ..pmix import constants as C
-    if t == C.PROC:
-        return Proc(str(x[0]), int(x[1]))
-    if t == C.DATA_ARRAY:
-        if x is None:
-            return None
-        et, items = int(x[0]), x[1]
-        if et == C.INFO:
-            return DataArray(et, tuple((str(k), Value(_unplain(int(vt), v), int(vt)))
-                                       for k, vt, v in items))
-        return DataArray(et, tuple(_unplain(et, i) for i in items))
-    return x
-
-
-def _procs(procs) -> list[list]:
-    return [[p.nspace, p.rank] for p in procs]
-
-
-def job_layout(nspace: str, layout: dict, session_id: int | None):
-    """The master's layout message as a JobLayout: ``nodes`` (node -> ranks),
-    ``apps`` (sizes), ``parent``, and when given ``node_ids``, ``univ_size``,
-    ``argv`` and ``wdir`` (per application)."""
-    from ..pmix.jobinfo import JobLayout, debug_target, stop_in_init
-    parent, target = layout.get("parent"), layout.get("debug_target")
-    return JobLayout(nspace, {n: list(r) for n, r in layout["nodes"].items()},
-                     apps=list(layout.get("apps") or []) or None,
-                     session_id=session_id,
-                     universe_size=layout.get("univ_size"),
-                     node_ids=layout.get("node_ids"),
-                     app_argv=layout.get("argv"), app_wdir=layout.get("wdir"),
-                     parent=(str(parent[0]), int(parent[1])) if parent else None,
-                     extra=(stop_in_init() if layout.get("stop_in_init") else []) +
-                     (debug_target(str(target[0]), int(target[1])) if target else []))

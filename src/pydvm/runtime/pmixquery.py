@@ -40,7 +40,6 @@ some were, else the first refusal's status.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from typing import Any

@@ -64,11 +64,11 @@ written by libpmix's thread in the agent (:mod:`pydvm.runtime.pmixagent`):
   at once from the socket handler when a store here can answer, else as a
   native client's request) and answered with the store's reply map; the
   agent makes the PMIx reply.  The node builds no PMIx object for these.
-* ``up``: any other upcall (:func:`encode_request`), answered by a reply
+* ``up``: any other upcall (:func:`~pydvm.runtime.pmixcodec.encode_request`), answered by a reply
   whose ``args`` are the arguments of the upcall's reply call.
 
 * ``tool`` (the tool server only): a tool asks to connect -- what the
-  server process found of it (:func:`encode_tool`: the kernel's uid of its
+  server process found of it (:func:`~pydvm.runtime.pmixcodec.encode_tool`: the kernel's uid of its
   socket, its claims) --, answered with the ``args`` of libpmix's callback
   (its identity) or refused by ``fail`` (the agent then cuts the tool's
   connection); ``tool_gone`` (the tool server only, no answer): an accepted
@@ -77,7 +77,8 @@ written by libpmix's thread in the agent (:mod:`pydvm.runtime.pmixagent`):
   and for processes the node knows (:meth:`UserServers.may`).
 
 Either is refused by a reply whose ``fail`` is a status.  PMIx values,
-processes and data arrays cross as tagged maps (:func:`encode`).
+processes and data arrays cross as tagged maps
+(:func:`~pydvm.runtime.pmixcodec.encode`).
 
 If the agent cannot be started (the user cannot run this Python, no
 ``setpriv`` and no privilege), the node serves that user's processes from
@@ -88,7 +89,6 @@ isolation, starting that server then).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import socket
@@ -98,11 +98,12 @@ import time
 from typing import Any, Callable
 
 from ..errors import Status
-from ..pmix import DataArray, Proc, Value
+from ..pmix import Proc
 from ..pmix import constants as C
 from ..pmix.replies import handler_failed, task_done
 from ..wire import Channel, Message, reply
 from . import dataops
+from .pmixcodec import decode_request, decode_tool, encode
 from .pmixdata import DATA_KINDS, RelayedData, relayed_request
 
 log = logging.getLogger("pydvm.pmix")
@@ -124,141 +125,6 @@ AGENT_RETRY = 60.0
 #: The soonest a tool server that ended is replaced, in seconds after its
 #: start (so that a tool crashing each new one cannot make the node spin).
 TOOLS_RESTART = 1.0
-
-
-# ----------------------------------------------------------------------
-# codec: PMIx objects as msgpack can carry them
-# ----------------------------------------------------------------------
-
-#: Types msgpack carries as they are (exactly these: a subclass takes the long way).
-_PLAIN = frozenset((type(None), bool, int, float, str, bytes))
-
-
-def encode(x: Any) -> Any:
-    """``x`` (Proc, Value, DataArray, a request dataclass, dicts, lists,
-    tuples, scalars) as plain msgpack data; :func:`decode` is its inverse.
-    Raises TypeError for anything else.  (A job's registration is thousands
-    of these a second: the common types are told by ``type`` first.)"""
-    t = type(x)
-    if t in _PLAIN:
-        return x
-    if t is Value:
-        v = x.value
-        return {"V": [x.type, v if type(v) in _PLAIN else encode(v)]}
-    if t is list:
-        return [encode(i) for i in x]
-    if t is tuple:
-        return {"T": [encode(i) for i in x]}
-    if t is DataArray:
-        return {"A": [x.type, [encode(i) for i in x.items]]}
-    if t is Proc:
-        return {"P": [x.nspace, x.rank]}
-    if x is None or isinstance(x, (bool, int, float, str, bytes)):
-        return x
-    if isinstance(x, Value):
-        return {"V": [x.type, encode(x.value)]}
-    if isinstance(x, Proc):
-        return {"P": [x.nspace, x.rank]}
-    if isinstance(x, DataArray):
-        return {"A": [x.type, [encode(i) for i in x.items]]}
-    if isinstance(x, tuple):
-        return {"T": [encode(i) for i in x]}
-    if isinstance(x, list):
-        return [encode(i) for i in x]
-    if isinstance(x, dict):
-        return {"M": [[k, encode(v)] for k, v in x.items()]}
-    if dataclasses.is_dataclass(x) and type(x).__name__ in _classes():
-        return {"C": [type(x).__name__, {f.name: encode(getattr(x, f.name))
-                                         for f in dataclasses.fields(x) if f.name != "reply"}]}
-    if isinstance(x, bytearray):
-        return bytes(x)
-    raise TypeError(f"cannot carry a {type(x).__name__} to or from a PMIx agent")
-
-
-def decode(x: Any) -> Any:
-    """The inverse of :func:`encode`.  Raises ValueError on what it never makes."""
-    if isinstance(x, list):
-        return [decode(i) for i in x]
-    if not isinstance(x, dict):
-        return x
-    if len(x) != 1:
-        raise ValueError("a tagged value has exactly one tag")
-    (tag, body), = x.items()
-    if tag == "V":
-        return Value(decode(body[1]), int(body[0]))
-    if tag == "P":
-        return Proc(str(body[0]), int(body[1]))
-    if tag == "A":
-        return DataArray(int(body[0]), tuple(decode(i) for i in body[1]))
-    if tag == "T":
-        return tuple(decode(i) for i in body)
-    if tag == "M":
-        return {str(k): decode(v) for k, v in body}
-    if tag == "C":
-        cls = _classes().get(body[0])
-        if cls is None:
-            raise ValueError(f"not a PMIx request: {body[0]!r}")
-        return cls(**{str(k): decode(v) for k, v in body[1].items()})
-    raise ValueError(f"unknown tag {tag!r}")
-
-
-_CLASSES: dict[str, type] = {}
-
-
-def _classes() -> dict[str, type]:
-    if not _CLASSES:
-        from ..pmix import requests as R
-        for name in dir(R):
-            obj = getattr(R, name)
-            if isinstance(obj, type) and dataclasses.is_dataclass(obj):
-                _CLASSES[name] = obj
-    return _CLASSES
-
-
-def encode_request(req) -> Any:
-    """An upcall's request, without its reply object."""
-    return encode(req)
-
-
-def decode_request(data: Any):
-    """A request built from :func:`encode_request`'s output (``reply`` unset)."""
-    req = decode(data)
-    from ..pmix.requests import Request
-    if not isinstance(req, Request) or type(req) is Request:
-        raise ValueError("not a PMIx upcall")
-    return req
-
-
-#: What of a ``tool_connected`` request crosses from the tool server
-#: process (its reply, descriptors and libpmix's socket stay there).
-_TOOL_FIELDS = ("uid", "why", "claimed_uid", "claimed_gid", "pid", "cmd", "keeps_id")
-
-
-def encode_tool(req) -> dict:
-    """A :class:`~pydvm.pmix.tools.ToolConnected` as the tool server sends it."""
-    out = {f: getattr(req, f) for f in _TOOL_FIELDS}
-    out["info"] = encode(req.info)
-    return out
-
-
-def decode_tool(data: Any):
-    """The inverse of :func:`encode_tool` (``fd``, ``sd`` and ``reply`` unset).
-    Raises ValueError or TypeError on anything else."""
-    from ..pmix.tools import ToolConnected
-    if not isinstance(data, dict) or set(data) != {*_TOOL_FIELDS, "info"}:
-        raise ValueError("not a tool connection")
-    info = decode(data["info"])
-    if not isinstance(info, dict):
-        raise ValueError("a tool connection's info is a map")
-    for f in ("uid", "claimed_uid", "claimed_gid", "pid"):
-        v = data[f]
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
-            raise TypeError(f"{f}: not an integer")
-    if not isinstance(data["why"], str) or not isinstance(data["cmd"], str) \
-            or not isinstance(data["keeps_id"], bool):
-        raise TypeError("why, cmd: strings; keeps_id: a bool")
-    return ToolConnected(data["uid"], data["why"], data["claimed_uid"], data["claimed_gid"],
-                         data["pid"], data["cmd"], None, info, None, data["keeps_id"])
 
 
 # ----------------------------------------------------------------------
@@ -394,7 +260,7 @@ class UserServer:
         os.chown(d, self.uid, self.gid)
         os.chmod(d, 0o755 if self.tools else 0o700)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        argv = [sys.executable, "-P", "-m", "pydvm.runtime.pmixusers", str(theirs.fileno())]
+        argv = [sys.executable, "-P", "-m", "pydvm.runtime.pmixagent", str(theirs.fileno())]
         lane_ours = lane_theirs = None
         if fast and self._serve_fast is not None:
             lane_ours, lane_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -1038,24 +904,3 @@ class UserServers:
         self._forget(agent)
         log.info("node %s: PMIx server of uid %d idle: stopped", self.host.node.name, agent.uid)
         self.host.node._spawn(agent.finalize_async())
-
-
-# ----------------------------------------------------------------------
-# agent side: the process itself is pydvm.runtime.pmixagent
-# ----------------------------------------------------------------------
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) not in (1, 2) or not all(a.isdigit() for a in argv):
-        print("usage: python -m pydvm.runtime.pmixusers FD [LANE_FD] (started by a pydvm node)",
-              file=sys.stderr)
-        return 2
-    logging.basicConfig(level=os.environ.get("PYDVM_AGENT_LOG", "WARNING"),
-                        format=f"pydvm pmix agent uid {os.getuid()}: %(levelname)s %(message)s")
-    from .pmixagent import run
-    run(int(argv[0]), int(argv[1]) if len(argv) > 1 else None)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
