@@ -131,7 +131,7 @@ class ToolHost:
         #: (uid, namespace, when) of nameless tools gone lately (NAMELESS_LINGER)
         self._recent_nameless: list[tuple[int, str, float]] = []
         self._count = 0
-        self._files: list[str] = []
+        self._files: set[str] = set()
         self._watch = None
         #: pids of daemons here (this machine, loopback, files) that a tool may
         #: name (``--pid``) as well as the master's (:meth:`alias`)
@@ -168,17 +168,15 @@ class ToolHost:
         with open(src) as f:
             body = f.read()
         prefix = f"pmix.{node.name}.tool."
-        for name in {node.name, machine}:
+        if machine != node.name:
             for f in mine:
-                if not f.startswith(prefix):
-                    continue
-                tail = f[len(prefix):]
-                # ``--pid`` names the master's (or a daemon's) pid, as PRRTE's
-                tail = str(os.getpid()) if tail == str(pid) else tail
-                if name != node.name or tail != f[len(prefix):]:
-                    self._write(os.path.join(tmp, f"pmix.{name}.tool.{tail}"), body, 0o600)
+                if f.startswith(prefix):
+                    self._write(os.path.join(tmp, f"pmix.{machine}.tool.{f[len(prefix):]}"),
+                                body, 0o600)
         self._source = (tmp, body)
-        for alias in self._aliases:
+        # ``--pid`` may name the master (when the server is a process of its
+        # own) or a daemon here, as PRRTE's tools name prte or a prted
+        for alias in self._aliases | ({os.getpid()} - {pid}):
             self._write_alias(alias)
         self._write(os.path.join(str(node.socket_dir), URI_FILE),
                     f"{self.uri}\nv{version}\n", 0o644 if node.multi_user else 0o600)
@@ -201,8 +199,7 @@ class ToolHost:
         elif pid in self._aliases:
             self._aliases.discard(pid)
             for path in self._alias_paths(pid):
-                if path in self._files:
-                    self._files.remove(path)
+                self._files.discard(path)
                 try:
                     os.unlink(path)
                 except OSError:
@@ -225,7 +222,7 @@ class ToolHost:
                 f.write(body)
             os.chmod(tmp, mode)
             os.rename(tmp, path)
-            self._files.append(path)
+            self._files.add(path)
         except OSError as exc:
             log.warning("cannot write %s: %s", path, exc)
 
