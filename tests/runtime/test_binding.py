@@ -191,6 +191,24 @@ def test_least_loaded_first_and_overload_counts_this_job_only(vm):
     assert B.plan(vm, {}, 1, 1, False, load.counts).cpus == [{0}]
 
 
+def test_other_jobs_load_spreads_a_job_but_never_unbinds_one_that_fits(vm, big):
+    """Two ranks on two cores with other jobs' processes piled on core 0: the
+    least-loaded rule must not put both ranks on core 1 and then drop the
+    default binding as overloaded -- the job fits, so each rank gets a core
+    of its own, as under a lone mpirun."""
+    for policy in ({}, {"bind_to": "core"}):
+        p = B.plan(vm, policy, 2, 2, False, {0: 2})
+        assert p.cpus == [{1}, {0}] and not p.refusal, (policy, p)
+        p = B.plan(vm, policy, 2, 2, False, {1: 5})
+        assert p.cpus == [{0}, {1}] and not p.refusal, (policy, p)
+    # the same on the big machine: eight cores on socket 0 loaded unevenly
+    load = {c: 3 for c in range(0, 7)}
+    p = B.plan(big, {}, 2, 2, False, load)
+    assert len({min(c) for c in p.cpus}) == 2 and None not in p.cpus, p
+    # a job that does not fit still overloads as before (own count only)
+    assert B.plan(vm, {}, 3, 3, False, {0: 2}).cpus == [None] * 3
+
+
 def test_cpu_set_binds_every_rank_to_it_whatever_bind_to_says(big):
     for extra in ({}, {"bind_to": "core"}, {"bind_to": "none"}):
         p = B.plan(big, {"cpu_set": [1, 9], **extra}, 2, 2, True)

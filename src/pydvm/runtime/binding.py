@@ -39,7 +39,10 @@ inherited by the child) and tells Open MPI what it did.
   placed on it plus the most processes of other running jobs bound to any
   of its CPUs -- so two 1-rank jobs on a persistent DVM take core 0 and core
   1, where two ``mpirun``\\ s would both take core 0.  The overload check
-  counts this job's ranks only, as a lone ``mpirun`` job would.
+  counts this job's ranks only, as a lone ``mpirun`` job would, and the
+  choice prefers objects with room for another rank of this job: a job that
+  fits the node is bound as a lone ``mpirun`` job would be, however unevenly
+  other jobs loaded it.
 
 **Plain (non-MPI) jobs are bound as MPI jobs are**: ``mpirun`` binds every
 process it starts, and a node cannot tell an MPI program from another
@@ -209,7 +212,11 @@ def plan(topo: Topology, placement: Mapping | None, nlocal: int, job_size: int,
         choices = [k for k, o in enumerate(objs) if locale is None or o.cpus & locale]
         if not choices:
             return Plan(unbound, refusal=f"{node}: no cpus available to bind rank {i} to")
-        k = min(choices, key=lambda k: (own[k] + other[k], k))
+        # other jobs' load only orders the objects: one with room for another
+        # of this job's ranks comes first, so a job that fits is never
+        # dropped (or refused) as overloaded because others piled up elsewhere
+        roomy = [k for k in choices if own[k] < _ncpus(objs[k], topo, hwt)] or choices
+        k = min(roomy, key=lambda k: (own[k] + other[k], k))
         got: set[int] = set()
         total = 0
         while True:
