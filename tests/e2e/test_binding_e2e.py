@@ -17,6 +17,7 @@ its ranks.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -179,3 +180,37 @@ def test_persistent_dvm_binds_as_mpirun_and_spreads_concurrent_jobs(tmp_path):
         dvm.stop()
     assert not os.listdir(tmp_path / "cpuload") or os.listdir(tmp_path / "cpuload") == [
         ".lock"]  # the stopped nodes left no count behind
+
+
+def test_a_job_that_fits_stays_bound_however_other_jobs_loaded_the_node(tmp_path):
+    """Another job holds two processes on core 0 (``--cpu-set 0``); a 2-rank
+    job then gets one core per rank, as a lone ``mpirun -n 2`` -- not both
+    ranks on the idler core 1 and then left unbound as overloaded (nor
+    refused with ``--bind-to core``)."""
+    dvm = start_private(tmp_path, "d", "a:4", str(tmp_path / "cpuload"))
+    gate = tmp_path / "gate"   # held exclusively here: the held ranks wait on it
+    gate_fd = os.open(gate, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(gate_fd, fcntl.LOCK_EX)
+    try:
+        e = dict(dvm.env, PYDVM_URI=dvm.uri)
+        # both held ranks wait for the gate (only rank 0 would have stdin)
+        hold = subprocess.Popen(PYDVM + ["run", "--cpu-set", "0", "-n", "2", "sh", "-c",
+                                         f"{CPUS}; flock -s {gate} true"], env=e,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            lines = LineReader(hold.stdout)
+            assert [lines.wait_line("Cpus_allowed_list").split()[-1] for _ in range(2)] == [
+                "0", "0"]
+            ref = mpirun(["--report-bindings", "-n", "2", "sh", "-c", CPUS])
+            for extra in ([], ["--bind-to", "core"]):
+                got = pydvm_run(["--report-bindings", *extra, "-n", "2", "sh", "-c", CPUS],
+                                dvm.env, dvm.uri)
+                assert got.returncode == 0, got.stderr
+                assert sorted(cpus_allowed(got)) == cpus_allowed(ref) == ["0", "1"], got.stderr
+                assert len(report(got)) == 2, got.stderr
+        finally:
+            os.close(gate_fd)  # the gate opens, whenever the ranks reach it
+            assert finish(hold) == 0
+    finally:
+        dvm.stop()
