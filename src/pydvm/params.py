@@ -106,6 +106,13 @@ def _pmix_mode(text: str) -> str:
     return v
 
 
+def _auto_on(text: str) -> str:
+    v = str(text).strip().lower()
+    if v not in ("auto", "on"):
+        raise ValueError("must be auto or on")
+    return v
+
+
 def _on_off(text: str) -> str:
     v = str(text).strip().lower()
     if v not in ("on", "off"):
@@ -207,6 +214,13 @@ REGISTRY: dict[str, Param] = {
               "requests (waiting lookups included) one client or tool connection may have "
               "outstanding; beyond it PMIX_ERR_OUT_OF_RESOURCE (1..1000000)",
               "a whole number from 1 to 1000000"),
+        Param("pydvm_death_signal", _auto_on, "auto",
+              "the kernel's parent-death signal for job processes: 'on' starts every one "
+              "through setpriv --pdeathsig (killed the instant its node process dies; "
+              "about 1 ms of CPU per process); 'auto': only those started as another user "
+              "(through setpriv for the switch anyway) -- the node's guardian ends the "
+              "others, with their own children, within 50 ms of the node's death",
+              "auto|on"),
         Param("pydvm_master_poll_us", _poll_us, 200.0,
               "microseconds the master keeps polling for the next request after each one "
               "instead of sleeping (a sleeping process's wake-up costs tens of µs on a VM), "

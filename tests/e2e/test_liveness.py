@@ -126,10 +126,31 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
-def test_a_job_process_dies_with_its_daemon_even_without_the_guardian(dvm):
-    """The parent-death signal alone ends a job process whose daemon is
-    killed with SIGKILL: here node b's guardian is killed first, so nothing
-    else can.  (Its own children are the guardian's part: they live on.)"""
+def test_a_process_that_left_its_group_dies_with_its_daemon_too(dvm):
+    """kill -9 of node b's daemon: a job process's child that made a session
+    of its own (``setsid``: no group kill, no parent-death signal reaches
+    it) still dies -- the guardian also ends whatever carries the node's
+    client socket in its environment."""
+    job = dvm.run_bg("--host", "b", "-n", "1", "sh", "-c",
+                     'setsid sleep 300 & echo PIDS $$ $!; wait')
+    reader = LineReader(job.stdout)
+    try:
+        _, sh_pid, away = reader.wait_line("PIDS").split()
+        wait_for(lambda: os.getsid(int(away)) == int(away),
+                 what="the child to be in a session of its own")
+        os.kill(dvm.daemon_pids["b"], signal.SIGKILL)
+        wait_for(lambda: not pid_alive(int(sh_pid)) and not pid_alive(int(away)), timeout=10,
+                 what="the job process and the child that left its group to die")
+    finally:
+        finish(job)
+
+
+def test_a_job_process_dies_with_its_daemon_even_without_the_guardian(make_dvm):
+    """With ``pydvm_death_signal on``, the parent-death signal alone ends a
+    job process whose daemon is killed with SIGKILL: here node b's guardian
+    is killed first, so nothing else can.  (Its own children are the
+    guardian's part: they live on.)"""
+    dvm = make_dvm("a,b", pydvm_death_signal="on")
     job = dvm.run_bg("--host", "b", "-n", "1", "sh", "-c", 'echo PID $$; exec sleep 300')
     reader = LineReader(job.stdout)
     try:

@@ -27,6 +27,15 @@ def test_the_command_goes_through_setpriv_with_the_death_signal_after_the_user_s
     assert "--clear-groups" in jobproc.command_line(["prog"], (1000, 100, []))
 
 
+def test_without_the_death_signal_only_a_user_switch_goes_through_setpriv(monkeypatch):
+    monkeypatch.setattr(jobproc, "_setpriv", ["/usr/bin/setpriv"])
+    assert jobproc.command_line(["prog", "-x"], None, death_signal=False) == ["prog", "-x"]
+    # a switch needs setpriv anyway: the signal comes with it
+    assert jobproc.command_line(["prog"], (1000, 100, []), death_signal=False) == [
+        "/usr/bin/setpriv", "--reuid=1000", "--regid=100", "--clear-groups",
+        "--pdeathsig", "KILL", "--", "prog"]
+
+
 def test_without_setpriv_the_command_is_run_as_given(no_setpriv):
     assert jobproc.command_line(["prog", "-x"], (1, 2, [2])) == ["prog", "-x"]
     assert not jobproc.death_signal_available()

@@ -25,13 +25,18 @@ def run_async(coro, profile_name: str = "") -> Any:
     """Run ``coro`` on uvloop when available (unless PYDVM_NO_UVLOOP is set).
 
     With ``PYDVM_PROFILE_DIR`` set, a master or daemon runs under cProfile and
-    writes ``<dir>/<name>.prof`` when it exits (for performance work).
+    writes ``<dir>/<name>.prof`` when it exits (for performance work); with
+    ``PYDVM_PROFILE_CLOCK=cpu`` it counts the loop thread's CPU time instead
+    of wall time (waits for the scheduler, for a CPU, do not count).
     """
     prof_dir = os.environ.get("PYDVM_PROFILE_DIR")
     if prof_dir and profile_name:
         import cProfile
 
-        pr = cProfile.Profile()
+        import time
+
+        cpu = os.environ.get("PYDVM_PROFILE_CLOCK") == "cpu"
+        pr = cProfile.Profile(time.thread_time) if cpu else cProfile.Profile()
         pr.enable()
         try:
             return run_async(coro)

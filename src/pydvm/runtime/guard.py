@@ -10,13 +10,21 @@ Two mechanisms, because neither alone covers every case:
   what that child started.
 * **A guardian process.**  Before its event loop starts, the daemon forks a
   tiny guardian that does nothing but read a pipe from the daemon: the
-  process groups the daemon launched (``+PGID`` / ``-PGID``) and the
-  directories it must remove (``dPATH``).  When the pipe reaches end of
-  file -- the daemon exited, for whatever reason -- the guardian SIGKILLs
-  every group still listed (so a job process's own children, which share its
-  group, go too), removes the directories (the client socket's), and exits.
-  It runs in its own session so a signal sent to the daemon's group does
-  not take it first.
+  process groups the daemon launched (``+PGID`` / ``-PGID``), the
+  directories it must remove (``dPATH``) and the environment entry every
+  job process of the daemon carries (``eNAME=VALUE``: its client socket).
+  When the pipe reaches end of file -- the daemon exited, for whatever
+  reason -- the guardian SIGKILLs every group still listed (so a job
+  process's own children, which share its group, go too), then every
+  process whose environment holds the entry (one the daemon started but had
+  not listed yet, or a child that left its group), removes the directories
+  (the client socket's), and exits.  It runs in its own session so a signal
+  sent to the daemon's group does not take it first.
+
+The parent-death signal is set only where it costs nothing more (a user
+switch runs through ``setpriv`` anyway) or where asked for
+(``pydvm_death_signal on``): the guardian alone ends the others, at most
+one pause late.
 
 The guardian reads the pipe in bursts, pausing :data:`READ_PAUSE` between
 reads: a write into a pipe whose reader is blocked in ``read`` wakes it,
@@ -96,6 +104,11 @@ class Guardian:
     def remove_on_exit(self, path: str) -> None:
         self._send(f"d{path}\n")
 
+    def kill_carriers_on_exit(self, name: str, value: str) -> None:
+        """At the end also SIGKILL every process whose environment has
+        ``name=value`` (what each job process of this daemon is given)."""
+        self._send(f"e{name}={value}\n")
+
     @property
     def groups(self) -> frozenset[int]:
         return frozenset(self._groups)
@@ -117,6 +130,28 @@ class Guardian:
             os.write(self._w, line.encode())
 
 
+def _kill_carriers(marks: list[bytes]) -> None:
+    """SIGKILL every process whose environment holds one of ``marks``
+    (``\\0NAME=VALUE\\0``), and its group if it leads one."""
+    me = os.getpid()
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == me:
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = b"\0" + f.read()
+        except OSError:
+            continue  # gone, or not ours to read
+        if any(m in env for m in marks):
+            pid = int(d)
+            try:
+                if os.getpgid(pid) == pid:
+                    os.killpg(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
 def _guard(r: int) -> None:  # pragma: no cover - runs in the forked guardian
     """The guardian's whole life: list groups until EOF, then kill them."""
     try:
@@ -131,6 +166,7 @@ def _guard(r: int) -> None:  # pragma: no cover - runs in the forked guardian
         os.closerange(r + 1, maxfd)
         groups: set[int] = set()
         dirs: list[str] = []
+        marks: list[bytes] = []
         buf = b""
         while True:
             try:
@@ -152,11 +188,15 @@ def _guard(r: int) -> None:  # pragma: no cover - runs in the forked guardian
                     groups.discard(int(arg))
                 elif op == b"d":
                     dirs.append(arg)
+                elif op == b"e":
+                    marks.append(b"\0" + line[1:] + b"\0")
         for pgid in groups:
             try:
                 os.killpg(pgid, signal.SIGKILL)
             except OSError:
                 pass
+        if marks:
+            _kill_carriers(marks)
         for d in dirs:
             if os.path.isdir(d):
                 shutil.rmtree(d, ignore_errors=True)

@@ -11,16 +11,25 @@ and ~15 ms of the child's per spawn at 300 MB, against ~0.5 ms for
 whose fork/exec is C (``vfork`` where it can), with no ``preexec_fn``.
 
 What the old preexec function did is done instead by ``setpriv`` (util-linux,
-present on every mainstream Linux) placed in front of the command: it sets
-the **parent-death signal** (SIGKILL, so a job process dies with its node
-process even if that is killed with SIGKILL -- see :mod:`pydvm.runtime.guard`,
-which also covers the process's own children) and, on a multi-user DVM,
-switches to the job's user, groups first, then the death signal (a change of
-credentials clears it), then executes the command: same pid, same argv.
-Without ``setpriv`` the user switch is done by ``Popen``'s own
-``user``/``group``/``extra_groups`` (C code in the child) and the guardian
-alone stands for the death signal (:func:`death_signal_available` says which;
-the node logs it once).
+present on every mainstream Linux) placed in front of the command: on a
+multi-user DVM it switches to the job's user, groups first, then sets the
+**parent-death signal** (SIGKILL: the kernel ends the process the moment its
+node process dies, even by SIGKILL; a change of credentials would clear it),
+then executes the command: same pid, same argv.  Without ``setpriv`` the
+user switch is done by ``Popen``'s own ``user``/``group``/``extra_groups``
+(C code in the child, a real ``fork``) and the guardian alone stands for the
+death signal (:func:`death_signal_available` says which; the node logs it
+once).
+
+A process started as the node's own user needs no switch, and the
+guardian (:mod:`pydvm.runtime.guard`) ends it -- with its own children,
+which the death signal never reached -- within ``READ_PAUSE`` of its node
+process's death.  Putting ``setpriv`` in front of it only for the death
+signal costs a second ``exec`` and dynamic link: about a millisecond of CPU
+per process, twice what ``true`` itself costs, the largest share of a
+one-rank job.  So it is done only when asked (``pydvm_death_signal on``);
+a process that does go through ``setpriv`` for a user switch always gets
+the signal too.
 
 The end of a process is seen through a pidfd on the event loop (Linux 5.3+):
 no SIGCHLD handler, no waiting thread, and nothing else in the process reaps
@@ -58,12 +67,14 @@ def death_signal_available() -> bool:
     return setpriv_path() is not None
 
 
-def command_line(argv: list[str], switch: tuple[int, int, list[int]] | None) -> list[str]:
+def command_line(argv: list[str], switch: tuple[int, int, list[int]] | None,
+                 death_signal: bool = True) -> list[str]:
     """The argv actually executed for ``argv``: through ``setpriv`` when it
-    exists (death signal, and the user switch if ``switch`` = (uid, gid,
-    groups)), else ``argv`` itself."""
+    exists and there is something for it to do -- the user switch if
+    ``switch`` = (uid, gid, groups), the death signal if ``death_signal``
+    or switching --, else ``argv`` itself."""
     sp = setpriv_path()
-    if sp is None:
+    if sp is None or (switch is None and not death_signal):
         return list(argv)
     pre = [sp]
     if switch is not None:
@@ -118,12 +129,14 @@ class ChildProcess:
 
 
 def start(argv: list[str], *, env: dict[str, str], cwd: str | None, stdin, stdout: int,
-          stderr: int, switch: tuple[int, int, list[int]] | None) -> ChildProcess:
+          stderr: int, switch: tuple[int, int, list[int]] | None,
+          death_signal: bool = True) -> ChildProcess:
     """Start ``argv`` in a new session (its own process group) with the given
-    standard streams, as the job's user if ``switch`` says so.  Raises
-    OSError if it cannot be started (the program was checked beforehand,
-    see :func:`find_program`)."""
-    cmd = command_line(argv, switch)
+    standard streams, as the job's user if ``switch`` says so, with the
+    parent-death signal if ``death_signal`` (see the module docstring).
+    Raises OSError if it cannot be started (the program was checked
+    beforehand, see :func:`find_program`)."""
+    cmd = command_line(argv, switch, death_signal)
     kw = {}
     if switch is not None and setpriv_path() is None:
         uid, gid, groups = switch

@@ -243,7 +243,8 @@ class NodeServer:
         self.uplink.send(ready)
         log.info("node %s serving clients at %s", self.name, self.socket_path)
         tune_heap()
-        if not jobproc.death_signal_available():
+        if ((self.multi_user or self.values["pydvm_death_signal"] == "on")
+                and not jobproc.death_signal_available()):
             log.warning("node %s: setpriv (util-linux) not found: job processes get no "
                         "parent-death signal; only the guardian ends them if this process "
                         "dies", self.name)
@@ -252,6 +253,8 @@ class NodeServer:
         self.socket_dir = make_socket_dir(self.dvmid, self.name, self.multi_user)
         self.socket_path = str(self.socket_dir / "client.sock")
         self.guardian.remove_on_exit(str(self.socket_dir))
+        # every job process carries it (PYDVM_SERVER): ended with the node
+        self.guardian.kill_carriers_on_exit("PYDVM_SERVER", self.socket_path)
 
     async def stop(self, grace: float = KILL_GRACE) -> None:
         """End every process (SIGTERM, SIGKILL after ``grace``), close the
@@ -554,7 +557,8 @@ class NodeServer:
                 with self.binding.applied(bind.cpus.get(p["rank"])):
                     lp.process, ours = jobio.start_with_streams(
                         p["argv"], env=env, cwd=cwd, stdin=p.get("stdin") is True,
-                        switch=switch, output=msg.get("output") != "discard")
+                        switch=switch, output=msg.get("output") != "discard",
+                        death_signal=self.values["pydvm_death_signal"] == "on")
             except OSError as exc:
                 # Already started ranks of this job are killed by the master.
                 job.procs.pop(p["rank"], None)
