@@ -113,6 +113,20 @@ def _auto_on(text: str) -> str:
     return v
 
 
+#: libpmix 4's job stores ("gds" modules), for pydvm_pmix_gds.
+GDS_MODULES = ("hash", "ds12", "ds21")
+
+
+def _gds(text: str) -> str:
+    v = str(text).strip().lower().replace(" ", "")
+    if v == "auto":
+        return v
+    names = v.split(",")
+    if not v or any(n not in GDS_MODULES for n in names):
+        raise ValueError("must be auto or a comma-separated list of " + ", ".join(GDS_MODULES))
+    return v
+
+
 def _on_off(text: str) -> str:
     v = str(text).strip().lower()
     if v not in ("on", "off"):
@@ -202,6 +216,14 @@ REGISTRY: dict[str, Param] = {
               "completes on its progress thread -- or be ended as hung: its connected "
               "processes' jobs end saying so, the next job gets a new one; 0 disables",
               SECONDS),
+        Param("pydvm_pmix_gds", _gds, "auto",
+              "libpmix's job store for the PMIx servers of a node (PMIX_MCA_gds): 'hash' "
+              "copies a job's data into each of its processes at PMIx_Init -- half "
+              "libpmix's cost per job of the shared-memory stores and faster MPI_Init for "
+              "small jobs --, 'ds21,ds12,hash' (libpmix's own choice) shares one copy per "
+              "node, the smaller footprint for many local ranks of a large job; 'auto': "
+              "hash on a node with at most 8 CPUs, libpmix's choice on larger ones",
+              "auto|hash|ds21,ds12,hash"),
         Param("pydvm_pmix_attribute_fix", _on_off, "on",
               "libpmix 4.2.0-4.2.4 crash on an attribute query (pattrs --host-fns); 'on' "
               "answers those queries before libpmix can; 'off' leaves the crash in (to see "

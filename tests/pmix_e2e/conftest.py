@@ -96,11 +96,15 @@ def local_mpi(d: dvmkit.Dvm) -> dvmkit.Dvm:
 
 
 @pytest.fixture(scope="module")
-def pdvm(tmp_path_factory, libpmix):
-    """One DVM for a module: the head node (this machine's name) and daemon node ``far``."""
+def pdvm(request, tmp_path_factory, libpmix):
+    """One DVM for a module: the head node (this machine's name) and daemon node ``far``.
+    A module may run its tests on DVMs of other parameters too: parametrize
+    ``pdvm`` indirectly with their --mca dicts."""
     tmp = tmp_path_factory.mktemp("pdvm")
+    extra = getattr(request, "param", None) or {}
     with dvmkit.start_dvm(tmp, f"{HEAD}:4,{FAR}:4", {"pydvm_pmix": "on",
-                                                    "pydvm_pmix_isolate": "auto"}) as d:
+                                                    "pydvm_pmix_isolate": "auto",
+                                                    **extra}) as d:
         local_mpi(d)
         yield d
 

@@ -1,15 +1,24 @@
-"""Job-level data as PMIx and MPI programs read it, through the client's
-default data store (libpmix's shared-memory ``ds21``, no ``PMIX_MCA_gds``
-override), for every rank on every node: a single-application job, an MPMD
-job and a spawned job.  ``mpirun`` runs the same program as the reference:
-every key a rank finds under ``mpirun`` must be found under pydvm too.
+"""Job-level data as PMIx and MPI programs read it, through each of libpmix's
+job stores (``pydvm_pmix_gds``: ``auto`` -- the copying ``hash`` on a
+machine of at most 8 CPUs -- and the shared-memory ``ds21,ds12,hash``,
+libpmix's own choice and ``mpirun``'s), for every rank on every node: a
+single-application job, an MPMD job and a spawned job.  ``mpirun`` runs the
+same program as the reference: every key a rank finds under ``mpirun`` must
+be found under pydvm too, whichever store.
 """
 
 from __future__ import annotations
 
+import os
 import re
 
+import pytest
+
 from pmixkit import CLIENTS, FAR, HEAD
+
+SHARED = "ds21,ds12,hash"
+pytestmark = pytest.mark.parametrize("pdvm", [{}, {"pydvm_pmix_gds": SHARED}], indirect=True,
+                                     ids=["auto", "shared-store"])
 
 #: nodes of the module's DVM in the order it was started with: their node ids.
 NODE_IDS = {HEAD: 0, FAR: 1}
@@ -27,6 +36,17 @@ def keys(out: str) -> dict[tuple[int, str, str], str | None]:
 
 def found(got: dict, rank: int) -> set[tuple[str, str]]:
     return {(what, key) for (r, what, key), v in got.items() if r == rank and v is not None}
+
+
+def test_each_node_serves_its_ranks_from_the_store_pydvm_pmix_gds_names(pdvm, request):
+    """What each rank is told to use (``PMIX_GDS_MODULE``, set by the node's
+    PMIx server at the fork), on the head node and on ``far``."""
+    shared = request.node.callspec.params["pdvm"].get("pydvm_pmix_gds") == SHARED
+    want = SHARED if shared or len(os.sched_getaffinity(0)) > 8 else "hash"
+    p = pdvm.run("--host", f"{HEAD}:1,{FAR}:1", "-n", "2", "sh", "-c",
+                 'echo "R$PMIX_RANK $PMIX_GDS_MODULE"')
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert sorted(p.stdout.split("\n"))[1:] == [f"R0 {want}", f"R1 {want}"], p.stdout
 
 
 def test_every_rank_reads_its_job_node_and_process_data_from_the_default_store(

@@ -249,10 +249,12 @@ class UserServer:
 
     async def start(self, base: str, nspace: str, hostname: str, max_value_size: int,
                     switch: tuple[int, int, list[int]] | None,
-                    attribute_fix: bool = True, fast: bool = False, spin_us: float = 0) -> None:
+                    attribute_fix: bool = True, fast: bool = False, spin_us: float = 0,
+                    gds: str | None = None) -> None:
         """Start the agent as ``switch``'s user and its libpmix server in a
         directory of its own under ``base`` (with ``fast``, and a fast lane:
-        runtime/pmixfast.py).  Raises RuntimeError saying why it could not."""
+        runtime/pmixfast.py; ``gds``: libpmix's job store, ``PMIX_MCA_gds``,
+        None for its own choice).  Raises RuntimeError saying why it could not."""
         from . import jobproc
         # (the tool server's directory is searched by every user's tools)
         d = os.path.join(base, "pmix-tools" if self.tools else f"pmix-u{self.uid}")
@@ -267,6 +269,8 @@ class UserServer:
             argv.append(str(lane_theirs.fileno()))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PMIX_", "PYDVM_"))}
         env["HOME"] = d
+        if gds:
+            env["PMIX_MCA_gds"] = gds
         kw: dict[str, Any] = {}
         if switch is not None and jobproc.setpriv_path() is None:
             kw = {"user": switch[0], "group": switch[1], "extra_groups": switch[2]}
@@ -648,7 +652,8 @@ class UserServers:
             # the libpmix namespace tools name (--namespace) is the node's own
             await agent.start(os.path.dirname(host.server.tmpdir), host.server.nspace,
                               host.node.name, MAX_FRAME // 2, None,
-                              host.node.values.get("pydvm_pmix_attribute_fix") != "off")
+                              host.node.values.get("pydvm_pmix_attribute_fix") != "off",
+                              gds=host.job_store)
         except Exception as exc:
             log.error("node %s: no PMIx tool server (%s): tools cannot attach",
                       host.node.name, exc)
@@ -705,7 +710,8 @@ class UserServers:
                               None if uid == os.geteuid() else jobproc.credentials(uid, gid),
                               host.node.values.get("pydvm_pmix_attribute_fix") != "off",
                               fast=bool(getattr(host.node.router, "answers_now", False)),
-                              spin_us=float(host.node.values.get("pydvm_master_poll_us", 0)))
+                              spin_us=float(host.node.values.get("pydvm_master_poll_us", 0)),
+                              gds=host.job_store)
         except Exception as exc:
             if uid not in self.failed:
                 log.warning("node %s: no PMIx server of its own for uid %d (%s): its "
