@@ -169,9 +169,12 @@ class NodeBinding:
         self._topology: Topology | None = None
         #: CPU -> live (or about to start) processes this node bound to it.
         self.load = binding.CpuLoad()
-        #: (nspace, rank) -> its CPUs, while counted in :attr:`load`.
-        self._held: dict[tuple[str, int], frozenset[int]] = {}
+        #: nspace -> rank -> its CPUs, while counted in :attr:`load`.
+        self._held: dict[str, dict[int, frozenset[int]]] = {}
         self.shared = SharedLoad(node)
+        #: CPU set -> its PMIX_CPUSET and PMIX_LOCALITY_STRING items (the
+        #: topology never changes: a node binds to a few sets over and over)
+        self._pmix_items: dict[frozenset[int], list[tuple[str, str]]] = {}
 
     @property
     def topology(self) -> Topology:
@@ -203,20 +206,29 @@ class NodeBinding:
             for rank, cpus in out.cpus.items():
                 if cpus is not None:
                     self.load.add(cpus)
-                    self._held[(ns, rank)] = cpus
+                    self._held.setdefault(ns, {})[rank] = cpus
             if p.bound:
                 self.shared.publish(self.load.counts)
         if placement.get("report_bindings"):
             out.report = binding.report_lines(topo, p, ranks, self.node, os.getpid())
         for rank, cpus in out.cpus.items():
             if cpus is not None:
-                out.pmix[rank] = [(C.CPUSET, format_cpu_list(cpus)),
-                                  (C.LOCALITY_STRING, binding.locality_string(topo, cpus))]
+                items = self._pmix_items.get(cpus)
+                if items is None:
+                    if len(self._pmix_items) >= 4096:
+                        self._pmix_items.clear()
+                    items = self._pmix_items[cpus] = [
+                        (C.CPUSET, format_cpu_list(cpus)),
+                        (C.LOCALITY_STRING, binding.locality_string(topo, cpus))]
+                out.pmix[rank] = items
         return out
 
     def release(self, nspace: str, rank: int) -> None:
         """``nspace:rank`` was reaped: its CPUs count no more."""
-        cpus = self._held.pop((nspace, rank), None)
+        held = self._held.get(nspace)
+        cpus = held.pop(rank, None) if held is not None else None
+        if held is not None and not held:
+            del self._held[nspace]
         if cpus is not None:
             self.load.remove(cpus)
             with self.shared.locked():
@@ -230,8 +242,8 @@ class NodeBinding:
     def release_job(self, nspace: str) -> None:
         """Job ``nspace`` is over here: what its ranks still held (ranks that
         never started) counts no more."""
-        for key in [k for k in self._held if k[0] == nspace]:
-            self.release(*key)
+        for rank in list(self._held.get(nspace, ())):
+            self.release(nspace, rank)
 
     @contextmanager
     def applied(self, cpus: frozenset[int] | None):

@@ -130,17 +130,21 @@ class ChildProcess:
 
 def start(argv: list[str], *, env: dict[str, str], cwd: str | None, stdin, stdout: int,
           stderr: int, switch: tuple[int, int, list[int]] | None,
-          death_signal: bool = True) -> ChildProcess:
+          death_signal: bool = True, program: str | None = None) -> ChildProcess:
     """Start ``argv`` in a new session (its own process group) with the given
     standard streams, as the job's user if ``switch`` says so, with the
     parent-death signal if ``death_signal`` (see the module docstring).
+    ``program``: the file ``argv[0]`` was found as (:func:`resolved`),
+    executed as it is (argv unchanged) where nothing goes in front of it.
     Raises OSError if it cannot be started (the program was checked
     beforehand, see :func:`find_program`)."""
     cmd = command_line(argv, switch, death_signal)
-    kw = {}
+    kw: dict = {}
+    if program and cmd[0] is argv[0]:
+        kw["executable"] = program
     if switch is not None and setpriv_path() is None:
         uid, gid, groups = switch
-        kw = {"user": uid, "group": gid, "extra_groups": groups}
+        kw.update(user=uid, group=gid, extra_groups=groups)
     popen = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr,
                              start_new_session=True, close_fds=True, **kw)
     return ChildProcess(popen, asyncio.get_running_loop())
@@ -206,6 +210,12 @@ def find_program(exe: str, path: str, cwd: str | None) -> tuple[str, int]:
         return unrunnable, 126
     where = f"in {base}" if "/" in exe else "in PATH"
     return f"executable not found: {exe} (looked {where})", 127
+
+
+def resolved(exe: str, path: str, cwd: str | None) -> str | None:
+    """The file :func:`find_program` last found ``exe`` as (same ``path``
+    and ``cwd``), or None: what to execute without searching ``PATH`` again."""
+    return _FOUND.get((exe, path, cwd or os.getcwd()))
 
 
 def signal_group(pid: int, sig: int) -> None:

@@ -490,11 +490,14 @@ class NodeServer:
                 switch = jobproc.credentials(job.uid, job.gid)
         # Resolve every executable first, as a shell would in the process's
         # working directory: a job either starts here or fails whole.
+        programs: dict[int, str | None] = {}
         for p in procs:
-            why, code = jobproc.find_program(p["argv"][0], p["env"].get("PATH", os.defpath),
-                                             jobproc.workdir(p.get("cwd")))
+            exe, path, cwd = p["argv"][0], p["env"].get("PATH", os.defpath), \
+                jobproc.workdir(p.get("cwd"))
+            why, code = jobproc.find_program(exe, path, cwd)
             if why:
                 return reply(rid, Status.ERR_NOT_FOUND, f"{self.name}: {why}", exit=code)
+            programs[p["rank"]] = jobproc.resolved(exe, path, cwd)
         bind = self.binding.plan(msg, procs)
         if _trace.PATH:
             _trace.mark("node.bound", ns)
@@ -509,10 +512,8 @@ class NodeServer:
             # starts, all at once: one wait on libpmix's thread, not one per rank.
             for p in procs:
                 job.procs[p["rank"]] = LocalProc(ns, p["rank"], p["app_idx"])
-            await self.pmix.register_job(job, layout, uid, gid, bind.pmix)
-            pmix_envs = list(await asyncio.gather(*[
-                self.pmix.register_proc(job, p["rank"], p["app_idx"], uid, gid)
-                for p in procs]))
+            pmix_envs = await self.pmix.register_job(
+                job, layout, uid, gid, bind.pmix, [(p["rank"], p["app_idx"]) for p in procs])
             if _trace.PATH:
                 _trace.mark("node.registered", ns)
         started = 0
@@ -558,7 +559,8 @@ class NodeServer:
                     lp.process, ours = jobio.start_with_streams(
                         p["argv"], env=env, cwd=cwd, stdin=p.get("stdin") is True,
                         switch=switch, output=msg.get("output") != "discard",
-                        death_signal=self.values["pydvm_death_signal"] == "on")
+                        death_signal=self.values["pydvm_death_signal"] == "on",
+                        program=programs.get(p["rank"]))
             except OSError as exc:
                 # Already started ranks of this job are killed by the master.
                 job.procs.pop(p["rank"], None)

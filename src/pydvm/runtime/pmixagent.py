@@ -311,6 +311,23 @@ class Agent:
         await self.server.register_nspace(str(msg["nspace"]), int(msg["nlocal"]),
                                           [tuple(i) for i in decode(msg["info"])])
 
+    async def _do_register_job(self, msg: Message) -> dict:
+        """A job's share of this node in one request: its namespace, built
+        here from the layout the master sent (``job_info``), and each of its
+        local processes; their environments back (``[[rank, env], ...]``)."""
+        from ..pmix import Proc
+        from ..pmix.jobinfo import job_info
+        from .pmixcodec import job_layout
+        ns, node = str(msg["nspace"]), str(msg["node"])
+        session = msg.get("session")
+        jl = job_layout(ns, msg["layout"], session if isinstance(session, int) else None)
+        jl.proc_extra = {int(r): [(str(k), v) for k, v in items]
+                         for r, items in msg.get("proc_extra") or ()}
+        await self.server.register_nspace(ns, jl.local_count(node), job_info(jl, node))
+        procs = [(Proc(ns, int(r)), int(u), int(g)) for r, u, g in msg["procs"]]
+        await asyncio.gather(*[self.server.register_client(p, u, g) for p, u, g in procs])
+        return {"envs": [[p.rank, self.server.setup_fork(p)] for p, _, _ in procs]}
+
     async def _do_deregister_nspace(self, msg: Message) -> None:
         await self.server.deregister_nspace(str(msg["nspace"]))
 

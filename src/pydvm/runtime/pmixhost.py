@@ -295,6 +295,10 @@ class PmixHost:
         self.status: tuple[bool, str, str | None] = (False, "not started", None)
         #: (nspace, rank) -> the session of a registered local process.
         self.sessions: dict[tuple[str, int], PmixSession] = {}
+        #: the sessions of local processes connected to libpmix now
+        #: (PMIx_Init done, PMIx_Finalize not yet, not reaped): who could
+        #: have an event handler (:meth:`deliver_event`).
+        self.connected: set[tuple[str, int]] = set()
         #: namespaces registered for this node's own processes, each with
         #: the server its processes connect to (``self.server`` or a user's
         #: agent, :mod:`pydvm.runtime.pmixusers`).
@@ -451,31 +455,48 @@ class PmixHost:
     # ------------------------------------------------------------------
 
     async def register_job(self, job: "LocalJob", layout: dict, uid: int, gid: int,
-                           proc_extra: dict | None = None) -> None:
-        """Register a job's namespace with its job-level information (once per
-        node); ``proc_extra``: rank -> more items of its process data."""
-        ns = job.nspace
-        if ns in self.local_nspaces:
-            return
-        server = await self.users.server_for(uid, gid)
-        if server is None:
-            raise RuntimeError("the node's PMIx server stopped")
-        for srv in self.foreign.pop(ns, ()):  # known as a peer's namespace; now it runs here too
-            await srv.deregister_nspace(ns)
-        jl = _codec().job_layout(ns, layout, job.session_id)
-        jl.proc_extra = proc_extra or {}
-        from ..pmix.jobinfo import job_info
-        self.local_nspaces[ns] = server
-        await server.register_nspace(ns, jl.local_count(self.node.name),
-                                     job_info(jl, self.node.name))
+                           proc_extra: dict | None, procs: list[tuple[int, int]]
+                           ) -> list[dict[str, str]]:
+        """Register a job's share of this node with libpmix: its namespace
+        with the job-level information (once per node; ``proc_extra``: rank
+        -> more items of its process data) and its local processes
+        ``(rank, app_idx)``, all before the first starts.  Returns each
+        process's environment, in order.
 
-    async def register_proc(self, job: "LocalJob", rank: int, app_idx: int, uid: int,
-                            gid: int) -> dict[str, str]:
-        """Register one local process; returns the environment it needs."""
+        A server process gets the whole share as one request and builds
+        the job's information itself from the master's ``layout``; this
+        node's own server is registered here, call by call."""
+        from ..pmix import Proc
+        ns = job.nspace
+        server = self.local_nspaces.get(ns)
+        if server is None:
+            server = await self.users.server_for(uid, gid)
+            if server is None:
+                raise RuntimeError("the node's PMIx server stopped")
+            for srv in self.foreign.pop(ns, ()):  # known as a peer's namespace; runs here too
+                await srv.deregister_nspace(ns)
+            self.local_nspaces[ns] = server
+            whole = getattr(server, "register_job", None)
+            if whole is not None:
+                await whole(ns, layout, job.session_id, self.node.name, proc_extra or {},
+                            [(rank, uid, gid) for rank, _ in procs])
+                return [self._registered(job, server, rank, app_idx, uid, gid)
+                        for rank, app_idx in procs]
+            jl = _codec().job_layout(ns, layout, job.session_id)
+            jl.proc_extra = proc_extra or {}
+            from ..pmix.jobinfo import job_info
+            await server.register_nspace(ns, jl.local_count(self.node.name),
+                                         job_info(jl, self.node.name))
+        await asyncio.gather(*[server.register_client(Proc(ns, rank), uid, gid)
+                               for rank, _ in procs])
+        return [self._registered(job, server, rank, app_idx, uid, gid)
+                for rank, app_idx in procs]
+
+    def _registered(self, job: "LocalJob", server, rank: int, app_idx: int, uid: int,
+                    gid: int) -> dict[str, str]:
+        """A process libpmix now knows: its session here, and its environment."""
         from ..pmix import Proc
         proc = Proc(job.nspace, rank)
-        server = self.local_nspaces.get(job.nspace) or self.server
-        await server.register_client(proc, uid, gid)
         caller = process_caller(job.nspace, rank, uid, gid, self.node.name, app_idx,
                                 job.session_id)
         session = PmixSession(self, caller, self.node.values["pydvm_max_outstanding"])
@@ -507,6 +528,7 @@ class PmixHost:
         key = session.proc_key
         if self.sessions.get(key) is session:
             del self.sessions[key]
+            self.connected.discard(key)
         self.node.drop_session(session, *key)
         session.fail_all(Status.ERR_UNREACH)
         # No PMIx_server_deregister_client here: with libpmix 4.2.2, calling it
@@ -574,10 +596,16 @@ class PmixHost:
         return fn(req)
 
     def _up_client_connected(self, req) -> None:
-        s = self.sessions.get((req.proc.nspace, req.proc.rank))
-        if s is not None:
-            s.pmix_state = "connected"
+        self.mark_connected((req.proc.nspace, req.proc.rank))
         req.reply()
+
+    def mark_connected(self, key: tuple[str, int]) -> None:
+        """Local process ``key`` connected to libpmix (as a client, or as a tool
+        keeping its job's identity)."""
+        s = self.sessions.get(key)
+        if s is not None and not s.closed:
+            s.pmix_state = "connected"
+            self.connected.add(key)
 
     def _up_tool_connected(self, req) -> None:
         self.tools.connected(req)
@@ -586,6 +614,7 @@ class PmixHost:
         s = self.sessions.get((req.proc.nspace, req.proc.rank))
         if s is not None:
             s.pmix_state = "finalized"
+        self.connected.discard((req.proc.nspace, req.proc.rank))
         req.reply(Status.SUCCESS)
 
     def check_server(self, nspace: str) -> None:
@@ -654,12 +683,29 @@ class PmixHost:
         skip = skip[1] if isinstance(skip, list) and len(skip) == 2 and \
             skip[0] == self.node.name else None
         # (the tool server's only clients are its tools: none, nothing to tell)
+        # An event libpmix is told not to keep for later clients (a job's end)
+        # reaches only processes connected now: a server process none of whose
+        # processes is connected has nobody to tell -- no request for it (a
+        # round trip and libpmix's work per job, for one-rank jobs that never
+        # called PMIx_Init).
+        now_only = any(k == C.EVENT_DO_NOT_CACHE and v.value is True for k, v in info)
+        listening = self._listening() if now_only else None
         statuses = await asyncio.gather(*[
             srv.notify_event(int(msg["code"]), source, int(msg["range"]), info,
                              timeout=EVENT_TIMEOUT)
             for srv in (self.server, *self.users.running()) if self.server_tag(srv) != skip
-            and not (srv is self.users.tool_server and not self.tools.serves(srv))])
+            and not (srv is self.users.tool_server and not self.tools.serves(srv))
+            and (listening is None or srv is self.server or srv.tools or srv in listening)])
         return next((s for s in statuses if s != Status.SUCCESS), Status.SUCCESS)
+
+    def _listening(self) -> list:
+        """The servers with at least one local process connected now."""
+        out: list = []
+        for ns, _ in self.connected:
+            srv = self.local_nspaces.get(ns)
+            if srv is not None and not any(srv is s for s in out):
+                out.append(srv)
+        return out
 
     # -- groups --------------------------------------------------------------
 

@@ -271,6 +271,7 @@ class ToolHost:
             # _refusal checked): libpmix keeps that identity, its session serves it
             if req.fd is not None:
                 os.close(req.fd)
+            self.host.mark_connected((str(given[0]), int(given[1])))
             req.reply(Status.SUCCESS, Proc(*given))
             return
         from .pmixhost import PmixSession

@@ -232,7 +232,8 @@ class UserServer:
         self.proc: subprocess.Popen | None = None
         self.tmpdir: str | None = None
         self.nspaces: set[str] = set()
-        self._envs: dict[tuple[str, int], dict[str, str]] = {}
+        #: nspace -> rank -> the environment the agent gave it at its registration
+        self._envs: dict[str, dict[int, dict[str, str]]] = {}
         self._tasks: set[asyncio.Task] = set()
         self.stats = {"requests": 0, "refused": 0, "answered_now": 0, "handler_errors": 0}
         self._in_flight = asyncio.Semaphore(REGISTRATIONS_IN_FLIGHT)
@@ -415,22 +416,36 @@ class UserServer:
         await self._ask({"t": "register_nspace", "nspace": nspace, "nlocal": nlocalprocs,
                          "info": encode([list(i) for i in info])})
 
+    async def register_job(self, nspace: str, layout: dict, session: int | None, node: str,
+                           proc_extra: dict, procs: list[tuple[int, int, int]]) -> None:
+        """A job's namespace and its local processes ``(rank, uid, gid)`` in
+        one request: the server process builds the job's information from
+        the master's ``layout`` itself (none of it is built or encoded here)."""
+        self.nspaces.add(nspace)
+        r = await self._ask({"t": "register_job", "nspace": nspace, "layout": layout,
+                             "session": session, "node": node,
+                             "proc_extra": [[rank, [list(i) for i in items]]
+                                            for rank, items in proc_extra.items()],
+                             "procs": [list(p) for p in procs]})
+        envs = self._envs.setdefault(nspace, {})
+        for rank, env in r.get("envs") or ():
+            envs[int(rank)] = {str(k): str(v) for k, v in env.items()}
+
     async def deregister_nspace(self, nspace: str) -> None:
         self.nspaces.discard(nspace)
-        for key in [k for k in self._envs if k[0] == nspace]:
-            del self._envs[key]
+        self._envs.pop(nspace, None)
         if self.running:
             await self._ask({"t": "deregister_nspace", "nspace": nspace})
 
     async def register_client(self, proc, uid: int, gid: int) -> None:
         r = await self._ask({"t": "register_client", "nspace": proc.nspace, "rank": proc.rank,
                              "uid": uid, "gid": gid})
-        self._envs[(proc.nspace, proc.rank)] = {str(k): str(v) for k, v in
-                                                (r.get("env") or {}).items()}
+        self._envs.setdefault(proc.nspace, {})[proc.rank] = {
+            str(k): str(v) for k, v in (r.get("env") or {}).items()}
 
     def setup_fork(self, proc) -> dict[str, str]:
         """The environment the agent gave ``proc`` at its registration."""
-        return dict(self._envs.get((proc.nspace, proc.rank), {}))
+        return dict(self._envs.get(proc.nspace, {}).get(proc.rank, {}))
 
     async def notify_event(self, code: int, source, rng: int, info=(), timeout: float = 5.0
                            ) -> int:

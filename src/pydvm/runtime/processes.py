@@ -75,10 +75,18 @@ log = logging.getLogger("pydvm.master")
 FAILURE_REPORT_LIMIT = 20
 
 
+_STR_ONLY = frozenset((str,))
+
+
 def _str_map(value: Any) -> bool:
-    """Whether ``value`` is an environment: a map of str to str."""
-    return isinstance(value, dict) and all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+    """Whether ``value`` is an environment: a map of str to str (every job
+    carries one: what the wire decodes, exact strs, is told in C first)."""
+    if not isinstance(value, dict):
+        return False
+    if not value or (set(map(type, value)) == _STR_ONLY
+                     and set(map(type, value.values())) == _STR_ONLY):
+        return True
+    return all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 
 def failure_report(job: JobRecord) -> dict[str, Any]:
