@@ -255,3 +255,46 @@ def test_an_event_reaches_the_tool_server_only_while_a_tool_is_connected_to_it()
                                               server=tool_server)
     asyncio.run(host.deliver_event(msg))
     assert host.server.got == [-7, -7] and tool_server.got == [-7]
+
+
+def test_a_job_end_reaches_a_server_process_only_while_one_of_its_processes_is_connected():
+    """A job's end (an event libpmix keeps for nobody: PMIX_EVENT_DO_NOT_CACHE)
+    is a request to each server process of the node; one with no process
+    connected to it now (one-rank jobs that never called PMIx_Init, all
+    reaped) has nobody to tell and is passed over.  An event libpmix caches
+    for later clients still goes to every server."""
+    from types import SimpleNamespace
+    from pydvm.pmix import constants as C
+    from pydvm.runtime.pmixhost import PmixHost, PmixSession
+    from pydvm.store import Caller
+
+    class Server:
+        tools, uid = False, 0
+
+        def __init__(self):
+            self.got = []
+
+        async def notify_event(self, code, source, rng, info, timeout):
+            self.got.append(code)
+            return Status.SUCCESS
+    host = PmixHost(SimpleNamespace(name="n"))
+    host.server, agent = Server(), Server()
+    host.users.running = lambda: [agent]
+    end = {"source": ["job-2", C.RANK_WILDCARD], "code": C.EVENT_JOB_END, "range": 0,
+           "info": [[C.EVENT_DO_NOT_CACHE, C.BOOL, True]]}
+    cached = {"source": ["job-2", 0], "code": -7, "range": 0, "info": []}
+    assert asyncio.run(host.deliver_event(end)) == Status.SUCCESS
+    assert agent.got == [] and host.server.got == [C.EVENT_JOB_END]
+    asyncio.run(host.deliver_event(cached))
+    assert agent.got == [-7]
+    # a process of a job this agent serves connects: it may be waiting for that end
+    host.local_nspaces["job-1"] = agent
+    session = PmixSession(host, Caller(uid=0, gid=0, nspace="job-1", rank=0), None)
+    host.sessions[("job-1", 0)] = session
+    host.mark_connected(("job-1", 0))
+    asyncio.run(host.deliver_event(end))
+    assert agent.got == [-7, C.EVENT_JOB_END]
+    # ... finalized (or reaped): nobody again
+    host.connected.discard(("job-1", 0))
+    asyncio.run(host.deliver_event(end))
+    assert agent.got == [-7, C.EVENT_JOB_END]
