@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -89,3 +90,59 @@ def test_the_process_runs_as_the_jobs_user_and_groups(monkeypatch, setpriv):
     assert code == 0
     uid, gid, groups = out.splitlines()
     assert (uid, gid, sorted(groups.split())) == ("65534", "65534", ["100", "65534"])
+
+
+@pytest.fixture(params=[True, False], ids=["fork_exec", "popen"])
+def spawn_path(request, monkeypatch):
+    """Each test using it runs through both ways of starting a process."""
+    if request.param and not jobproc.FAST_SPAWN:
+        pytest.skip("no fork_exec path on this Python")
+    monkeypatch.setattr(jobproc, "FAST_SPAWN", request.param)
+    return request.param
+
+
+def _start(argv, program=None, cwd="/", env=None, **kw):
+    async def go():
+        r, w = os.pipe()
+        try:
+            p = jobproc.start(argv, env=env if env is not None else {"PATH": os.defpath},
+                              cwd=cwd, stdin=jobproc.DEVNULL, stdout=w, stderr=w, switch=None,
+                              death_signal=False, program=program, **kw)
+        finally:
+            os.close(w)
+        code = await p.wait()
+        with os.fdopen(r, "rb") as f:
+            return p, code, f.read().decode()
+    return asyncio.run(go())
+
+
+def test_both_spawn_paths_start_the_same_process(spawn_path, tmp_path):
+    """argv (argv[0] kept when the program is given by path), environment,
+    working directory, a session of its own, /dev/null as stdin, status,
+    reaped; nothing of ours leaks but the three streams."""
+    sh = shutil.which("sh")
+    script = ('echo "$(tr "\\0" " " < /proc/$$/cmdline | cut -d" " -f1)|$1|$FOO|$(pwd)|$$|'
+              '$(ps -o sid= -p $$ | tr -d " ")"; '
+              'ls /proc/$$/fd | wc -l; read x && echo read; exit 5')
+    p, code, out = _start(["sh", "-c", script, "zero", "arg1"], program=sh, cwd=str(tmp_path),
+                          env={"PATH": os.defpath, "FOO": "bär=1"})
+    first, nfds = out.splitlines()[:2]
+    name, arg, foo, cwd, pid, sid = first.split("|")
+    assert (name, arg, foo, cwd) == ("sh", "arg1", "bär=1", str(tmp_path))
+    assert int(pid) == p.pid == int(sid) and code == 5 and "read" not in out
+    assert int(nfds) <= 4  # 0, 1, 2 (and the one ls reads through)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(p.pid, os.WNOHANG)
+
+
+def test_both_spawn_paths_refuse_what_cannot_run(spawn_path, tmp_path):
+    plain = tmp_path / "plain"
+    plain.write_text("data\n")
+    with pytest.raises(PermissionError):
+        _start(["plain"], program=str(plain))
+    with pytest.raises(FileNotFoundError):
+        _start(["gone"], program=str(tmp_path / "gone"))
+    with pytest.raises(FileNotFoundError):
+        _start(["true"], program=shutil.which("true"), cwd=str(tmp_path / "no-such-dir"))
+    with pytest.raises(ValueError):
+        _start(["true"], program=shutil.which("true"), env={"A=B": "1"})

@@ -674,9 +674,7 @@ class PmixHost:
         from ..pmix import constants as C
         if self.server is None:
             return C.ERR_NOT_SUPPORTED
-        src = msg["source"]
-        source = Proc(str(src[0]), int(src[1]))
-        info = _codec().info_from_wire(msg.get("info") or [])
+        rows = msg.get("info") or []
         # every server here passes it to its own clients (libpmix filters by
         # range) -- but the one it came from, which has (``skip``: [node, server])
         skip = msg.get("skip")
@@ -684,18 +682,26 @@ class PmixHost:
             skip[0] == self.node.name else None
         # (the tool server's only clients are its tools: none, nothing to tell)
         # An event libpmix is told not to keep for later clients (a job's end)
-        # reaches only processes connected now: a server process none of whose
+        # reaches only processes connected now: a server none of whose
         # processes is connected has nobody to tell -- no request for it (a
         # round trip and libpmix's work per job, for one-rank jobs that never
-        # called PMIx_Init).
-        now_only = any(k == C.EVENT_DO_NOT_CACHE and v.value is True for k, v in info)
+        # called PMIx_Init), and nothing decoded when no server is left.
+        now_only = any(isinstance(r, list) and len(r) == 3 and r[0] == C.EVENT_DO_NOT_CACHE
+                       and r[2] is True for r in rows)
         listening = self._listening() if now_only else None
+        targets = [srv for srv in (self.server, *self.users.running())
+                   if self.server_tag(srv) != skip
+                   and not (srv is self.users.tool_server and not self.tools.serves(srv))
+                   and (listening is None or srv.tools or srv in listening
+                        or (srv is self.server and not isinstance(srv, NoServerHere)))]
+        if not targets:
+            return Status.SUCCESS
+        src = msg["source"]
+        source = Proc(str(src[0]), int(src[1]))
+        info = _codec().info_from_wire(rows)
         statuses = await asyncio.gather(*[
             srv.notify_event(int(msg["code"]), source, int(msg["range"]), info,
-                             timeout=EVENT_TIMEOUT)
-            for srv in (self.server, *self.users.running()) if self.server_tag(srv) != skip
-            and not (srv is self.users.tool_server and not self.tools.serves(srv))
-            and (listening is None or srv is self.server or srv.tools or srv in listening)])
+                             timeout=EVENT_TIMEOUT) for srv in targets])
         return next((s for s in statuses if s != Status.SUCCESS), Status.SUCCESS)
 
     def _listening(self) -> list:
