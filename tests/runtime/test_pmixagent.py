@@ -298,3 +298,10 @@ def test_a_job_end_reaches_a_server_process_only_while_one_of_its_processes_is_c
     host.connected.discard(("job-1", 0))
     asyncio.run(host.deliver_event(end))
     assert agent.got == [-7, C.EVENT_JOB_END]
+    # an isolated node (no libpmix server in the node process) asks its agents only
+    from pydvm.runtime.pmixhost import NoServerHere
+    host.server = NoServerHere("/nonexistent", "dvm-n")
+    assert asyncio.run(host.deliver_event(end)) == Status.SUCCESS
+    host.mark_connected(("job-1", 0))
+    assert asyncio.run(host.deliver_event(end)) == Status.SUCCESS
+    assert agent.got == [-7, C.EVENT_JOB_END, C.EVENT_JOB_END]

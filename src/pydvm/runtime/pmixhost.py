@@ -692,8 +692,9 @@ class PmixHost:
         targets = [srv for srv in (self.server, *self.users.running())
                    if self.server_tag(srv) != skip
                    and not (srv is self.users.tool_server and not self.tools.serves(srv))
-                   and (listening is None or srv.tools or srv in listening
-                        or (srv is self.server and not isinstance(srv, NoServerHere)))]
+                   and (listening is None
+                        or (not isinstance(srv, NoServerHere) if srv is self.server
+                            else srv.tools or srv in listening))]
         if not targets:
             return Status.SUCCESS
         src = msg["source"]
