@@ -27,6 +27,7 @@ import fcntl
 import json
 import os
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -62,7 +63,17 @@ class SharedLoad:
     reader.  ``PYDVM_CPULOAD_DIR`` in the node process's environment names
     another directory: node processes sharing it see each other (tests give
     each DVM its own, so that what other tests bound does not move its ranks).
+
+    Every read and write happens under the directory's lock, so an entry is
+    rewritten in place (one descriptor kept open: a write and a truncate per
+    change) and the list of entries is read again only when the directory
+    changed (an entry came or went) or a second has passed: a node alone on
+    its machine pays a ``stat`` per launch, not a listing and a rename.
     """
+
+    #: seconds after which the entries are listed again even if the
+    #: directory did not change (an entry's process may have died)
+    RELIST = 1.0
 
     def __init__(self, tag: str) -> None:
         base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
@@ -71,6 +82,11 @@ class SharedLoad:
         safe = "".join(ch if ch.isalnum() or ch in "._" else "_" for ch in tag)
         self.name = f"{os.getpid()}-{safe}"
         self._lock_fd = -1   # the lock file, opened on first use and kept
+        self._fd = -1        # this process's entry, once it has one
+        #: the other entries' names, the directory's mtime when they were
+        #: listed, and when
+        self._peers: list[str] = []
+        self._listed: tuple[int, float] | None = None
 
     @contextmanager
     def locked(self):
@@ -95,29 +111,56 @@ class SharedLoad:
                     pass
 
     def close(self) -> None:
-        """Close the kept lock file (the entry itself is left to :meth:`publish`)."""
+        """Close the kept lock file and remove this process's entry."""
+        if self._fd >= 0:
+            _unlink(os.path.join(self.dir, self.name))
+            os.close(self._fd)
+            self._fd = -1
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
 
-    def others(self) -> dict[int, int]:
-        """CPU -> processes bound to it by the other live node processes."""
-        total: dict[int, int] = {}
+    def _peer_names(self) -> list[str]:
+        """The other live entries (listed again when the directory changed,
+        or after :data:`RELIST`; a dead process's entry is removed)."""
+        try:
+            st = os.stat(self.dir)
+        except OSError:
+            return []
+        now = time.monotonic()
+        # a directory's mtime moves in clock ticks: one that changed in the
+        # last 50 ms may change again without moving it -- list then anyway
+        if self._listed is not None and self._listed[0] == (st.st_mtime_ns, st.st_size) \
+                and now - self._listed[1] < self.RELIST \
+                and time.time_ns() - st.st_mtime_ns > 50_000_000:
+            return self._peers
         try:
             names = os.listdir(self.dir)
         except OSError:
-            return total
+            return []
+        peers = []
         for name in names:
-            if name == self.name or name.startswith("."):
+            if name == self.name or name.startswith(".") or name.endswith(".tmp"):
                 continue
-            path = os.path.join(self.dir, name)
             pid = name.split("-", 1)[0]
             if not pid.isdigit() or not pid_alive(int(pid)):
-                _unlink(path)
+                _unlink(os.path.join(self.dir, name))
                 continue
+            peers.append(name)
+        try:
+            st = os.stat(self.dir)  # after the removals
+        except OSError:
+            pass
+        self._peers, self._listed = peers, ((st.st_mtime_ns, st.st_size), now)
+        return peers
+
+    def others(self) -> dict[int, int]:
+        """CPU -> processes bound to it by the other live node processes."""
+        total: dict[int, int] = {}
+        for name in self._peer_names():
             try:
-                with open(path) as f:
-                    counts = json.load(f)
+                with open(os.path.join(self.dir, name), "rb") as f:
+                    counts = json.loads(f.read() or b"{}")
                 for cpu, n in counts.items():
                     total[int(cpu)] = total.get(int(cpu), 0) + int(n)
             except (OSError, ValueError, AttributeError):
@@ -125,22 +168,18 @@ class SharedLoad:
         return total
 
     def publish(self, counts: dict[int, int]) -> None:
-        """Make ``counts`` this process's entry (none when empty)."""
-        path = os.path.join(self.dir, self.name)
-        if not counts:
-            _unlink(path)
+        """Make ``counts`` this process's entry (under the lock: rewritten in place)."""
+        if self._fd < 0 and not counts:
             return
         try:
-            tmp = f"{path}.tmp"
-            # json.dumps (the C encoder) and one write: json.dump to a text
-            # file encodes piece by piece in Python, twice per job
+            if self._fd < 0:
+                os.makedirs(self.dir, mode=0o700, exist_ok=True)
+                self._fd = os.open(os.path.join(self.dir, self.name),
+                                   os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            # json.dumps (the C encoder) and one write
             data = json.dumps({str(c): n for c, n in counts.items()}).encode()
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
+            os.pwrite(self._fd, data, 0)
+            os.ftruncate(self._fd, len(data))
         except OSError:
             pass
 
@@ -236,7 +275,6 @@ class NodeBinding:
 
     def close(self) -> None:
         """The node is stopping: it binds nothing any more (its entry goes)."""
-        self.shared.publish({})
         self.shared.close()
 
     def release_job(self, nspace: str) -> None:
