@@ -49,9 +49,13 @@ def test_stale_launch_state_goes_and_a_users_tunables_stay():
            "OMPI_MCA_ess_base_vpid": "1", "OMPI_UNIVERSE_SIZE": "9", "OMPI_ARGV": "a",
            "OMPI_MCA_btl": "self,tcp", "OMPI_MCA_orte_base_help_aggregate": "0",
            "OMPI_MCA_essential_user_knob": "1", "PATH": "/bin"}
+    copy = ompienv.without_stale(env)
+    again = ompienv.without_stale(env, ("SLURM_", "PA"))
     ompienv.drop_stale(env)
     assert env == {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_orte_base_help_aggregate": "0",
                    "OMPI_MCA_essential_user_knob": "1", "PATH": "/bin"}
+    assert copy == env  # the one-pass copy drops the same
+    assert again == {k: v for k, v in env.items() if k != "PATH"}
 
 
 def test_a_pydvm_job_directory_is_replaced_a_users_kept():

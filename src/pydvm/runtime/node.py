@@ -520,11 +520,8 @@ class NodeServer:
         # what mpirun tells every rank (OMPI_COMM_WORLD_RANK...), PMIx or not
         ompi_envs = jobdirs.ompi_envs(self, job, layout, procs)
         for p, pmix_env, ompi_env in zip(procs, pmix_envs, ompi_envs):
-            env = dict(p["env"])
-            if layout and self.pmix.running:
-                for k in [k for k in env if k.startswith(FOREIGN_LAUNCH_PREFIXES)]:
-                    del env[k]
-            ompienv.drop_stale(env)
+            env = ompienv.without_stale(
+                p["env"], FOREIGN_LAUNCH_PREFIXES if layout and self.pmix.running else ())
             env.update({
                 "PYDVM_SERVER": self.socket_path,
                 "PYDVM_NSPACE": ns,

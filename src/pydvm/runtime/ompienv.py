@@ -49,6 +49,15 @@ def drop_stale(env: MutableMapping[str, str]) -> None:
         del env[k]
 
 
+def without_stale(env: Mapping[str, str], also: tuple[str, ...] = ()) -> dict[str, str]:
+    """A copy of ``env`` without what :func:`drop_stale` removes, nor the
+    variables named with a prefix in ``also`` -- one pass (every process
+    started goes through it)."""
+    prefixes = OMPI_STALE_PREFIXES + also
+    return {k: v for k, v in env.items()
+            if not (k in OMPI_STALE_NAMES or k.startswith(prefixes))}
+
+
 #: A directory pydvm made for a job on a node (``NodeServer.job_dir``): in a
 #: ``pydvm-<uid>[-mu]`` base, either ``<dvmid>-<node>-jobs-XXXX`` (in
 #: /dev/shm) or ``<socket dir>/jobs`` (where there is no /dev/shm).

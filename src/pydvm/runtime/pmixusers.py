@@ -52,9 +52,14 @@ session of ``(nspace, rank)``, with the uid/gid of the job's owner.
 Wire
 ----
 Framed msgpack (:class:`~pydvm.wire.Channel`), requests and replies matched
-by id both ways.  Node -> agent: ``start``, ``register_nspace``,
-``deregister_nspace``, ``register_client`` (answered with the process's
-environment), ``notify``, ``dmodex``, ``stop``.  Agent -> node, each
+by id both ways.  Node -> agent: ``start``, ``register_job`` (a job's
+share of the node in one request: the master's layout, from which the agent
+builds the job's information itself, and the local processes; answered
+with their environments), ``register_nspace`` (another node's job that a
+local process connects to, with its information built by the node),
+``deregister_nspace``, ``register_client`` (one more process of a
+registered job; answered with its environment), ``notify``, ``dmodex``,
+``probe``, ``stop``.  Agent -> node, each
 written by libpmix's thread in the agent (:mod:`pydvm.runtime.pmixagent`):
 
 * ``data``: a publish, lookup or unpublish as the store's own request
