@@ -146,12 +146,15 @@ def _agents(user: str) -> list[int]:
 
 
 def test_each_user_gets_a_pmix_server_of_its_own_and_the_shared_memory_job_store(
-        mudvm, users, progs):
+        make_mudvm, users, progs):
     """Each user's PMIx processes, on the head node and on a daemon node, are
-    served by a PMIx server running as that user: libpmix's shared-memory job
-    store (ds21) is in a directory that user owns, no fallback store is
-    forced, the client library selects ds21 and reads the job data through
-    it -- and the servers end with the DVM."""
+    served by a PMIx server running as that user: with libpmix's
+    shared-memory job store (``pydvm_pmix_gds ds21,ds12,hash``) its directory
+    is one that user owns, no fallback store is forced, the client library
+    selects ds21 and reads the job data through it -- and the servers end
+    with the DVM.  (The copying store, ``auto`` on this machine, has no
+    files: each user's processes get their data from their own server.)"""
+    mudvm = make_mudvm(pydvm_pmix_gds="ds21,ds12,hash")
     show = ("env | grep ^PMIX_ | sort; "
             "echo OWNER $(stat -c %U \"$PMIX_DSTORE_21_BASE_PATH\")")
     seen = {}

@@ -146,3 +146,27 @@ def test_both_spawn_paths_refuse_what_cannot_run(spawn_path, tmp_path):
         _start(["true"], program=shutil.which("true"), cwd=str(tmp_path / "no-such-dir"))
     with pytest.raises(ValueError):
         _start(["true"], program=shutil.which("true"), env={"A=B": "1"})
+
+
+def test_a_script_found_in_path_is_named_as_a_path_search_names_it(spawn_path, tmp_path):
+    """The name a program is executed by is what its interpreter gets as
+    ``$0``: a script found through an absolute PATH entry is that entry
+    joined with its name, through a relative entry it stays relative (the
+    process starts in its working directory), one named with a ``/`` is run
+    as written -- as by a shell, and as by Popen's own search."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "work" / "rel").mkdir(parents=True)
+    for d in (tmp_path / "bin", tmp_path / "work" / "rel"):
+        for name in ("s1", "s2"):
+            f = d / name
+            f.write_text('#!/bin/sh\necho "$0"\n')
+            f.chmod(0o755)
+    work = str(tmp_path / "work")
+    cases = [("s1", f"{tmp_path}/bin:/bin:/usr/bin", f"{tmp_path}/bin/s1"),
+             ("s2", "rel:/bin:/usr/bin", "rel/s2"),
+             ("./rel/s1", "/bin:/usr/bin", "./rel/s1")]
+    for exe, path, want in cases:
+        assert jobproc.find_program(exe, path, work) == ("", 0)
+        _, code, out = _start([exe], program=jobproc.resolved(exe, path, work), cwd=work,
+                              env={"PATH": path})
+        assert (code, out.strip()) == (0, want), (exe, path)

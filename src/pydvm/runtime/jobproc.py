@@ -275,11 +275,12 @@ def workdir(cwd: str | None) -> str | None:
     return cwd if cwd and os.path.isdir(cwd) else None
 
 
-#: (program, PATH, directory) -> the runnable file it was last found as: the
-#: next job of the same program checks that one file instead of searching
-#: PATH again (only the message for a program that cannot run depends on
-#: the search; the exec itself searches PATH as always).
-_FOUND: dict[tuple[str, str, str], str] = {}
+#: (program, PATH, directory) -> the runnable file it was last found as, and
+#: the name to execute it by (the ``PATH`` entry joined as it is written, as
+#: an ``exec`` that searched ``PATH`` would name it: a script's interpreter
+#: gets that name): the next job of the same program checks that one file
+#: instead of searching PATH again.
+_FOUND: dict[tuple[str, str, str], tuple[str, str]] = {}
 _FOUND_MAX = 512
 
 
@@ -295,14 +296,15 @@ def find_program(exe: str, path: str, cwd: str | None) -> tuple[str, int]:
     base = cwd or os.getcwd()
     key = (exe, path, base)
     found = _FOUND.get(key)
-    if found is not None and os.access(found, os.X_OK) and not os.path.isdir(found):
+    if found is not None and os.access(found[0], os.X_OK) and not os.path.isdir(found[0]):
         return "", 0
     if "/" in exe:
-        candidates = [os.path.join(base, exe)]
+        candidates = [(os.path.join(base, exe), exe)]
     else:
-        candidates = [os.path.join(base, d or ".", exe) for d in path.split(os.pathsep)]
+        candidates = [(os.path.join(base, d or ".", exe), os.path.join(d, exe))
+                      for d in path.split(os.pathsep)]
     unrunnable = ""
-    for c in candidates:
+    for c, named in candidates:
         if not os.path.exists(c):
             continue
         if os.path.isdir(c):
@@ -312,7 +314,7 @@ def find_program(exe: str, path: str, cwd: str | None) -> tuple[str, int]:
         else:
             if len(_FOUND) >= _FOUND_MAX:
                 _FOUND.clear()
-            _FOUND[key] = c
+            _FOUND[key] = (c, named)
             return "", 0
     if unrunnable:
         return unrunnable, 126
@@ -321,9 +323,15 @@ def find_program(exe: str, path: str, cwd: str | None) -> tuple[str, int]:
 
 
 def resolved(exe: str, path: str, cwd: str | None) -> str | None:
-    """The file :func:`find_program` last found ``exe`` as (same ``path``
-    and ``cwd``), or None: what to execute without searching ``PATH`` again."""
-    return _FOUND.get((exe, path, cwd or os.getcwd()))
+    """What to execute for a bare program name :func:`find_program` found in
+    ``PATH`` (same ``path`` and ``cwd``) without searching again -- named as
+    the search would name it (relative ``PATH`` entries stay relative: the
+    process starts in ``cwd``) --, or None (a name with a ``/``, executed as
+    written, or not found)."""
+    if "/" in exe:
+        return None
+    found = _FOUND.get((exe, path, cwd or os.getcwd()))
+    return found[1] if found is not None else None
 
 
 def signal_group(pid: int, sig: int) -> None:
