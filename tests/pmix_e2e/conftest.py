@@ -64,7 +64,12 @@ def pmixcc(libpmix, build_dir):
 @pytest.fixture(scope="session")
 def mpirun(libpmix):
     """Run a program under Open MPI's own ``mpirun``: the reference a test compares
-    pydvm's behaviour with.  ``mpirun(n, *argv, timeout=60)`` -> CompletedProcess."""
+    pydvm's behaviour with.  ``mpirun(n, *argv, timeout=60)`` -> CompletedProcess.
+
+    A reference run that hangs is run once more: mpirun 4.1 was seen (once in
+    several full runs of the suite, four workers on two CPUs) to leave a rank
+    of ``pmix_binding`` silent until the timeout while the other had printed
+    everything -- the peer's hang, not what the test judges."""
     import os
     import shutil
     import subprocess
@@ -74,9 +79,14 @@ def mpirun(libpmix):
            if not k.startswith(("PYDVM_", "PMIX_", "OMPI_", "SLURM_"))}
 
     def run(n: int, *argv: str, timeout: float = 60, extra: tuple = ()):
-        return subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", *extra,
-                               "-n", str(n), *argv], env=env, capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", *extra, "-n", str(n), *argv]
+        try:
+            return subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                  timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:
+            print(f"mpirun hung ({exc.output!r}); running it again", flush=True)
+            return subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                  timeout=timeout, stdin=subprocess.DEVNULL)
     return run
 
 
