@@ -16,7 +16,8 @@ from pydvm.pmix import DataArray, Proc, Value
 from pydvm.pmix import constants as C
 from pydvm.pmix import requests as R
 from pydvm.runtime.pmixcodec import decode, decode_request, encode, encode_request
-from pydvm.runtime.pmixusers import RemoteReply, UserServer, UserServers
+from pydvm.runtime.pmixremote import RemoteReply, UserServer
+from pydvm.runtime.pmixusers import UserServers
 
 P = Proc("ns-a", 3)
 INFO = DataArray(C.INFO, (("k1", Value("x", C.STRING)), ("k2", Value(7, C.UINT32))))
@@ -431,7 +432,7 @@ def test_registrations_wait_at_the_node_not_inside_the_server_process():
     with their timeout starting when they are sent."""
     import asyncio
     from pydvm.pmix import Proc
-    from pydvm.runtime.pmixusers import REGISTRATIONS_IN_FLIGHT
+    from pydvm.runtime.pmixremote import REGISTRATIONS_IN_FLIGHT
 
     class Slow:
         closed = False

@@ -16,7 +16,7 @@ answered with the store's reply map, which the agent turns into the PMIx
 reply (:func:`~pydvm.runtime.pmixdata.answer`): the node builds no PMIx
 objects for them and serves them from its socket handler when a store can
 answer at once.  Every other upcall crosses as the tagged request of
-:func:`~pydvm.runtime.pmixusers.encode_request` (``{"t": "up"}``), answered
+:func:`~pydvm.runtime.pmixcodec.encode_request` (``{"t": "up"}``), answered
 with the reply call's arguments.  All of them go through the one socket in
 the order libpmix made them, so a process's requests reach the node in
 order -- except where the node offers a fast lane (the head node:
@@ -520,7 +520,7 @@ def run(fd: int, lane_fd: int | None = None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pydvm.runtime.pmixagent FD [LANE_FD]``: what a node starts
-    (:meth:`pydvm.runtime.pmixusers.UserServer.start`)."""
+    (:meth:`pydvm.runtime.pmixremote.UserServer.start`)."""
     import sys
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) not in (1, 2) or not all(x.isdigit() for x in argv):

@@ -148,7 +148,7 @@ class RelayedData:
     """A relayed data request the node could not answer at once (a lookup
     that parked, one passed on to the master), as its process's session
     keeps it until answered: ``reply`` is the
-    :class:`~pydvm.runtime.pmixusers.RemoteReply` to the agent, and the
+    :class:`~pydvm.runtime.pmixremote.RemoteReply` to the agent, and the
     store's answer (a reply map) goes back as it is (:meth:`relay`) -- the
     agent makes the PMIx reply of it (:func:`answer`)."""
 
