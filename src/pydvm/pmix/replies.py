@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import inspect
 import logging
 import threading
 from typing import TYPE_CHECKING, Iterable
@@ -266,6 +267,25 @@ class SpawnReply(_Reply):
 
     def fail(self, status: int) -> bool:
         return self(status, None)
+
+
+def run_handler(handler, req, tasks: set, stats: dict) -> None:
+    """Hand ``req`` to a host's ``handler``: what it raises answers ``req``
+    (:func:`handler_failed`); a coroutine it returns runs as a task kept in
+    ``tasks`` until it ends, its failure answering ``req`` likewise."""
+    try:
+        res = handler(req)
+    except BaseException as exc:
+        handler_failed(req, exc, stats)
+        return
+    if inspect.isawaitable(res):
+        task = asyncio.ensure_future(res)
+        tasks.add(task)
+
+        def done(t: "asyncio.Task") -> None:
+            tasks.discard(t)
+            task_done(req, t, stats)
+        task.add_done_callback(done)
 
 
 def task_done(req, task: "asyncio.Task", stats: dict) -> None:

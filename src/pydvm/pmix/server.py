@@ -50,7 +50,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import ctypes
-import inspect
 import itertools
 import logging
 import os
@@ -65,7 +64,7 @@ from . import constants as C
 from .directives import (CLAIMS, directives, ids_of, int_of, lenient, persistence_of,
                          range_of, wait_of)
 from .replies import (InfoReply, LookupReply, ModexReply, OpReply, SpawnReply, _Adopted,
-                      _Reply, _StatusReply, handler_failed, task_done)
+                      _Reply, _StatusReply, run_handler)
 from .requests import (Abort, App, ClientConnected, ClientFinalized, Connect,
                        DeregisterEvents, DirectModex, Disconnect, Fence, Group, Lookup,
                        NotifyEvent, Publish, Query, RegisterEvents, Request, Spawn, Unpublish)
@@ -597,19 +596,7 @@ class PmixServer:
         # Not arming the loop's poll (pydvm_master_poll_us) here: a polling
         # loop thread holds the GIL that libpmix's progress thread needs for
         # the next upcall, which made a PMIx publish ~10 µs slower, not faster.
-        try:
-            res = self._handler(req)
-        except BaseException as e:
-            handler_failed(req, e, self.stats)
-            return
-        if inspect.isawaitable(res):
-            task = asyncio.ensure_future(res)
-            self._tasks.add(task)
-            task.add_done_callback(lambda t, req=req: self._task_done(req, t))
-
-    def _task_done(self, req: Request, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        task_done(req, task, self.stats)
+        run_handler(self._handler, req, self._tasks, self.stats)
 
     # individual upcalls (progress thread).  Returning non-SUCCESS makes
     # libpmix answer the client itself; the reply object is then disarmed.

@@ -57,7 +57,7 @@ from typing import Any, Callable
 from ..errors import Status
 from ..pmix import Proc
 from ..pmix import constants as C
-from ..pmix.replies import handler_failed, task_done
+from ..pmix.replies import run_handler
 from ..wire import Channel, Message, reply
 from . import dataops
 from .pmixcodec import decode_request, decode_tool, encode
@@ -472,16 +472,7 @@ class UserServer:
             self.stats["answered_now"] += 1
             return
         # as the binding dispatches its own upcalls (pydvm.pmix.server)
-        try:
-            res = self._handler(req)
-        except Exception as exc:
-            handler_failed(req, exc, self.stats)
-            return
-        if asyncio.iscoroutine(res):
-            task = asyncio.ensure_future(res)
-            self._tasks.add(task)
-            task.add_done_callback(lambda t: (self._tasks.discard(t),
-                                              task_done(req, t, self.stats)))
+        run_handler(self._handler, req, self._tasks, self.stats)
 
     def _data_claim(self, rid: Any, p: Any, m: Any, where: str):
         """A relayed data request checked as any upcall is: ``(request, None)``
