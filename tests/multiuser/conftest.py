@@ -98,6 +98,13 @@ def users(mu_python) -> dict[str, int]:
         os.close(lock)
 
 
+#: Open MPI between the DVM's nodes (all on this machine) over loopback only:
+#: by default its TCP transport also lists the host side of other tests'
+#: network namespaces, which come and go while it runs (an MPI job of two
+#: nodes was seen hanging once in a full run of the suite).
+MPI_LOOPBACK = {"OMPI_MCA_btl_tcp_if_include": "lo"}
+
+
 @dataclass
 class MultiUserDvm:
     uri: str
@@ -110,7 +117,7 @@ class MultiUserDvm:
         """``pydvm ARGS...`` as ``user`` (None: as root)."""
         bindir = str(Path(self.python).parent)
         env = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": "/tmp", "PYDVM_URI": self.uri,
-               "LANG": "C.UTF-8"}
+               "LANG": "C.UTF-8", **MPI_LOOPBACK}
         cmd = [self.python, "-m", "pydvm", *args]
         if user is not None:
             cmd = [RUNUSER, "-u", user, "--", "env", *[f"{k}={v}" for k, v in env.items()],
@@ -123,7 +130,8 @@ class MultiUserDvm:
     def popen_as(self, user: str, *args: str) -> subprocess.Popen:
         """A long-running ``pydvm ARGS...`` as ``user`` (stdout piped)."""
         bindir = str(Path(self.python).parent)
-        env = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": "/tmp", "PYDVM_URI": self.uri}
+        env = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": "/tmp", "PYDVM_URI": self.uri,
+               **MPI_LOOPBACK}
         return subprocess.Popen(
             [RUNUSER, "-u", user, "--", "env", *[f"{k}={v}" for k, v in env.items()],
              self.python, "-m", "pydvm", *args],
