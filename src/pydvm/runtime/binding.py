@@ -203,6 +203,7 @@ def plan(topo: Topology, placement: Mapping | None, nlocal: int, job_size: int,
                                       f"({policy}) were found on this node"))
     locales = _locales(topo, placement, nlocal)
     own = [0] * len(objs)
+    caps = [_ncpus(o, topo, hwt) for o in objs]
     other = [max((load.get(c, 0) for c in o.cpus), default=0) for o in objs]
     overload = bool(placement.get("overload"))
     shout = SHOUT[policy] + ("" if placement.get("bind_to") else ":IF-SUPPORTED")
@@ -215,13 +216,13 @@ def plan(topo: Topology, placement: Mapping | None, nlocal: int, job_size: int,
         # other jobs' load only orders the objects: one with room for another
         # of this job's ranks comes first, so a job that fits is never
         # dropped (or refused) as overloaded because others piled up elsewhere
-        roomy = [k for k in choices if own[k] < _ncpus(objs[k], topo, hwt)] or choices
+        roomy = [k for k in choices if own[k] < caps[k]] or choices
         k = min(roomy, key=lambda k: (own[k] + other[k], k))
         got: set[int] = set()
         total = 0
         while True:
             own[k] += 1
-            n = _ncpus(objs[k], topo, hwt)
+            n = caps[k]
             if n < own[k] and not overload:
                 if requested:
                     return Plan(unbound, refusal=_overload_text(shout, node, own[k], n))

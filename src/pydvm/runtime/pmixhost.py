@@ -343,26 +343,27 @@ class PmixHost:
         from ..pmix import Proc
         ns = job.nspace
         server = self.local_nspaces.get(ns)
-        if server is None:
+        fresh = server is None
+        if fresh:
             server = await self.users.server_for(uid, gid)
             if server is None:
                 raise RuntimeError("the node's PMIx server stopped")
             for srv in self.foreign.pop(ns, ()):  # known as a peer's namespace; runs here too
                 await srv.deregister_nspace(ns)
             self.local_nspaces[ns] = server
-            whole = getattr(server, "register_job", None)
-            if whole is not None:
-                await whole(ns, layout, job.session_id, self.node.name, proc_extra or {},
-                            [(rank, uid, gid) for rank, _ in procs])
-                return [self._registered(job, server, rank, app_idx, uid, gid)
-                        for rank, app_idx in procs]
-            jl = _codec().job_layout(ns, layout, job.session_id)
-            jl.proc_extra = proc_extra or {}
-            from ..pmix.jobinfo import job_info
-            await server.register_nspace(ns, jl.local_count(self.node.name),
-                                         job_info(jl, self.node.name))
-        await asyncio.gather(*[server.register_client(Proc(ns, rank), uid, gid)
-                               for rank, _ in procs])
+        whole = getattr(server, "register_job", None) if fresh else None
+        if whole is not None:
+            await whole(ns, layout, job.session_id, self.node.name, proc_extra or {},
+                        [(rank, uid, gid) for rank, _ in procs])
+        else:
+            if fresh:
+                jl = _codec().job_layout(ns, layout, job.session_id)
+                jl.proc_extra = proc_extra or {}
+                from ..pmix.jobinfo import job_info
+                await server.register_nspace(ns, jl.local_count(self.node.name),
+                                             job_info(jl, self.node.name))
+            await asyncio.gather(*[server.register_client(Proc(ns, rank), uid, gid)
+                                   for rank, _ in procs])
         return [self._registered(job, server, rank, app_idx, uid, gid)
                 for rank, app_idx in procs]
 
@@ -579,14 +580,9 @@ class PmixHost:
                              timeout=EVENT_TIMEOUT) for srv in targets])
         return next((s for s in statuses if s != Status.SUCCESS), Status.SUCCESS)
 
-    def _listening(self) -> list:
+    def _listening(self) -> set:
         """The servers with at least one local process connected now."""
-        out: list = []
-        for ns, _ in self.connected:
-            srv = self.local_nspaces.get(ns)
-            if srv is not None and not any(srv is s for s in out):
-                out.append(srv)
-        return out
+        return {self.local_nspaces.get(ns) for ns, _ in self.connected} - {None}
 
     # -- groups --------------------------------------------------------------
 
