@@ -29,6 +29,13 @@ CLIENT_SPIN_US_DEFAULT = 100.0
 SPIN_BACKOFF_MAX = 256
 
 
+#: How many reads (of up to 64 KiB) one :meth:`BlockingChannel.recv_available`
+#: makes at most.  A peer may send faster than we decode (a job's output
+#: flooding ``pydvm run`` on busy CPUs): reading until nothing is left
+#: could then go on for seconds before the caller acts on any of it.
+AVAILABLE_READS = 4
+
+
 def _client_spin() -> float:
     """The spin window in seconds, from the environment (bad values: the default)."""
     text = os.environ.get("PYDVM_CLIENT_SPIN_US", "")
@@ -116,14 +123,16 @@ class BlockingChannel:
         """Every message already received, without waiting for more, and
         whether the peer has closed the connection after them (unlike
         :meth:`recv_ready`, what came before an end of file is kept: a
-        refusal, or a last answer, is often followed by the close).
+        refusal, or a last answer, is often followed by the close).  At most
+        :data:`AVAILABLE_READS` reads: what is left stays readable for the
+        next call.
         Raises FrameError on bytes that are not frames, OSError on a reset."""
         if self._timeout is not None:
             # a socket with a timeout would wait for data despite MSG_DONTWAIT
             self.sock.settimeout(None)
             self._timeout = None
         eof = False
-        while True:
+        for _ in range(AVAILABLE_READS):
             try:
                 data = self.sock.recv(1 << 16, MSG_DONTWAIT)
             except BlockingIOError:
