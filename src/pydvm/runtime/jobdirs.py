@@ -15,7 +15,8 @@ from .sockdir import make_socket_dir
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .node import LocalJob, NodeServer
+    from .node import NodeServer
+    from .nodelaunch import LocalJob
 
 
 def job_dir(node: "NodeServer", job: "LocalJob") -> Path:

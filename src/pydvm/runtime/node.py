@@ -62,8 +62,10 @@ programs write it line by line), its stderr a pipe, its stdin ``/dev/null``
 -- or, for rank 0 of a job whose ``pydvm run`` forwards its stdin, a pipe
 fed from it (:mod:`pydvm.runtime.jobio`).
 
-How a process is started and reaped is :mod:`pydvm.runtime.jobproc`'s; the
-private directory of the client socket is :mod:`pydvm.runtime.sockdir`'s.
+Starting a job's share and watching each process until it is reaped is
+:mod:`pydvm.runtime.nodelaunch`'s; how one process is started, signalled and
+reaped, :mod:`pydvm.runtime.jobproc`'s; the private directory of the client
+socket, :mod:`pydvm.runtime.sockdir`'s.
 """
 
 from __future__ import annotations
@@ -73,7 +75,6 @@ import logging
 import os
 import shutil
 import signal
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import params as P
@@ -82,20 +83,19 @@ from .. import _trace
 from ..errors import Status
 from ..store import DataStore, MonotonicClock, StoreParams
 from ..wire import Channel, Message, peer_credentials, refuse, reply
-from . import dataops, jobproc, ompienv
+from . import dataops, jobproc
 from .cpubind import NodeBinding
 from .heap import IdleTrim, tune as tune_heap
 from .door import Door, Listener
-from .credential import ENV as credential_env
 from .credential import Voucher
 from .auth import host_identity
 from .guard import Guardian, group_alive
-from . import jobdirs, jobio
-from .jobio import PumpState, StdinFeed, drain_output, pump_output
+from .jobio import StdinFeed
 from .metrics import RequestStats, store_sample
+from .nodelaunch import LocalJob, LocalProc, start_share
 from .peers import ClientSession, process_caller, route_answer
 from . import pmixjobctl, pmixquery
-from .pmixhost import FOREIGN_LAUNCH_PREFIXES, OMPI_JOB_DIRS, PmixHost
+from .pmixhost import PmixHost
 from .sockdir import make_socket_dir, same_host_socket
 from .storeguard import GuardedStats, StoreGuard, guard_for, guarded_store
 
@@ -103,39 +103,6 @@ log = logging.getLogger("pydvm.node")
 
 #: Seconds between SIGTERM and SIGKILL when killing a job's processes.
 KILL_GRACE = 3.0
-
-
-@dataclass
-class LocalProc:
-    nspace: str
-    rank: int
-    app_idx: int
-    process: jobproc.ChildProcess | None = None
-    ended: bool = False
-    #: connections acting for this process (closed when it is reaped).
-    sessions: set[ClientSession] = field(default_factory=set)
-
-    @property
-    def pgid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
-
-
-@dataclass
-class LocalJob:
-    nspace: str
-    session_id: int
-    procs: dict[int, LocalProc] = field(default_factory=dict)
-    #: the job's owner in a multi-user DVM (its processes run as them).
-    uid: int | None = None
-    gid: int | None = None
-    #: output this node may still send before an ``output_ack``, in
-    #: :func:`~pydvm.runtime.jobio.output_cost` units (bytes plus a per-message charge).
-    credit: int = 0
-    credit_ok: asyncio.Event = field(default_factory=asyncio.Event)
-    #: output pumps still running (cancelled at the job's cleanup).
-    pumps: set[asyncio.Task] = field(default_factory=set)
-    #: the job's per-node directory (NodeServer.job_dir), if it has one.
-    work_dir: Path | None = None
 
 
 class NodeServer:
@@ -190,7 +157,7 @@ class NodeServer:
         #: the node's PMIx server (runtime/pmixhost.py); off when libpmix is missing.
         self.pmix = PmixHost(self)
         #: nspace -> what its pydvm run sends to its rank 0's stdin (rank 0 runs here).
-        self._stdin: dict[str, StdinFeed] = {}
+        self.stdin_feeds: dict[str, StdinFeed] = {}
         #: topology, live bindings, the affinity switch (runtime/cpubind.py).
         self.binding = NodeBinding(node)
         #: returns the heap's free pages once a burst of jobs has drained
@@ -264,9 +231,9 @@ class NodeServer:
             return
         self._exiting = True
         await self._kill_all(grace)
-        for feed in self._stdin.values():
+        for feed in self.stdin_feeds.values():
             feed.close()
-        self._stdin.clear()
+        self.stdin_feeds.clear()
         self.pmix.stop()
         if self._server is not None:
             self._server.close()
@@ -280,20 +247,20 @@ class NodeServer:
         self.trim.close()
         self.done.set()
 
-    def _stdin_feed(self, nspace: str) -> StdinFeed:
+    def stdin_feed(self, nspace: str) -> StdinFeed:
         """The feed of ``nspace``'s rank 0's stdin, made on first use: the
         tool's first ``stdin`` may come before the launch.  Dropped with the
         job (NSPACE purge)."""
-        feed = self._stdin.get(nspace)
+        feed = self.stdin_feeds.get(nspace)
         if feed is None:
             def ack(n: int, closed: bool) -> None:
                 if not self.uplink.closed:
                     self.uplink.send({"t": "stdin_ack", "nspace": nspace, "bytes": n,
                                       "closed": closed})
-            feed = self._stdin[nspace] = StdinFeed(ack)
+            feed = self.stdin_feeds[nspace] = StdinFeed(ack)
         return feed
 
-    def _spawn(self, coro, answer_id=None) -> asyncio.Task:
+    def spawn(self, coro, answer_id=None) -> asyncio.Task:
         """Run ``coro`` as a task; if it fails and ``answer_id`` names a master
         request, answer that request with the failure."""
         task = asyncio.ensure_future(coro)
@@ -318,9 +285,9 @@ class NodeServer:
         t = msg["t"]
         rid = msg.get("id")
         if t == "launch":
-            self._spawn(self._launch(msg), rid)
+            self.spawn(self._launch(msg), rid)
         elif t == "launch_many":
-            self._spawn(self._launch_many(msg), rid)
+            self.spawn(self._launch_many(msg), rid)
         elif t == "output_ack":
             job = self.jobs.get(msg.get("nspace"))
             n = msg.get("bytes")
@@ -330,11 +297,11 @@ class NodeServer:
         elif t == "stdin":
             ns, data = msg.get("nspace"), msg.get("data", b"")
             if isinstance(ns, str) and isinstance(data, bytes):
-                self._stdin_feed(ns).feed(data, msg.get("eof") is True)
+                self.stdin_feed(ns).feed(data, msg.get("eof") is True)
         elif t == "kill":
             job = self.jobs.get(msg.get("nspace"))
             if job is not None:
-                self._spawn(self._kill_procs(list(job.procs.values()), KILL_GRACE))
+                self.spawn(self.kill_procs(list(job.procs.values()), KILL_GRACE))
         elif t == "purge":
             if isinstance(msg.get("event"), dict) and self.pmix.running:
                 async def purge_after_event() -> None:
@@ -345,13 +312,13 @@ class NodeServer:
                         log.warning("job-end event of %s not delivered: %r",
                                     msg.get("nspace"), exc)
                     self._apply_purge(msg)
-                self._spawn(purge_after_event(), rid)
+                self.spawn(purge_after_event(), rid)
             else:
                 self._apply_purge(msg)
         elif t == "dmodex":
             async def dmodex() -> None:
                 ch.send(await self.pmix.dmodex(msg))
-            self._spawn(dmodex(), rid)
+            self.spawn(dmodex(), rid)
         elif t == "jobctl":
             pmixjobctl.on_master(self, ch, msg)
         elif t == "pids":
@@ -363,7 +330,7 @@ class NodeServer:
         elif t == "event":
             async def event() -> None:
                 ch.send(reply(rid, await self.pmix.deliver_event(msg)))
-            self._spawn(event(), rid)
+            self.spawn(event(), rid)
         elif t == "stats":
             uid = msg.get("uid")
             uid = uid if isinstance(uid, int) else -1
@@ -378,7 +345,7 @@ class NodeServer:
                 await self._kill_all(KILL_GRACE)
                 ch.send(reply(rid, Status.SUCCESS))
                 await self.stop()
-            self._spawn(run(), rid)
+            self.spawn(run(), rid)
         elif t == "ping":
             if rid is not None:
                 ch.send(reply(rid, Status.SUCCESS))
@@ -409,7 +376,7 @@ class NodeServer:
         if horizon is Persistence.NSPACE:
             if _trace.PATH:
                 _trace.mark("node.purge", msg.get("nspace"))
-            feed = self._stdin.pop(msg.get("nspace"), None)
+            feed = self.stdin_feeds.pop(msg.get("nspace"), None)
             if feed is not None:
                 feed.close()
             job = self.jobs.pop(msg.get("nspace"), None)
@@ -425,7 +392,7 @@ class NodeServer:
                     if _trace.PATH:
                         _trace.mark("node.deregistered", msg.get("nspace"))
                     self.uplink.send(reply(rid, Status.SUCCESS, removed=n))
-                self._spawn(deregistered(), rid)
+                self.spawn(deregistered(), rid)
                 return
         self.uplink.send(reply(rid, Status.SUCCESS, removed=n))
 
@@ -455,8 +422,8 @@ class NodeServer:
     # ------------------------------------------------------------------
 
     async def _launch(self, msg: Message) -> None:
-        """A job's ``launch``: its share here started, answered (see :meth:`_start_share`)."""
-        self.uplink.send({**await self._start_share(msg), "id": msg.get("id")})
+        """A job's ``launch``: its share here started, answered (see :func:`.nodelaunch.start_share`)."""
+        self.uplink.send({**await start_share(self, msg), "id": msg.get("id")})
 
     async def _launch_many(self, msg: Message) -> None:
         """Several jobs' launches in one message (``launches``: each a
@@ -464,155 +431,14 @@ class NodeServer:
         answer per launch in order, when every share has started or failed."""
         shares = msg.get("launches") if isinstance(msg.get("launches"), list) else []
         log.debug("%s: %d jobs' launches in one message", self.name, len(shares))
-        out = await asyncio.gather(*[self._start_share(m if isinstance(m, dict) else {})
+        out = await asyncio.gather(*[start_share(self, m if isinstance(m, dict) else {})
                                      for m in shares], return_exceptions=True)
         self.uplink.send(reply(msg.get("id"), Status.SUCCESS, results=[
             r if isinstance(r, dict) else
             reply(None, Status.ERR_UNREACH, f"{self.name}: internal error: {r!r}")
             for r in out]))
 
-    async def _start_share(self, msg: Message) -> Message:
-        """Start this node's share of a job; its answer (a reply without an id)."""
-        rid = None
-        ns = msg.get("nspace")
-        if _trace.PATH:
-            _trace.mark("node.launch", ns)
-        procs = msg.get("procs") or []
-        job = self.jobs.get(ns)
-        if job is None:
-            job = self.jobs[ns] = LocalJob(ns, msg.get("session_id", 0),
-                                           credit=self.values["pydvm_output_window"])
-            job.credit_ok.set()
-        switch = None
-        if self.multi_user and msg.get("uid") is not None:
-            job.uid, job.gid = msg["uid"], msg["gid"]
-            if job.uid != os.getuid():
-                switch = jobproc.credentials(job.uid, job.gid)
-        # Resolve every executable first, as a shell would in the process's
-        # working directory: a job either starts here or fails whole.
-        programs: dict[int, str | None] = {}
-        for p in procs:
-            exe, path, cwd = p["argv"][0], p["env"].get("PATH", os.defpath), \
-                jobproc.workdir(p.get("cwd"))
-            why, code = jobproc.find_program(exe, path, cwd)
-            if why:
-                return reply(rid, Status.ERR_NOT_FOUND, f"{self.name}: {why}", exit=code)
-            programs[p["rank"]] = jobproc.resolved(exe, path, cwd)
-        bind = self.binding.plan(msg, procs)
-        if _trace.PATH:
-            _trace.mark("node.bound", ns)
-        if bind.refusal:
-            return reply(rid, Status.ERR_OUT_OF_RESOURCE, bind.refusal, exit=1)
-        layout = msg.get("pmix")
-        uid = msg["uid"] if isinstance(msg.get("uid"), int) else os.getuid()
-        gid = msg["gid"] if isinstance(msg.get("gid"), int) else os.getgid()
-        pmix_envs: list[dict[str, str]] = [{} for _ in procs]
-        if layout and self.pmix.running:
-            # Every rank here is registered with libpmix before the first one
-            # starts, all at once: one wait on libpmix's thread, not one per rank.
-            for p in procs:
-                job.procs[p["rank"]] = LocalProc(ns, p["rank"], p["app_idx"])
-            pmix_envs = await self.pmix.register_job(
-                job, layout, uid, gid, bind.pmix, [(p["rank"], p["app_idx"]) for p in procs])
-            if _trace.PATH:
-                _trace.mark("node.registered", ns)
-        started = 0
-        # what mpirun tells every rank (OMPI_COMM_WORLD_RANK...), PMIx or not
-        ompi_envs = jobdirs.ompi_envs(self, job, layout, procs)
-        for p, pmix_env, ompi_env in zip(procs, pmix_envs, ompi_envs):
-            env = ompienv.without_stale(
-                p["env"], FOREIGN_LAUNCH_PREFIXES if layout and self.pmix.running else ())
-            env.update({
-                "PYDVM_SERVER": self.socket_path,
-                "PYDVM_NSPACE": ns,
-                "PYDVM_RANK": str(p["rank"]),
-                "PYDVM_APP_IDX": str(p["app_idx"]),
-                "PYDVM_JOB_SIZE": str(msg.get("job_size")),
-                "PYDVM_NODE": self.name,
-                "PYDVM_SESSION": str(job.session_id),
-                "PMIX_NAMESPACE": ns,
-                "PMIX_RANK": str(p["rank"]),
-            })
-            env.pop(credential_env, None)  # never one inherited from elsewhere
-            if self.voucher is not None:
-                run_uid, run_gid = (switch[0], switch[1]) if switch else (os.getuid(),
-                                                                         os.getgid())
-                env.update(self.voucher.environment(ns, p["rank"], run_uid, run_gid,
-                                                    p["app_idx"], job.session_id))
-            lp = job.procs.get(p["rank"])
-            if lp is None:
-                lp = job.procs[p["rank"]] = LocalProc(ns, p["rank"], p["app_idx"])
-            if layout and self.pmix.running:
-                env.update(pmix_env)
-                spawned = dict(p.get("pmix_env") or {})  # MPI_Comm_spawn passes on the
-                ompienv.drop_stale(spawned)  # parent's OMPI_MCA_*: its launch state goes
-                env.update(spawned)
-                ompienv.own_job_dirs(env, OMPI_JOB_DIRS, str(jobdirs.job_dir(self, job)))
-            env.update(ompi_env)
-            env.update(bind.environment(p["rank"]))  # after drop_stale: pydvm's binding
-            cwd = jobproc.workdir(p.get("cwd"))
-            try:
-                with self.binding.applied(bind.cpus.get(p["rank"])):
-                    lp.process, ours = jobio.start_with_streams(
-                        p["argv"], env=env, cwd=cwd, stdin=p.get("stdin") is True,
-                        switch=switch, output=msg.get("output") != "discard",
-                        death_signal=self.values["pydvm_death_signal"] == "on",
-                        program=programs.get(p["rank"]))
-            except OSError as exc:
-                # Already started ranks of this job are killed by the master.
-                job.procs.pop(p["rank"], None)
-                for q in procs[started:]:
-                    job.procs.pop(q["rank"], None)
-                return reply(rid, Status.ERR_NOT_FOUND,
-                             f"{self.name}: cannot start {p['argv'][0]}: {exc}",
-                             exit=126 if isinstance(exc, PermissionError) else 127)
-            self.guardian.track(lp.process.pid)
-            started += 1
-            if len(ours) == 3:
-                self._stdin_feed(ns).attach(ours[2])
-            self._spawn(self._watch(job, lp, ours[0], ours[1]))
-        if _trace.PATH:
-            _trace.mark("node.started", ns)
-        return reply(rid, Status.SUCCESS, **({"report": bind.report} if bind.report else {}))
-
-    async def _watch(self, job: LocalJob, lp: LocalProc, out_fd: int, err_fd: int) -> None:
-        proc = lp.process
-        states = [PumpState(), PumpState()]
-        window = self.values["pydvm_output_window"]
-        pumps = [self._spawn(pump_output(job, lp.nspace, lp.rank, fd, which, state, window,
-                                         self.uplink))
-                 for fd, which, state in ((out_fd, 1, states[0]), (err_fd, 2, states[1]))
-                 if fd is not None]  # None: its output goes to /dev/null
-        job.pumps.update(pumps)
-        for t, fd in zip(pumps, (out_fd, err_fd)):
-            t.add_done_callback(job.pumps.discard)
-            # Closed once its pump is over, however it ended (even cancelled unstarted).
-            t.add_done_callback(lambda _t, fd=fd: os.close(fd))
-        rc = await proc.wait()
-        if _trace.PATH:
-            _trace.mark("node.exit", lp.nspace)
-        feed = self._stdin.get(lp.nspace)
-        if feed is not None and lp.rank == 0:
-            feed.close()  # nobody reads it any more: the tool stops sending
-        await drain_output(pumps, states)
-        status = 128 - rc if rc < 0 else rc  # -N means killed by signal N
-        # what it did with PMIx (None, "connected", "finalized"): one that
-        # connected and never finalized ended abnormally whatever its status
-        pmix = self.pmix.client_state(lp.nspace, lp.rank)
-        if pmix == "connected" and status:
-            # ended on its own because its PMIx server died? that is said first
-            self.pmix.check_server(lp.nspace)
-        self._reaped(job, lp)
-        if not self.uplink.closed:
-            msg = {"t": "exited", "nspace": lp.nspace, "rank": lp.rank,
-                   "status": status, "signal": -rc if rc < 0 else 0}
-            if pmix:
-                msg["pmix"] = pmix
-            self.uplink.send(msg)
-            if _trace.PATH:
-                _trace.mark("node.exited", lp.nspace)
-
-    def _reaped(self, job: LocalJob, lp: LocalProc) -> None:
+    def reaped(self, job: LocalJob, lp: LocalProc) -> None:
         """``lp`` has ended: nothing may act for it any more."""
         lp.ended = True
         self.binding.release(lp.nspace, lp.rank)
@@ -623,12 +449,12 @@ class NodeServer:
             self.guardian.release(pgid)
         self.store.purge(Persistence.PROC, nspace=lp.nspace, rank=lp.rank)
 
-    async def _kill_procs(self, procs: list[LocalProc], grace: float) -> None:
+    async def kill_procs(self, procs: list[LocalProc], grace: float) -> None:
         await jobproc.end_groups([lp.process for lp in procs if lp.process is not None], grace)
 
     async def _kill_all(self, grace: float) -> None:
         procs = [lp for job in self.jobs.values() for lp in job.procs.values()]
-        await self._kill_procs(procs, grace)
+        await self.kill_procs(procs, grace)
         for pgid in self.guardian.groups:  # lingering children of ended processes
             jobproc.signal_group(pgid, signal.SIGKILL)
         # Let the watchers report and purge.

@@ -101,7 +101,8 @@ from .peers import process_caller
 from .pmixsession import NoServerHere, PmixSession
 
 if TYPE_CHECKING:
-    from .node import LocalJob, NodeServer
+    from .node import NodeServer
+    from .nodelaunch import LocalJob
 
 log = logging.getLogger("pydvm.pmix")
 
@@ -322,7 +323,7 @@ class PmixHost:
         """With ``pydvm_pmix_isolate`` on, the DVM owner's PMIx server process
         starts with the node (not with its first job) and stays."""
         if self.server is not None and self.isolated:
-            self.node._spawn(self.users.server_for(os.geteuid(), os.getegid()))
+            self.node.spawn(self.users.server_for(os.geteuid(), os.getegid()))
 
     # ------------------------------------------------------------------
     # jobs and processes
@@ -748,7 +749,7 @@ class PmixHost:
 
         def answered(r: Message) -> None:
             if r.get("status") == Status.SUCCESS:
-                self.node._spawn(learn_then_reply(r))
+                self.node.spawn(learn_then_reply(r))
             else:
                 req.reply(r.get("status", Status.ERR_UNREACH))
         self._ask_master({"t": "connect", "procs": _codec().procs_to_wire(req.procs)}, answered)

@@ -137,7 +137,7 @@ def on_master(node, ch, msg: Message) -> None:
             jobproc.signal_group(lp.pgid, _signal.SIGKILL)
     elif procs:
         from .node import KILL_GRACE
-        node._spawn(node._kill_procs(procs, KILL_GRACE))
+        node.spawn(node.kill_procs(procs, KILL_GRACE))
     ch.send(reply(rid, Status.SUCCESS, procs=len(procs)))
 
 

@@ -308,7 +308,7 @@ class UserServers:
                               "why": f"its PMIx server ended on node {node.name} ({reason})"})
         if procs:
             from .node import KILL_GRACE
-            node._spawn(node._kill_procs(procs, KILL_GRACE))
+            node.spawn(node.kill_procs(procs, KILL_GRACE))
 
     def _tools_lost(self, agent: UserServer, reason: str) -> None:
         """The tool server ended unasked: its tools went with it; a new one
@@ -324,7 +324,7 @@ class UserServers:
         async def restart() -> None:
             await asyncio.sleep(wait)
             await self.start_tools()
-        host.node._spawn(restart())
+        host.node.spawn(restart())
 
     # -- the watchdog ------------------------------------------------------
 
@@ -348,7 +348,7 @@ class UserServers:
         for agent in self.running():
             if not agent.probing and agent.running and not agent.stopping:
                 agent.probing = True
-                self.host.node._spawn(self._probe(agent, limit))
+                self.host.node.spawn(self._probe(agent, limit))
         self._arm_watchdog()
 
     async def _probe(self, agent: UserServer, limit: float) -> None:
@@ -398,4 +398,4 @@ class UserServers:
             return
         self._forget(agent)
         log.info("node %s: PMIx server of uid %d idle: stopped", self.host.node.name, agent.uid)
-        self.host.node._spawn(agent.finalize_async())
+        self.host.node.spawn(agent.finalize_async())
