@@ -98,6 +98,7 @@ from ..wire import MAX_FRAME, Message
 from .pmixdata import BAD as _BAD, REFUSED as _REFUSED, RelayedData, answer_reply, \
     data_request
 from .peers import process_caller
+from . import pmixevents
 from .pmixsession import NoServerHere, PmixSession
 
 if TYPE_CHECKING:
@@ -130,8 +131,6 @@ OMPI_JOB_DIRS = ("OMPI_MCA_btl_vader_backing_directory", "OMPI_MCA_osc_sm_backin
 #: variables are dropped for every job, PMIx or not: ``ompienv.drop_stale``.)
 FOREIGN_LAUNCH_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_", "PMI_",
                            "PMIX_", "PBS_", "FLUX_", "LSB_", "JSM_")
-#: How long a node waits for libpmix to pass an event on to its clients.
-EVENT_TIMEOUT = 5.0
 #: ``pydvm_pmix_gds auto``: nodes of at most this many CPUs use libpmix's
 #: copying job store (PmixHost.job_store).
 COPY_STORE_CPUS = 8
@@ -518,23 +517,7 @@ class PmixHost:
         req.reply(Status.SUCCESS)
 
     def _up_notify_event(self, req) -> None:
-        """A local client's PMIx_Notify_event beyond this node: libpmix has
-        delivered it here; the master passes it to the other nodes in range."""
-        def answered(r: Message) -> None:
-            if r.get("status") != Status.SUCCESS:
-                log.warning("event %d of %s not passed on: %s", req.code, req.source,
-                            r.get("msg"))
-        msg = {"t": "notify", "code": req.code, "source": [req.source.nspace, req.source.rank],
-               "range": req.range, "info": _codec().info_to_wire(req.info)}
-        tool = self.tools.event_source(req.source.nspace)
-        if tool is not None:  # a tool's (pmixtools.py): the master decides where
-            msg["tool_uid"], msg["source"] = tool[0], [tool[1], 0]
-        origin = getattr(req, "origin", None)
-        if origin is not None or self.users.running():
-            # libpmix delivered it to the clients of the server it came from
-            # only: this node's other servers get it back from the master
-            msg["server"] = self.server_tag(origin)
-        self._ask_master(msg, answered)
+        pmixevents.notify(self, req)
 
     def server_tag(self, server) -> str:
         """How the master names one of this node's servers back to it: "node"
@@ -545,45 +528,9 @@ class PmixHost:
         return "tools" if server.tools else f"u{server.uid}"
 
     async def deliver_event(self, msg: Message) -> int:
-        """The master's ``event``: deliver it to this node's clients in range."""
-        from ..pmix import Proc
-        from ..pmix import constants as C
-        if self.server is None:
-            return C.ERR_NOT_SUPPORTED
-        rows = msg.get("info") or []
-        # every server here passes it to its own clients (libpmix filters by
-        # range) -- but the one it came from, which has (``skip``: [node, server])
-        skip = msg.get("skip")
-        skip = skip[1] if isinstance(skip, list) and len(skip) == 2 and \
-            skip[0] == self.node.name else None
-        # (the tool server's only clients are its tools: none, nothing to tell)
-        # An event libpmix is told not to keep for later clients (a job's end)
-        # reaches only processes connected now: a server none of whose
-        # processes is connected has nobody to tell -- no request for it (a
-        # round trip and libpmix's work per job, for one-rank jobs that never
-        # called PMIx_Init), and nothing decoded when no server is left.
-        now_only = any(isinstance(r, list) and len(r) == 3 and r[0] == C.EVENT_DO_NOT_CACHE
-                       and r[2] is True for r in rows)
-        listening = self._listening() if now_only else None
-        targets = [srv for srv in (self.server, *self.users.running())
-                   if self.server_tag(srv) != skip
-                   and not (srv is self.users.tool_server and not self.tools.serves(srv))
-                   and (listening is None
-                        or (not isinstance(srv, NoServerHere) if srv is self.server
-                            else srv.tools or srv in listening))]
-        if not targets:
-            return Status.SUCCESS
-        src = msg["source"]
-        source = Proc(str(src[0]), int(src[1]))
-        info = _codec().info_from_wire(rows)
-        statuses = await asyncio.gather(*[
-            srv.notify_event(int(msg["code"]), source, int(msg["range"]), info,
-                             timeout=EVENT_TIMEOUT) for srv in targets])
-        return next((s for s in statuses if s != Status.SUCCESS), Status.SUCCESS)
-
-    def _listening(self) -> set:
-        """The servers with at least one local process connected now."""
-        return {self.local_nspaces.get(ns) for ns, _ in self.connected} - {None}
+        """The master's ``event``: deliver it to this node's clients in range
+        (:func:`.pmixevents.deliver`)."""
+        return await pmixevents.deliver(self, msg)
 
     # -- groups --------------------------------------------------------------
 
@@ -605,7 +552,7 @@ class PmixHost:
                 if isinstance(r.get("ctxid"), int):
                     info.append((C.GROUP_CONTEXT_ID, Value(r["ctxid"], C.SIZE)))
             req.reply(status, info)
-        self._ask_master({"t": "group", "op": req.op, "grpid": req.grpid,
+        self.ask_master({"t": "group", "op": req.op, "grpid": req.grpid,
                           "procs": _codec().procs_to_wire(req.procs), "data": data,
                           "ctxid": bool(ctx is not None and ctx.value),
                           "timeout": t.value if t is not None and isinstance(t.value, int)
@@ -716,7 +663,8 @@ class PmixHost:
 
     # -- what the master coordinates --------------------------------------
 
-    def _ask_master(self, msg: Message, answered: Callable[[Message], None]) -> None:
+    def ask_master(self, msg: Message, answered: Callable[[Message], None]) -> None:
+        """Send ``msg`` to the master; ``answered`` gets its reply."""
         self.node.uplink.request(msg, answered)
 
     def _up_fence(self, req) -> None:
@@ -724,19 +672,19 @@ class PmixHost:
             if _trace.PATH:
                 _trace.mark("pmix.fence_done")
             req.reply(r.get("status", Status.ERR_UNREACH), r.get("data") or b"")
-        self._ask_master({"t": "fence", "procs": _codec().procs_to_wire(req.procs), "data": req.data,
+        self.ask_master({"t": "fence", "procs": _codec().procs_to_wire(req.procs), "data": req.data,
                           "collect": req.collect, "timeout": req.timeout}, answered)
 
     def _up_direct_modex(self, req) -> None:
         def answered(r: Message) -> None:
             req.reply(r.get("status", Status.ERR_UNREACH), r.get("data") or b"")
-        self._ask_master({"t": "dmodex", "nspace": req.proc.nspace, "rank": req.proc.rank},
+        self.ask_master({"t": "dmodex", "nspace": req.proc.nspace, "rank": req.proc.rank},
                          answered)
 
     def _up_abort(self, req) -> None:
         def answered(r: Message) -> None:
             req.reply(r.get("status", Status.ERR_UNREACH))
-        self._ask_master({"t": "abort", "nspace": req.proc.nspace, "rank": req.proc.rank,
+        self.ask_master({"t": "abort", "nspace": req.proc.nspace, "rank": req.proc.rank,
                           "status": req.status, "msg": req.message or "",
                           "procs": _codec().procs_to_wire(req.procs)}, answered)
 
@@ -752,12 +700,12 @@ class PmixHost:
                 self.node.spawn(learn_then_reply(r))
             else:
                 req.reply(r.get("status", Status.ERR_UNREACH))
-        self._ask_master({"t": "connect", "procs": _codec().procs_to_wire(req.procs)}, answered)
+        self.ask_master({"t": "connect", "procs": _codec().procs_to_wire(req.procs)}, answered)
 
     def _up_disconnect(self, req) -> None:
         def answered(r: Message) -> None:
             req.reply(r.get("status", Status.ERR_UNREACH))
-        self._ask_master({"t": "disconnect", "procs": _codec().procs_to_wire(req.procs)}, answered)
+        self.ask_master({"t": "disconnect", "procs": _codec().procs_to_wire(req.procs)}, answered)
 
     def _up_spawn(self, req) -> None:
         apps = [{"cmd": a.cmd, "argv": list(a.argv), "env": list(a.env), "cwd": a.cwd,
@@ -772,7 +720,7 @@ class PmixHost:
         tool = self.tools.tools.get(req.proc.nspace)
         if tool is not None:  # a tool's spawn: its kernel-checked identity (pmixtools.py)
             msg["tool_uid"], msg["tool_gid"] = tool.uid, tool.gid
-        self._ask_master(msg, answered)
+        self.ask_master(msg, answered)
 
     def _up_query(self, req) -> None:
         from .pmixquery import serve
