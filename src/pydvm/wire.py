@@ -174,6 +174,7 @@ class Channel(Requests, asyncio.Protocol):
         #: mark (the peer reads slower than we write); see on_drain.
         self.write_paused = False
         self._drain_waiters: list[Callable[[], None]] = []
+        self._send_capped = False
         self._decoder = FrameDecoder(max_frame)
         #: the listening side's door while this connection is a stranger's (see gate).
         self.door: Any = None
@@ -245,6 +246,23 @@ class Channel(Requests, asyncio.Protocol):
             except Exception:  # a handler bug must not take the connection's peers down
                 log.exception("%s: handler failed on %r message", self.name, msg.get("t"))
                 refuse(self, msg, Status.ERR_BAD_PARAM, "internal error")
+
+    def cap_send_buffer(self, nbytes: int) -> None:
+        """Let the kernel hold at most about ``nbytes`` of what we send
+        (SO_SNDBUF; Linux counts its overhead in, doubling the figure), once:
+        the first call on a TCP connection sets it, later ones do nothing.
+        TCP would otherwise grow the buffer to megabytes for a stream the
+        peer reads slowly -- megabytes of a job's output still to come out
+        of a ``pydvm run`` that was told to stop."""
+        if self._send_capped or self.transport is None:
+            return
+        self._send_capped = True
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, nbytes)
+            except OSError:
+                pass
 
     def pause_writing(self) -> None:
         self.write_paused = True

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 
+import pytest
 from dvmkit import CMD_TIMEOUT, PYDVM, LineReader, finish, pid_alive, start_dvm, wait_for
 from rawpeers import master_peer
 
@@ -103,6 +104,33 @@ def test_a_signal_while_output_streams_ends_the_job_and_run_promptly(dvm):
             bg.wait(10)
     assert rc == 130, bg.stderr.read()
     assert took < 15, took
+
+
+@pytest.mark.parametrize("node", ["a", "b"], ids=["head", "daemon"])
+def test_what_a_signalled_run_still_writes_is_about_the_output_window(dvm, node):
+    """`pydvm run yes` whose reader pauses, then SIGINT: what comes out after
+    the signal is what was in flight -- the node's output window (1 MiB) and
+    a little in the kernels, not the 4-5 MiB TCP let the master's send
+    buffer grow to for a slow reader (which a loaded machine's reader then
+    took 15 s to get through)."""
+    bg = dvm.run_bg("--host", node, "-n", "1", "yes")
+    try:
+        assert bg.stdout.readline() == "y\n"
+        time.sleep(1.0)  # not reading: everything in flight piles up
+        os.kill(bg.pid, signal.SIGINT)
+        after = 0
+        while True:
+            chunk = os.read(bg.stdout.fileno(), 1 << 16)
+            if not chunk:
+                break
+            after += len(chunk)
+        rc = finish(bg, 30)
+    finally:
+        if bg.poll() is None:
+            bg.kill()
+            bg.wait(10)
+    assert rc == 130, bg.stderr.read()
+    assert after < 2.5 * 1024 * 1024, f"{after / 2**20:.1f} MiB after the signal"
 
 
 def test_a_run_pipelined_behind_its_auth_runs_and_one_behind_a_refused_auth_never(

@@ -67,6 +67,13 @@ if TYPE_CHECKING:
 #: second one exits at once).
 BOUNDED = (_signal.SIGTERM, _signal.SIGHUP)
 
+#: SO_RCVBUF of a connection to the master over TCP (the kernel doubles
+#: it).  Left to autotuning, a ``pydvm run`` whose reader is slow lets its
+#: receive buffer grow to megabytes of a job's output, on top of the output
+#: window -- still to be written after a Ctrl-C.  The master caps its side
+#: too (``runtime/toolreqs.py``, OUTPUT_SEND_BUFFER).
+RECV_BUFFER = 256 * 1024
+
 #: Request ids of the two requests a run makes.
 AUTH_ID, RUN_ID = 1, 2
 
@@ -138,6 +145,10 @@ def connect_socket(uri: DvmUri, signals: "_Signals | None" = None
     problem: OSError | None = None
     for family, kind, proto, _, addr in infos:
         sock = _socket.socket(family, kind, proto)
+        try:  # before connecting: the window scale is agreed then
+            sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_RCVBUF, RECV_BUFFER)
+        except OSError:
+            pass
         sock.setblocking(False)  # connect while watching for signals
         try:
             err = sock.connect_ex(addr)

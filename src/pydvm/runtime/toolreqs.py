@@ -39,6 +39,12 @@ ADMIN_ONLY = frozenset({"stop", "session_end"})
 
 #: The most jobs one ``run_many`` may carry.
 MAX_BATCH = 10_000
+#: SO_SNDBUF of a tool connection that jobs' output goes to (the kernel
+#: doubles it).  TCP's autotuning lets a slow reader's backlog grow to
+#: 4 MiB there, on top of the output windows; this keeps what is in flight
+#: to about the windows (``pydvm run`` caps its receive buffer too:
+#: cli/submit.py, RECV_BUFFER), and output still flows at loopback's pace.
+OUTPUT_SEND_BUFFER = 128 * 1024
 
 
 class ToolService:
@@ -133,6 +139,11 @@ class ToolService:
 
     def _start(self, tool: ToolSession, rid: Any, msg: Message) -> None:
         job, per_node = msg.pop("_planned")
+        if msg.get("output") != "discard":
+            # its output comes here: no more of it in flight than the windows
+            # allow, or a signalled `pydvm run` would still have megabytes to
+            # write when the job has ended
+            tool.channel.cap_send_buffer(OUTPUT_SEND_BUFFER)
         if self._queue.wanted(msg):
             self._queue.submit(tool, rid, job, per_node, msg)
         else:
