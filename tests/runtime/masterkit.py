@@ -34,6 +34,8 @@ class StandIn:
         self.requests: list[tuple[dict, Callable]] = []
         #: what each call is answered (a function of the message).
         self.answer: Callable[[dict], dict] = lambda msg: {"t": "reply", "status": 0}
+        #: the send-buffer cap asked for (Channel.cap_send_buffer), if any.
+        self.send_cap: int | None = None
 
     def send(self, msg: dict) -> None:
         self.sent.append(msg)
@@ -51,6 +53,10 @@ class StandIn:
 
     def on_drain(self, callback: Callable[[], None]) -> None:
         callback()
+
+    def cap_send_buffer(self, nbytes: int) -> None:
+        if self.send_cap is None:
+            self.send_cap = nbytes
 
     def of_type(self, t: str) -> list[dict]:
         return [m for m in self.sent if m.get("t") == t]

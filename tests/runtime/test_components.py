@@ -33,6 +33,7 @@ from masterkit import exited, master_with, run_job, settle, tool
 from pydvm.enums import Persistence, Range
 from pydvm.errors import Status
 from pydvm.runtime import master as master_mod
+from pydvm.runtime import toolreqs
 from pydvm.runtime.collectives import PMIX_REQUESTS
 from pydvm.runtime.core import DEFAULT_SESSION, LOST_STATUS
 from pydvm.runtime.dataops import DATA_OPS
@@ -280,6 +281,20 @@ def test_output_goes_to_the_jobs_tool_and_is_credited_in_batches():
         m._on_daemon(d["a"].channel, dict(msg))
         assert d["a"].channel.of_type("output_ack") == [
             {"t": "output_ack", "nspace": ns, "bytes": 2 * (300 + 256)}]
+    asyncio.run(scenario())
+
+
+def test_a_tool_that_jobs_output_goes_to_gets_a_capped_send_buffer_and_no_other():
+    """The kernel's send buffer towards a tool that gets a job's output is
+    capped when the job starts (what is in flight then is about the output
+    windows); a tool whose jobs' output is discarded keeps TCP's own."""
+    async def scenario():
+        m, _ = master_with("a", "b")
+        t, quiet = tool(), tool(seq=2)
+        await run_job(m, t, two_ranks())
+        await run_job(m, quiet, two_ranks(), output="discard")
+        assert t.channel.send_cap == toolreqs.OUTPUT_SEND_BUFFER
+        assert quiet.channel.send_cap is None
     asyncio.run(scenario())
 
 
