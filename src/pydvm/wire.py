@@ -187,10 +187,14 @@ class Channel(Requests, asyncio.Protocol):
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         self.transport = transport
-        sock = transport.get_extra_info("socket")
+        self._tcp_option(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def _tcp_option(self, level: int, name: int, value: int) -> None:
+        """Set a socket option if this connection is TCP (best effort)."""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.setsockopt(level, name, value)
             except OSError:
                 pass
 
@@ -257,12 +261,7 @@ class Channel(Requests, asyncio.Protocol):
         if self._send_capped or self.transport is None:
             return
         self._send_capped = True
-        sock = self.transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, nbytes)
-            except OSError:
-                pass
+        self._tcp_option(socket.SOL_SOCKET, socket.SO_SNDBUF, nbytes)
 
     def pause_writing(self) -> None:
         self.write_paused = True

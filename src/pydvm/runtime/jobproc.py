@@ -31,8 +31,9 @@ one-rank job.  So it is done only when asked (``pydvm_death_signal on``);
 a process that does go through ``setpriv`` for a user switch always gets
 the signal too.
 
-On CPython 3.11 and 3.12 a process is started by :func:`_fork_exec`: the same C call ``Popen`` makes (``vfork`` and ``exec``,
-every other descriptor closed, a new session), as the standard library's
+On CPython 3.11 and 3.12 a process is started by :func:`_fork_exec`: the
+same C call ``Popen`` makes (``vfork`` and ``exec``, every other
+descriptor closed, a new session), as the standard library's
 own ``multiprocessing`` makes it, without ``Popen``'s Python around it --
 its environment encoded item by item, its ``PATH`` search (the program was
 found beforehand), a pipe and an object per process: about a tenth of the
