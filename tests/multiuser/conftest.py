@@ -112,30 +112,32 @@ class MultiUserDvm:
     log_dir: Path
     root_env: dict
 
+    def _env(self) -> dict[str, str]:
+        """The environment of a ``pydvm`` command run as a user."""
+        return {"PATH": f"{Path(self.python).parent}:/usr/bin:/bin", "HOME": "/tmp",
+                "PYDVM_URI": self.uri, "LANG": "C.UTF-8", **MPI_LOOPBACK}
+
+    def _as(self, user: str, env: dict[str, str], *args: str) -> list[str]:
+        """``pydvm ARGS...`` run as ``user`` with exactly ``env``."""
+        return [RUNUSER, "-u", user, "--", "env", *[f"{k}={v}" for k, v in env.items()],
+                self.python, "-m", "pydvm", *args]
+
     def as_user(self, user: str | None, *args: str, timeout: float = 60
                 ) -> subprocess.CompletedProcess:
         """``pydvm ARGS...`` as ``user`` (None: as root)."""
-        bindir = str(Path(self.python).parent)
-        env = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": "/tmp", "PYDVM_URI": self.uri,
-               "LANG": "C.UTF-8", **MPI_LOOPBACK}
-        cmd = [self.python, "-m", "pydvm", *args]
+        env = self._env()
         if user is not None:
-            cmd = [RUNUSER, "-u", user, "--", "env", *[f"{k}={v}" for k, v in env.items()],
-                   *cmd]
+            cmd = self._as(user, env, *args)
         else:
+            cmd = [self.python, "-m", "pydvm", *args]
             env = {**self.root_env, **env}
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd="/tmp",
                               env=env)
 
     def popen_as(self, user: str, *args: str) -> subprocess.Popen:
         """A long-running ``pydvm ARGS...`` as ``user`` (stdout piped)."""
-        bindir = str(Path(self.python).parent)
-        env = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": "/tmp", "PYDVM_URI": self.uri,
-               **MPI_LOOPBACK}
-        return subprocess.Popen(
-            [RUNUSER, "-u", user, "--", "env", *[f"{k}={v}" for k, v in env.items()],
-             self.python, "-m", "pydvm", *args],
-            stdout=subprocess.PIPE, text=True, cwd="/tmp")
+        return subprocess.Popen(self._as(user, self._env(), *args), stdout=subprocess.PIPE,
+                                text=True, cwd="/tmp")
 
     def as_user_python(self, user: str, *args: str) -> subprocess.CompletedProcess:
         """Run this DVM's Python as ``user`` (for raw-socket probes)."""

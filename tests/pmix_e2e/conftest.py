@@ -80,13 +80,14 @@ def mpirun(libpmix):
 
     def run(n: int, *argv: str, timeout: float = 60, extra: tuple = ()):
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", *extra, "-n", str(n), *argv]
-        try:
-            return subprocess.run(cmd, env=env, capture_output=True, text=True,
-                                  timeout=timeout, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired as exc:
-            print(f"mpirun hung ({exc.output!r}); running it again", flush=True)
-            return subprocess.run(cmd, env=env, capture_output=True, text=True,
-                                  timeout=timeout, stdin=subprocess.DEVNULL)
+        for last in (False, True):
+            try:
+                return subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                      timeout=timeout, stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired as exc:
+                if last:
+                    raise
+                print(f"mpirun hung ({exc.output!r}); running it again", flush=True)
     return run
 
 
