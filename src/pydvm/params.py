@@ -106,6 +106,17 @@ def _pmix_mode(text: str) -> str:
     return v
 
 
+#: The interfaces a job's processes may be offered (``--mpi``, ``pydvm_mpi``).
+MPI_INTERFACES = ("auto", "pmix", "pmi1", "none")
+
+
+def _mpi_interface(text: str) -> str:
+    v = str(text).strip().lower()
+    if v not in MPI_INTERFACES:
+        raise ValueError("must be auto, pmix, pmi1 or none")
+    return v
+
+
 def _auto_on(text: str) -> str:
     v = str(text).strip().lower()
     if v not in ("auto", "on"):
@@ -195,6 +206,10 @@ REGISTRY: dict[str, Param] = {
               "before it stops reading the job's streams, each message counted as its "
               "bytes plus 256; what the master holds of it (k/m suffixes; 64k..1g)",
               SIZE.replace("a size", "a size from 64k to 1g", 1)),
+        Param("pydvm_mpi", _mpi_interface, "auto",
+              "the process-management interface a job's processes get when its run does "
+              "not say (--mpi): 'auto' (read off each program: PMI-1 for the MPICH family, "
+              "PMIx otherwise), 'pmix', 'pmi1' or 'none'", "auto|pmix|pmi1|none"),
         Param("pydvm_pmix", _pmix_mode, "auto",
               "host a PMIx server on every node for PMIx/MPI programs: 'auto' (where "
               "libpmix is usable), 'on' (a node without it fails to start), 'off'", "auto|on|off"),

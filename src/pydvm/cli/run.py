@@ -70,6 +70,11 @@ def build_request(opts: dict[str, Any], environ: dict[str, str] | None = None,
         req["queue"] = opts["queue"]
     if opts.get("stop_in_init"):
         req["stop_in_init"] = True
+    if opts.get("mpi"):
+        if opts["pmix"] and opts["mpi"] != "pmix":
+            raise ValueError(f"--pmix asks for PMIx, --mpi {opts['mpi']} for another "
+                             "interface: give one of them")
+        req["mpi"] = opts["mpi"]
     return req
 
 

@@ -81,6 +81,11 @@ OPTIONS: tuple[Opt, ...] = (
         "on hosts a PMIx server (see 'pydvm info'); without it, PMIx clients are served "
         "wherever libpmix is available.  A process of it that exits non-zero, is killed, or "
         "ends without finalizing PMIx ends the job"),
+    Opt(("--mpi",), 1, JOB, "mpi", "the interface the job's processes find their launcher "
+        "through, as Slurm's srun --mpi: 'pmix' (Open MPI, PMIx programs), 'pmi1' (MPICH, "
+        "Intel MPI, MVAPICH: PMI-1 on every node), 'none', or 'auto' -- read off the "
+        "program: PMI-1 for one linked to the MPICH family's libmpi, PMIx otherwise "
+        "(default: the DVM's pydvm_mpi parameter, auto)", "auto|pmix|pmi1|none"),
     # -- parameters ------------------------------------------------------------
     Opt(("--mca", "-mca", "--gmca", "-gmca"), 2, JOB, "mca",
         "a parameter pydvm knows ('pydvm info' lists them) sets the one-shot DVM (a "
@@ -399,6 +404,10 @@ def _apply(o: Opt, name: str, args: list[str], opts: dict, app: dict) -> None:
     elif k in ("pmix", "stop_in_init", "tag_output", "timestamp_output", "merge_stderr", "quiet",
                "allow_run_as_root"):
         opts[k] = True
+    elif k == "mpi":
+        if v not in ("auto", "pmix", "pmi1", "none"):
+            raise ValueError(f"--mpi takes auto, pmix, pmi1 or none, not {v!r}")
+        opts["mpi"] = v
     elif k == "output_filename":
         opts["output_filename"] = os.path.abspath(v)
     elif k == "stdin":
@@ -513,7 +522,7 @@ def new_opts() -> dict[str, Any]:
         "timeout": None, "stdin": 0, "timestamp_output": False, "merge_stderr": False,
         "output_filename": None, "quiet": False, "allow_run_as_root": False,
         "app_file": None, "hostfile": None, "warnings": [], "queue": None,
-        "stop_in_init": False}
+        "stop_in_init": False, "mpi": None}
 
 
 def new_app(argv: list[str], n: int | None = None) -> dict[str, Any]:

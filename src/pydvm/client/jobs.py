@@ -363,7 +363,9 @@ class Dvm:
         ``options``: ``hosts`` (``"a,b:2"`` or a list), ``env`` (added to
         our environment as it is now; a value of None removes a variable),
         ``inherit_env`` (False: ``env`` is the whole environment), ``cwd``
-        (default: ours), ``path``, ``session``, ``pmix``,
+        (default: ours), ``path``, ``session``, ``pmix``, ``mpi`` (the
+        interface its processes get: ``"auto"``, ``"pmix"``, ``"pmi1"``,
+        ``"none"``, as ``pydvm run --mpi``),
         ``abort_on_failure``, ``timeout`` (seconds), ``mca`` (Open MPI's
         parameters), ``stop_in_init`` (its processes wait in ``PMIx_Init``
         until :meth:`release`) and ``pydvm run``'s placement options by their long

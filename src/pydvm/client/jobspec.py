@@ -151,7 +151,7 @@ def _app_opts(app: App) -> dict[str, Any]:
 def run_request(command: Any, n: int | None = 1, *, hosts: Any = None,
                 env: dict[str, str | None] | None = None, inherit_env: bool = True,
                 cwd: "str | os.PathLike | None" = None, path: Any = None,
-                session: int | None = None, pmix: bool = False,
+                session: int | None = None, pmix: bool = False, mpi: str | None = None,
                 abort_on_failure: bool | None = None, timeout: float | None = None,
                 mca: dict[str, Any] | None = None, **placement: Any) -> dict[str, Any]:
     """The ``run`` request (without its id) of ``submit``'s arguments.
@@ -176,6 +176,10 @@ def run_request(command: Any, n: int | None = 1, *, hosts: Any = None,
     opts["session"] = session
     opts["abort_on_failure"] = abort_on_failure
     opts["pmix"] = bool(pmix)
+    if mpi is not None:
+        if mpi not in ("auto", "pmix", "pmi1", "none"):
+            raise ValueError(f"mpi must be 'auto', 'pmix', 'pmi1' or 'none', not {mpi!r}")
+        opts["mpi"] = mpi
     if timeout is not None:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
                 not timeout > 0:

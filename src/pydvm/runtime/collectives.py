@@ -378,9 +378,12 @@ class Collectives(ProcessListener, NodeListener):
         if why:
             daemon.send(reply(msg.get("id"), Status.ERR_NO_PERMISSIONS, why))
             return
-        why = f"process {ns}:{rank} called PMIx_Abort with status {status}"
+        api = "PMI_Abort" if msg.get("api") == "PMI_Abort" else "PMIx_Abort"
+        why = f"process {ns}:{rank} called {api} with status {status}"
         if msg.get("msg"):
             why += f": {msg['msg']}"
+        if isinstance(msg.get("why"), str) and msg["why"]:
+            why = msg["why"]  # the node's own words (runtime/pmi1host.py: a wrong interface)
         log.warning("%s", why)
         self._processes.abort(ns, rank, status, why)
         daemon.send(reply(msg.get("id"), Status.SUCCESS))
@@ -452,9 +455,13 @@ class Collectives(ProcessListener, NodeListener):
                                                msg.get("daemons_per_proc"))
                 apps[0]["hosts"] = hosts
                 apps[0]["n"] = sum(h[1] for h in hosts)
-            job, per_node = self._processes.plan({
-                "session": session, "apps": apps, "env": env, "cwd": cwd,
-                "_uid": uid, "_gid": gid, "stop_in_init": msg.get("stop_in_init") is True})
+            request = {"session": session, "apps": apps, "env": env, "cwd": cwd,
+                       "_uid": uid, "_gid": gid,
+                       "stop_in_init": msg.get("stop_in_init") is True}
+            if msg.get("mpi") == "pmi1":  # MPI_Comm_spawn of an MPICH-family job
+                request["mpi"] = "pmi1"
+                request["preput"] = msg.get("preput") or {}
+            job, per_node = self._processes.plan(request)
         except debugging.SpawnRefused as exc:
             daemon.send(reply(rid, exc.status, f"cannot spawn: {exc}"))
             return
@@ -481,7 +488,8 @@ class Collectives(ProcessListener, NodeListener):
             job.parent = (pns, prank)
             # a spawned job fails as its parent does (MPI_Comm_spawn's children are MPI)
             job.abort_on_failure = parent.abort_on_failure
-            job.pmix_required = parent.pmix_required
+            if parent.pmix_required and job.mpi != "pmi1":
+                job.pmix_required, job.mpi = True, "pmix"
             failed = await self._processes.launch_child((pns, prank), job, per_node)
         if failed:
             daemon.send(reply(rid, Status.ERR_NOT_FOUND, f"cannot spawn: {failed}"))

@@ -321,7 +321,7 @@ class StdinFeed:
 def start_with_streams(argv: list[str], *, env: dict[str, str], cwd: str | None,
                        stdin: bool, switch: tuple[int, int, list[int]] | None,
                        output: bool = True, death_signal: bool = True,
-                       program: str | None = None):
+                       program: str | None = None, pass_fds: tuple[int, ...] = ()):
     """Start a job process (:func:`pydvm.runtime.jobproc.start`) with its
     streams: stdout a pseudo-terminal (line by line, as under mpirun),
     stderr a pipe, stdin a pipe if ``stdin`` (the rank its ``pydvm run``
@@ -330,7 +330,7 @@ def start_with_streams(argv: list[str], *, env: dict[str, str], cwd: str | None,
     process's own ends are closed here once it has them.  On OSError
     nothing stays open.  ``output`` False (a job whose output is
     discarded): stdout and stderr are /dev/null, and their ends here None.
-    ``death_signal``, ``program``: as :func:`pydvm.runtime.jobproc.start`'s."""
+    ``death_signal``, ``program``, ``pass_fds``: as :func:`pydvm.runtime.jobproc.start`'s."""
     ours: list = []  # the read ends (and stdin's write end) we keep
     theirs: list[int] = []  # the ends the process gets
     try:
@@ -358,7 +358,7 @@ def start_with_streams(argv: list[str], *, env: dict[str, str], cwd: str | None,
                 os.fchown(fd, switch[0], -1)
         proc = jobproc.start(argv, env=env, cwd=cwd, stdin=child_stdin, stdout=out_w,
                              stderr=err_w, switch=switch, death_signal=death_signal,
-                             program=program)
+                             program=program, pass_fds=pass_fds)
     except OSError:
         for fd in ours + theirs:
             if fd is not None:

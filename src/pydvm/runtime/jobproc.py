@@ -130,10 +130,10 @@ class Spawned:
 
 
 def _fork_exec(cmd: list[str], program: str, env: dict[str, str], cwd: str | None,
-               stdin: int, stdout: int, stderr: int) -> Spawned:
+               stdin: int, stdout: int, stderr: int, pass_fds: tuple[int, ...] = ()) -> Spawned:
     """Start ``cmd`` (``program`` is the file to execute) as ``Popen(cmd,
     executable=program, env=env, cwd=cwd, stdin=..., start_new_session=True,
-    close_fds=True)`` would, through the same C call.  Raises OSError as
+    close_fds=True, pass_fds=pass_fds)`` would, through the same C call.  Raises OSError as
     ``Popen`` does when the program cannot be executed, ValueError for an
     environment variable name with ``=``."""
     enc, errs = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
@@ -153,7 +153,8 @@ def _fork_exec(cmd: list[str], program: str, env: dict[str, str], cwd: str | Non
     try:
         try:
             pid = _posixsubprocess.fork_exec(
-                cmd, (os.fsencode(program),), True, (errpipe_write,), cwd, env_list,
+                cmd, (os.fsencode(program),), True, tuple(sorted({errpipe_write, *pass_fds})),
+                cwd, env_list,
                 fds[0], -1, -1, fds[1], -1, fds[2], errpipe_read, errpipe_write,
                 True, True, -1, None, None, None, -1, None, True)
         finally:
@@ -231,12 +232,15 @@ class ChildProcess:
 
 def start(argv: list[str], *, env: dict[str, str], cwd: str | None, stdin, stdout: int,
           stderr: int, switch: tuple[int, int, list[int]] | None,
-          death_signal: bool = True, program: str | None = None) -> ChildProcess:
+          death_signal: bool = True, program: str | None = None,
+          pass_fds: tuple[int, ...] = ()) -> ChildProcess:
     """Start ``argv`` in a new session (its own process group) with the given
     standard streams, as the job's user if ``switch`` says so, with the
     parent-death signal if ``death_signal`` (see the module docstring).
     ``program``: the file ``argv[0]`` was found as (:func:`resolved`),
     executed as it is (argv unchanged) where nothing goes in front of it.
+    ``pass_fds``: descriptors the process keeps, under the same numbers (a
+    PMI-1 process's ``PMI_FD``).
     Raises OSError if it cannot be started (the program was checked
     beforehand, see :func:`find_program`)."""
     cmd = command_line(argv, switch, death_signal)
@@ -251,10 +255,10 @@ def start(argv: list[str], *, env: dict[str, str], cwd: str | None, stdin, stdou
         # PATH entries count from the process's cwd, not ours)
         exe = kw.get("executable") or (cmd[0] if "/" in cmd[0] else None)
         if exe:
-            return ChildProcess(_fork_exec(cmd, exe, env, cwd, stdin, stdout, stderr),
-                                asyncio.get_running_loop())
+            return ChildProcess(_fork_exec(cmd, exe, env, cwd, stdin, stdout, stderr,
+                                           pass_fds), asyncio.get_running_loop())
     popen = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr,
-                             start_new_session=True, close_fds=True, **kw)
+                             start_new_session=True, close_fds=True, pass_fds=pass_fds, **kw)
     return ChildProcess(popen, asyncio.get_running_loop())
 
 

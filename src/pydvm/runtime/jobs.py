@@ -23,8 +23,9 @@ failures are recorded for its ``pydvm run`` to report:
 
 Whether a failure ends the whole job is :meth:`JobRecord.ends_at_failure`:
 always with ``--abort-on-failure``, never with ``--no-abort-on-failure``,
-and by default when the job was run with ``--pmix`` or the process that
-failed had connected to PMIx -- an MPI job, which ``mpirun`` would end.
+and by default when the job was run with ``--pmix`` or ``--mpi pmi1`` or
+the process that failed had connected to PMIx or PMI-1 (``pmix`` then says
+``connected``) -- an MPI job, which ``mpirun`` would end.
 """
 
 from __future__ import annotations
@@ -131,6 +132,11 @@ class JobRecord:
     abort_on_failure: bool | None = None
     #: run with ``--pmix`` (every node hosts PMIx): an MPI job.
     pmix_required: bool = False
+    #: the interface its processes get (``--mpi``): ``auto`` (each node reads
+    #: it off the programs: pydvm/pmi1/detect.py), ``pmix``, ``pmi1``, ``none``.
+    mpi: str = "auto"
+    #: a job spawned over PMI-1: the pairs its key-value space starts with.
+    preput: dict[str, str] = field(default_factory=dict)
     #: ranks that failed on their own, in the order their ends were learned.
     failures: list[int] = field(default_factory=list)
     #: processes that had started and ended after the job was killed.
@@ -212,14 +218,15 @@ class JobRecord:
 
     @property
     def is_mpi(self) -> bool:
-        """Run with ``--pmix``, or one of its ended processes had used PMIx."""
-        return self.pmix_required or any(p.pmix for p in self.procs.values())
+        """Run with ``--pmix`` or ``--mpi pmi1``, or one of its ended processes
+        had used PMIx or PMI-1."""
+        return self.pmix_required or self.mpi == "pmi1" or any(p.pmix for p in self.procs.values())
 
     def ends_at_failure(self, rank: int) -> bool:
         """Whether the failure of ``rank`` ends the whole job (module docstring)."""
         if self.abort_on_failure is not None:
             return self.abort_on_failure
-        return self.pmix_required or self.procs[rank].pmix is not None
+        return self.pmix_required or self.mpi == "pmi1" or self.procs[rank].pmix is not None
 
     def nodes(self) -> set[str]:
         return set(self.by_node())

@@ -95,6 +95,7 @@ from .metrics import RequestStats, store_sample
 from .nodelaunch import LocalJob, LocalProc, start_share
 from .peers import ClientSession, process_caller, route_answer
 from . import pmixjobctl, pmixquery
+from .pmi1host import Pmi1Host
 from .pmixhost import PmixHost
 from .sockdir import make_socket_dir, same_host_socket
 from .storeguard import GuardedStats, StoreGuard, guard_for, guarded_store
@@ -156,6 +157,8 @@ class NodeServer:
         self.request_stats = RequestStats()
         #: the node's PMIx server (runtime/pmixhost.py); off when libpmix is missing.
         self.pmix = PmixHost(self)
+        #: the node's PMI-1 server, for the MPICH family (runtime/pmi1host.py).
+        self.pmi1 = Pmi1Host(self)
         #: nspace -> what its pydvm run sends to its rank 0's stdin (rank 0 runs here).
         self.stdin_feeds: dict[str, StdinFeed] = {}
         #: topology, live bindings, the affinity switch (runtime/cpubind.py).
@@ -235,6 +238,7 @@ class NodeServer:
             feed.close()
         self.stdin_feeds.clear()
         self.pmix.stop()
+        self.pmi1.stop()
         if self._server is not None:
             self._server.close()
         for s in list(self._clients):
@@ -382,6 +386,7 @@ class NodeServer:
             job = self.jobs.pop(msg.get("nspace"), None)
             if job is not None:
                 self._clean_up_job(job)
+            self.pmi1.job_ended(msg.get("nspace"))
             if self.pmix.running:
                 # acknowledged once libpmix has dropped the namespace, so that
                 # nothing of it is left when the job's end is reported
@@ -441,6 +446,7 @@ class NodeServer:
     def reaped(self, job: LocalJob, lp: LocalProc) -> None:
         """``lp`` has ended: nothing may act for it any more."""
         lp.ended = True
+        self.pmi1.reaped(lp.nspace, lp.rank)
         self.binding.release(lp.nspace, lp.rank)
         for s in list(lp.sessions):
             s.channel.close(f"process {lp.nspace}:{lp.rank} ended")

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from .. import _trace
 from ..errors import Status
 from ..wire import Message, reply
+from ..pmi1 import detect
 from . import jobdirs, jobio, jobproc, ompienv
 from .credential import ENV as credential_env
 from .jobio import PumpState, drain_output, pump_output
@@ -116,7 +117,9 @@ async def start_share(node: "NodeServer", msg: Message) -> Message:
     uid = msg["uid"] if isinstance(msg.get("uid"), int) else os.getuid()
     gid = msg["gid"] if isinstance(msg.get("gid"), int) else os.getgid()
     pmix_envs: list[dict[str, str]] = [{} for _ in procs]
-    if layout and node.pmix.running:
+    iface = interface(node, msg, procs, programs)
+    pmix = bool(layout) and node.pmix.running and iface in ("pmix", "watch")
+    if pmix:
         # Every rank here is registered with libpmix before the first one
         # starts, all at once: one wait on libpmix's thread, not one per rank.
         for p in procs:
@@ -125,12 +128,15 @@ async def start_share(node: "NodeServer", msg: Message) -> Message:
             job, layout, uid, gid, bind.pmix, [(p["rank"], p["app_idx"]) for p in procs])
         if _trace.PATH:
             _trace.mark("node.registered", ns)
+    pmi1: list = [None] * len(procs)  # (environment, the process's socket) each
+    if iface in ("pmi1", "watch"):
+        pmi1 = node.pmi1.prepare(job, msg, procs, watch=iface == "watch")
     started = 0
     # what mpirun tells every rank (OMPI_COMM_WORLD_RANK...), PMIx or not
     ompi_envs = jobdirs.ompi_envs(node, job, layout, procs)
-    for p, pmix_env, ompi_env in zip(procs, pmix_envs, ompi_envs):
+    for p, pmix_env, ompi_env, pmi in zip(procs, pmix_envs, ompi_envs, pmi1):
         env = ompienv.without_stale(
-            p["env"], FOREIGN_LAUNCH_PREFIXES if layout and node.pmix.running else ())
+            p["env"], FOREIGN_LAUNCH_PREFIXES if pmix or pmi else ())
         env.update({
             "PYDVM_SERVER": node.socket_path,
             "PYDVM_NSPACE": ns,
@@ -139,9 +145,11 @@ async def start_share(node: "NodeServer", msg: Message) -> Message:
             "PYDVM_JOB_SIZE": str(msg.get("job_size")),
             "PYDVM_NODE": node.name,
             "PYDVM_SESSION": str(job.session_id),
-            "PMIX_NAMESPACE": ns,
-            "PMIX_RANK": str(p["rank"]),
         })
+        if pmix:
+            # (never beside PMI-1's: MPICH >= 4.1 aborts when offered both)
+            env["PMIX_NAMESPACE"] = ns
+            env["PMIX_RANK"] = str(p["rank"])
         env.pop(credential_env, None)  # never one inherited from elsewhere
         if node.voucher is not None:
             run_uid, run_gid = (switch[0], switch[1]) if switch else (os.getuid(),
@@ -151,13 +159,20 @@ async def start_share(node: "NodeServer", msg: Message) -> Message:
         lp = job.procs.get(p["rank"])
         if lp is None:
             lp = job.procs[p["rank"]] = LocalProc(ns, p["rank"], p["app_idx"])
-        if layout and node.pmix.running:
+        if pmix:
             env.update(pmix_env)
             spawned = dict(p.get("pmix_env") or {})  # MPI_Comm_spawn passes on the
             ompienv.drop_stale(spawned)  # parent's OMPI_MCA_*: its launch state goes
             env.update(spawned)
             ompienv.own_job_dirs(env, OMPI_JOB_DIRS, str(jobdirs.job_dir(node, job)))
         env.update(ompi_env)
+        keep: tuple[int, ...] = ()
+        if pmi is not None:
+            env.update(pmi[0])
+            keep = (pmi[1].fileno(),)
+        elif pmix and "I_MPI_PMI_LIBRARY" not in env and node.pmix.library:
+            # Intel MPI speaks PMI-1 unless told where libpmix is (a user's value wins)
+            env["I_MPI_PMI_LIBRARY"] = node.pmix.library
         env.update(bind.environment(p["rank"]))  # after drop_stale: pydvm's binding
         cwd = jobproc.workdir(p.get("cwd"))
         try:
@@ -166,8 +181,12 @@ async def start_share(node: "NodeServer", msg: Message) -> Message:
                     p["argv"], env=env, cwd=cwd, stdin=p.get("stdin") is True,
                     switch=switch, output=msg.get("output") != "discard",
                     death_signal=node.values["pydvm_death_signal"] == "on",
-                    program=programs.get(p["rank"]))
+                    program=programs.get(p["rank"]), pass_fds=keep)
         except OSError as exc:
+            for q, x in zip(procs[started:], pmi1[started:]):
+                node.pmi1.forget(ns, q["rank"])
+                if x is not None:
+                    x[1].close()
             # Already started ranks of this job are killed by the master.
             job.procs.pop(p["rank"], None)
             for q in procs[started:]:
@@ -175,6 +194,9 @@ async def start_share(node: "NodeServer", msg: Message) -> Message:
             return reply(rid, Status.ERR_NOT_FOUND,
                          f"{node.name}: cannot start {p['argv'][0]}: {exc}",
                          exit=126 if isinstance(exc, PermissionError) else 127)
+        finally:
+            if pmi is not None:
+                pmi[1].close()  # the process has its own copy (or never will)
         node.guardian.track(lp.process.pid)
         started += 1
         if len(ours) == 3:
@@ -183,6 +205,39 @@ async def start_share(node: "NodeServer", msg: Message) -> Message:
     if _trace.PATH:
         _trace.mark("node.started", ns)
     return reply(rid, Status.SUCCESS, **({"report": bind.report} if bind.report else {}))
+
+def interface(node: "NodeServer", msg: Message, procs: list[dict],
+              programs: dict[int, str | None]) -> str:
+    """The interface this node offers the job's processes: ``pmix``,
+    ``pmi1``, ``none``, or ``watch`` -- PMIx, plus a PMI-1 socket that ends
+    the job with advice if a process speaks PMI-1 on it (``--mpi auto``
+    and a program whose MPI cannot be told: :mod:`pydvm.pmi1.detect`).
+    Every node of a job decides alike: from every application's program,
+    not only its own share's."""
+    asked = msg.get("mpi") or "auto"
+    if asked != "auto":
+        return asked
+    env = procs[0]["env"] if procs else {}
+    cwd = jobproc.workdir(procs[0].get("cwd")) if procs else None
+    here = {p["argv"][0]: programs.get(p["rank"]) for p in procs}
+    seen = []
+    for argv in (msg.get("pmix") or {}).get("argv") or [p["argv"] for p in procs]:
+        exe = argv[0] if argv else ""
+        if "/" in exe:
+            path = os.path.join(cwd or os.getcwd(), exe)
+        else:
+            path = here.get(exe) or jobproc.resolved(exe, env.get("PATH", os.defpath), cwd)
+            if path and "/" not in path:
+                path = None
+            elif path and not os.path.isabs(path):
+                path = os.path.join(cwd or os.getcwd(), path)
+        if path:
+            seen.append((path, env))
+        else:
+            seen.append(("", env))  # cannot be told here
+    found = detect.job_interface(seen)
+    return "watch" if found is None else found
+
 
 async def watch(node: "NodeServer", job: LocalJob, lp: LocalProc, out_fd: int | None,
                 err_fd: int | None) -> None:
@@ -208,7 +263,8 @@ async def watch(node: "NodeServer", job: LocalJob, lp: LocalProc, out_fd: int | 
     status = 128 - rc if rc < 0 else rc  # -N means killed by signal N
     # what it did with PMIx (None, "connected", "finalized"): one that
     # connected and never finalized ended abnormally whatever its status
-    pmix = node.pmix.client_state(lp.nspace, lp.rank)
+    pmix = node.pmix.client_state(lp.nspace, lp.rank) or \
+        node.pmi1.client_state(lp.nspace, lp.rank)
     if pmix == "connected" and status:
         # ended on its own because its PMIx server died? that is said first
         node.pmix.check_server(lp.nspace)

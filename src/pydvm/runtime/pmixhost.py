@@ -192,6 +192,12 @@ class PmixHost:
     def running(self) -> bool:
         return self.server is not None
 
+    @property
+    def library(self) -> str | None:
+        """The path of the libpmix this node serves with (None: none); what
+        an Intel MPI process is told to load (``I_MPI_PMI_LIBRARY``)."""
+        return self.status[2] if self.running and self.status[0] else None
+
     def start(self, tmpdir: str, mode: str) -> bool:
         """Start the server (``mode``: the ``pydvm_pmix`` parameter).  Raises
         RuntimeError when ``mode`` is ``on`` and PMIx cannot be hosted."""

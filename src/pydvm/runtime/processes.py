@@ -56,6 +56,7 @@ import time
 from typing import Any
 
 from .. import _trace
+from .. import params as P
 from ..errors import Status
 from ..placement import display_allocation_lines, display_map_lines
 from ..pmix import constants as PC
@@ -395,6 +396,20 @@ class ProcessTable(NodeListener):
         abort = msg.get("abort_on_failure")
         job.abort_on_failure = abort if isinstance(abort, bool) else None
         job.pmix_required = msg.get("pmix") is True
+        mpi = msg.get("mpi")
+        if mpi is None:
+            mpi = "pmix" if job.pmix_required else self._nodes.values["pydvm_mpi"]
+        if mpi not in P.MPI_INTERFACES:
+            raise ValueError(f"--mpi {mpi!r}: must be one of {', '.join(P.MPI_INTERFACES)}")
+        if job.pmix_required and mpi != "pmix":
+            raise ValueError(f"--pmix asks for PMIx, --mpi {mpi} for another interface: "
+                             "give one of them")
+        job.mpi = mpi
+        preput = msg.get("preput")
+        if preput is not None:
+            if not _str_map(preput):
+                raise ValueError("preput must map str to str")
+            job.preput = dict(preput)
         job.stop_in_init = msg.get("stop_in_init") is True
         job.started = time.time()
         for a in job.apps:
@@ -543,7 +558,13 @@ class ProcessTable(NodeListener):
         names = list(per_node)
         if _trace.PATH:
             _trace.mark("master.launch", job.nspace)
-        extra = {"output": "discard"} if job.discard_output else {}
+        extra: dict = {"output": "discard"} if job.discard_output else {}
+        if job.mpi != "auto":
+            extra["mpi"] = job.mpi
+        if job.preput:
+            extra["preput"] = job.preput
+        if job.parent is not None:
+            extra["spawned"] = True
         results = await asyncio.gather(*[
             self._nodes.launch(n, {
                 "t": "launch", "nspace": job.nspace, "session_id": job.session_id,

@@ -1,0 +1,416 @@
+"""PMI-1 on a node: the I/O shell around :class:`pydvm.pmi1.Pmi1Job`.
+
+MPICH, Intel MPI, MVAPICH and the other MPIs of the MPICH family find their
+launcher through PMI-1 (:mod:`pydvm.pmi1`).  For each process of a PMI-1
+job (:func:`~pydvm.runtime.nodelaunch.start_share` decides which jobs are)
+the node makes a connected socket pair: one end is the process's
+``PMI_FD`` (kept across its exec), the other is read here on the node's
+loop.  Each request goes to the job's :class:`~pydvm.pmi1.Pmi1Job` on this
+node, whose effects are carried out here:
+
+* a barrier becomes the master's ``fence`` over the whole job
+  (:mod:`pydvm.runtime.collectives`), its data every node's puts;
+* ``abort`` is the master's ``abort`` (the job ends with that status);
+* ``publish_name`` / ``lookup_name`` / ``unpublish_name`` are the data
+  store's publish / lookup / unpublish, served for the process as any of
+  its requests is (:meth:`NodeServer.serve_data
+  <pydvm.runtime.node.NodeServer.serve_data>`): the same ranges,
+  lifetimes and permissions as a PMIx client's ``MPI_Publish_name``;
+* ``spawn`` is the master's ``spawn`` of a child job, itself PMI-1, whose
+  processes find the parent's ``preput`` pairs in their key-value space
+  and ``PMI_SPAWNED=1`` in their environment.
+
+A process of a job offered PMIx whose program could not be told
+(:func:`pydvm.pmi1.detect.job_interface` None) gets a *watch* socket as
+``PMI_FD`` too, without ``PMI_RANK``/``PMI_SIZE``: a PMI-1 client that
+speaks on it would otherwise have run as a singleton, so its ``init`` ends
+the job, saying which option runs it right (:meth:`Pmi1Host._watched`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from typing import TYPE_CHECKING, Any
+
+from ..errors import Status
+from ..pmi1 import Pmi1Job, process_mapping
+from ..pmi1 import job as J
+from ..pmi1.wire import ProtocolError, Reader, encode
+from ..store import Caller
+from ..wire import Message, unpack_body
+from .peers import PeerSession, process_caller
+
+if TYPE_CHECKING:
+    from .nodelaunch import LocalJob
+    from .node import NodeServer
+
+log = logging.getLogger("pydvm.pmi1")
+
+#: What a rank's ``PMI_FD`` is when the job was not offered PMI-1 (see the
+#: module docstring): the advice its ``init`` ends the job with.
+WRONG_INTERFACE = ("process {ns}:{rank} speaks PMI-1 (MPICH, Intel MPI, MVAPICH) but its "
+                   "job was offered PMIx: run it with --mpi pmi1")
+
+
+class _Answers:
+    """The channel-like end of a :class:`Pmi1Session`: the routing code
+    answers a session by sending a reply map (or an encoded body) on it."""
+
+    write_paused = False
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.session: Pmi1Session | None = None
+        self.closed = False
+
+    def send(self, msg: Message) -> None:
+        if self.session is not None:
+            self.session.deliver(msg)
+
+    def send_raw(self, body) -> None:
+        self.send(unpack_body(bytes(body)))
+
+    def on_drain(self, fn) -> None:
+        fn()
+
+    def close(self, reason: str = "closed", *, error: bool = False) -> None:
+        self.closed = True
+
+
+class Pmi1Session(PeerSession):
+    """One PMI-1 process as the node's routing code sees a client: its
+    name-service requests are the store's requests, made as its caller."""
+
+    kind = "pmi1"
+
+    def __init__(self, caller: Caller, max_outstanding: int | None) -> None:
+        super().__init__(_Answers(f"pmi1 {caller.nspace}:{caller.rank}"), max_outstanding)
+        self.caller = caller
+        self.pending: dict[int, Any] = {}
+        self._next = 0
+
+    @property
+    def proc_key(self) -> tuple[str, int]:
+        return (self.caller.nspace, self.caller.rank)
+
+    def new_id(self, done) -> int:
+        self._next += 1
+        self.pending[self._next] = done
+        return self._next
+
+    def deliver(self, msg: Message) -> None:
+        rid = msg.get("id")
+        done = self.pending.pop(rid, None) if isinstance(rid, int) else None
+        if done is not None:
+            done(msg)
+
+
+class _Conn:
+    """One process's PMI-1 connection: the node's end of its socket pair,
+    read on the loop (``add_reader``); replies are small and written at
+    once, what the socket does not take at once is written when it can."""
+
+    def __init__(self, host: "Pmi1Host", nspace: str, rank: int, watch: bool,
+                 sock: socket.socket) -> None:
+        self.host = host
+        self.nspace = nspace
+        self.rank = rank
+        self.watch = watch
+        self.reader = Reader()
+        self.sock: socket.socket | None = sock
+        self._out = bytearray()
+        self._loop = asyncio.get_running_loop()
+        sock.setblocking(False)
+        self._loop.add_reader(sock.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        if self.sock is None:
+            return
+        try:
+            data = self.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            data = b""
+            log.debug("pmi1 %s:%d: %s", self.nspace, self.rank, exc)
+        if not data:  # the process (and every child holding its socket) is gone
+            self.close()
+            return
+        try:
+            cmds = self.reader.feed(data)
+        except ProtocolError as exc:
+            self.host.refuse(self, str(exc))
+            return
+        for cmd in cmds:
+            if self.sock is None:
+                return
+            if self.watch:
+                self.host.watched(self, cmd)
+            else:
+                self.host.request(self, cmd)
+
+    def write(self, data: bytes) -> None:
+        if self.sock is None:
+            return
+        if not self._out:
+            try:
+                n = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError:
+                self.close()
+                return
+            if n == len(data):
+                return
+            data = data[n:]
+            self._loop.add_writer(self.sock.fileno(), self._writable)
+        self._out += data
+
+    def _writable(self) -> None:
+        if self.sock is None:
+            return
+        try:
+            n = self.sock.send(self._out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self.close()
+            return
+        del self._out[:n]
+        if not self._out:
+            self._loop.remove_writer(self.sock.fileno())
+
+    def close(self) -> None:
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            self._loop.remove_reader(sock.fileno())
+            if self._out:
+                self._loop.remove_writer(sock.fileno())
+            sock.close()
+
+
+class Pmi1Host:
+    """A node's PMI-1 server (see the module docstring): its jobs, one
+    :class:`~pydvm.pmi1.Pmi1Job` each, and each process's connection."""
+
+    def __init__(self, node: "NodeServer") -> None:
+        self.node = node
+        self.jobs: dict[str, Pmi1Job] = {}
+        self.conns: dict[tuple[str, int], _Conn] = {}
+        self.sessions: dict[tuple[str, int], Pmi1Session] = {}
+        #: namespaces whose processes got only a watch socket
+        self.watched_jobs: set[str] = set()
+
+    # -- launching -----------------------------------------------------------
+
+    def prepare(self, job: "LocalJob", msg: Message, procs: list[dict], watch: bool
+                ) -> list[tuple[dict[str, str], socket.socket]]:
+        """Per process of ``procs`` (this node's share of ``msg``'s job): its
+        PMI-1 environment and the socket it gets as ``PMI_FD``.  ``watch``:
+        the job was offered PMIx, these are watch sockets (module docstring)."""
+        layout = msg.get("pmix") or {}
+        ns = job.nspace
+        size = int(msg.get("job_size") or len(procs))
+        nodes = layout.get("nodes") or {}
+        if not watch and ns not in self.jobs:
+            order = list(nodes)  # in rank order of first appearance
+            where = {r: order.index(n) for n, ranks in nodes.items() for r in ranks}
+            mapping = process_mapping([where[r] for r in range(size)]) \
+                if len(where) == size else None
+            if mapping is not None and len(mapping) > J.VALLEN_MAX:
+                mapping = None  # MPICH then exchanges host names itself
+            preput = msg.get("preput") if isinstance(msg.get("preput"), dict) else {}
+            self.jobs[ns] = Pmi1Job(ns, size, {}, int(layout.get("univ_size") or size),
+                                    mapping, {str(k): str(v) for k, v in preput.items()})
+        if watch:
+            self.watched_jobs.add(ns)
+        mine = sorted(p["rank"] for p in procs)
+        out = []
+        for p in procs:
+            rank = p["rank"]
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            theirs.set_inheritable(False)  # kept for the child alone (pass_fds)
+            env = {"PMI_FD": str(theirs.fileno())}
+            if not watch:
+                self.jobs[ns].ranks[rank] = int(p.get("app_idx", 0))
+                env.update({
+                    "PMI_RANK": str(rank), "PMI_SIZE": str(size),
+                    "MPI_LOCALNRANKS": str(len(mine)), "MPI_LOCALRANKID": str(mine.index(rank)),
+                    "PMI_HOSTNAME": self.node.name,
+                })
+                if msg.get("spawned"):
+                    env["PMI_SPAWNED"] = "1"
+            out.append((env, theirs))
+            self._attach(ns, rank, ours, watch)
+        return out
+
+    def _attach(self, ns: str, rank: int, sock: socket.socket, watch: bool) -> None:
+        self.conns[(ns, rank)] = _Conn(self, ns, rank, watch, sock)
+
+    def forget(self, ns: str, rank: int) -> None:
+        """A process was not started after all: drop its connection."""
+        conn = self.conns.pop((ns, rank), None)
+        if conn is not None:
+            conn.close()
+        pj = self.jobs.get(ns)
+        if pj is not None:
+            pj.ranks.pop(rank, None)
+
+    # -- requests --------------------------------------------------------------
+
+    def request(self, conn: _Conn, cmd) -> None:
+        pj = self.jobs.get(conn.nspace)
+        if pj is None:
+            self.refuse(conn, "its job has ended")
+            return
+        self._apply(pj, pj.handle(conn.rank, cmd))
+
+    def refuse(self, conn: _Conn, why: str) -> None:
+        log.warning("%s: PMI-1 connection of %s:%d closed: %s", self.node.name,
+                    conn.nspace, conn.rank, why)
+        conn.close()
+
+    def watched(self, conn: _Conn, cmd) -> None:
+        """A process of a job offered PMIx spoke PMI-1 on its watch socket."""
+        why = WRONG_INTERFACE.format(ns=conn.nspace, rank=conn.rank)
+        if cmd.name == "init":
+            conn.write(encode("response_to_init", rc=-1, pmi_version=1, pmi_subversion=1,
+                              msg="this_job_was_offered_PMIx:_run_it_with_--mpi_pmi1"))
+        conn.close()
+        if conn.nspace in self.watched_jobs:
+            self.watched_jobs.discard(conn.nspace)  # said once per job
+            log.info("%s: %s", self.node.name, why)
+            self.node.uplink.request({"t": "abort", "nspace": conn.nspace, "rank": conn.rank,
+                                      "status": 1, "why": why}, lambda r: None)
+
+    def _apply(self, pj: Pmi1Job, effects: list) -> None:
+        for e in effects:
+            cls = e.__class__
+            if cls is J.Send:
+                conn = self.conns.get((pj.kvsname, e.rank))
+                if conn is not None:
+                    conn.write(e.data)
+            elif cls is J.Fence:
+                self._fence(pj, e)
+            elif cls is J.Data:
+                self._data(pj, e)
+            elif cls is J.Abort:
+                self._abort(pj, e)
+            elif cls is J.Spawn:
+                self._spawn(pj, e)
+            elif cls is J.Refuse:
+                conn = self.conns.get((pj.kvsname, e.rank))
+                if conn is not None:
+                    self.refuse(conn, e.why)
+            elif cls is J.Note:
+                log.warning("%s: %s:%d: %s", self.node.name, pj.kvsname, e.rank, e.why)
+
+    def _fence(self, pj: Pmi1Job, e: J.Fence) -> None:
+        def answered(r: Message) -> None:
+            if self.jobs.get(pj.kvsname) is not pj:
+                return
+            ok = r.get("status") == Status.SUCCESS
+            self._apply(pj, pj.fence_done(ok, r.get("data") or b"", r.get("msg") or ""))
+        from ..pmix.constants import RANK_WILDCARD
+        self.node.uplink.request({"t": "fence", "procs": [[pj.kvsname, RANK_WILDCARD]],
+                                  "data": e.data, "collect": True}, answered)
+
+    def _abort(self, pj: Pmi1Job, e: J.Abort) -> None:
+        msg = {"t": "abort", "nspace": pj.kvsname, "rank": e.rank, "status": e.status,
+               "msg": e.message, "api": "PMI_Abort"}
+        self.node.uplink.request(msg, lambda r: None)
+
+    def _session(self, pj: Pmi1Job, rank: int) -> Pmi1Session | None:
+        key = (pj.kvsname, rank)
+        s = self.sessions.get(key)
+        if s is None:
+            job = self.node.jobs.get(pj.kvsname)
+            lp = job.procs.get(rank) if job is not None else None
+            if lp is None or lp.ended:
+                return None
+            uid = job.uid if job.uid is not None else os.getuid()
+            gid = job.gid if job.gid is not None else os.getgid()
+            caller = process_caller(pj.kvsname, rank, uid, gid, self.node.name, lp.app_idx,
+                                    job.session_id)
+            s = self.sessions[key] = Pmi1Session(caller, self.node.values["pydvm_max_outstanding"])
+            lp.sessions.add(s)
+        return s
+
+    def _data(self, pj: Pmi1Job, e: J.Data) -> None:
+        s = self._session(pj, e.rank)
+        if s is None:
+            return
+
+        def done(r: Message) -> None:
+            status = r.get("status", Status.ERR_UNREACH)
+            port = ""
+            if e.kind == "lookup" and status in (Status.SUCCESS, Status.ERR_PARTIAL_SUCCESS):
+                found = r.get("found") or []
+                port = str(found[0][1]) if found else ""
+                status = Status.SUCCESS if found else Status.ERR_NOT_FOUND
+            why = r.get("msg") or (f"{e.service}_not_found"
+                                   if status == Status.ERR_NOT_FOUND else "")
+            if self.jobs.get(pj.kvsname) is pj:
+                self._apply(pj, pj.data_done(e, int(status), port, why))
+
+        if e.kind == "publish":
+            msg: Message = {"t": "publish", "pairs": {e.service: e.port}, "replace": False}
+        elif e.kind == "lookup":
+            msg = {"t": "lookup", "keys": [e.service], "wait": False}
+        else:
+            msg = {"t": "unpublish", "keys": [e.service]}
+        msg["id"] = s.new_id(done)
+        self.node.serve_data(s, msg)
+
+    def _spawn(self, pj: Pmi1Job, e: J.Spawn) -> None:
+        apps = []
+        for a in e.apps:
+            info = a.get("info") or {}
+            app = {"argv": a["argv"], "maxprocs": a["n"], "env": []}
+            if info.get("wdir"):
+                app["cwd"] = info["wdir"]
+            apps.append(app)
+
+        def answered(r: Message) -> None:
+            if self.jobs.get(pj.kvsname) is pj:
+                ok = r.get("status") == Status.SUCCESS
+                self._apply(pj, pj.spawn_done(e, ok, r.get("msg") or ""))
+        self.node.uplink.request({"t": "spawn", "parent": [pj.kvsname, e.rank], "apps": apps,
+                                  "mpi": "pmi1", "preput": e.preput}, answered)
+
+    # -- ends ----------------------------------------------------------------------
+
+    def client_state(self, ns: str, rank: int) -> str | None:
+        pj = self.jobs.get(ns)
+        return pj.client_state(rank) if pj is not None else None
+
+    def reaped(self, ns: str, rank: int) -> None:
+        """``ns:rank`` has ended: its connection and session go."""
+        conn = self.conns.pop((ns, rank), None)
+        if conn is not None:
+            conn.close()
+        s = self.sessions.pop((ns, rank), None)
+        if s is not None:
+            s.channel.close(f"process {ns}:{rank} ended")
+            self.node.drop_session(s, ns, rank)
+        pj = self.jobs.get(ns)
+        if pj is not None:
+            self._apply(pj, pj.rank_gone(rank))
+
+    def job_ended(self, ns: str) -> None:
+        """The job has ended everywhere (its NSPACE purge)."""
+        self.jobs.pop(ns, None)
+        self.watched_jobs.discard(ns)
+        for key in [k for k in self.conns if k[0] == ns]:
+            self.conns.pop(key).close()
+        for key in [k for k in self.sessions if k[0] == ns]:
+            del self.sessions[key]
+
+    def stop(self) -> None:
+        for conn in self.conns.values():
+            conn.close()
+        self.conns.clear()
+        self.jobs.clear()
