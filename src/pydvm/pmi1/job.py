@@ -354,8 +354,9 @@ class Pmi1Job:
         name = {"publish": "publish_result", "unpublish": "unpublish_result",
                 "lookup": "lookup_result"}[req.kind]
         if status == 0:
+            # info=ok: what MPICH 4.0's client checks (newer ones read rc)
             extra = {"port": port} if req.kind == "lookup" else {}
-            return [Send(req.rank, encode(name, rc=0, msg="success", **extra))]
+            return [Send(req.rank, encode(name, info="ok", rc=0, msg="success", **extra))]
         return [Send(req.rank, encode(name, rc=-1, msg=_word(why or f"status_{status}")))]
 
     def spawn_done(self, req: Spawn, ok: bool, why: str = "") -> list:

@@ -210,12 +210,13 @@ def interface(node: "NodeServer", msg: Message, procs: list[dict],
               programs: dict[int, str | None]) -> str:
     """The interface this node offers the job's processes: ``pmix``,
     ``pmi1``, ``none``, or ``watch`` -- PMIx, plus a PMI-1 socket that ends
-    the job with advice if a process speaks PMI-1 on it (``--mpi auto``
-    and a program whose MPI cannot be told: :mod:`pydvm.pmi1.detect`).
+    the job with advice if a process speaks PMI-1 on it: ``--mpi auto`` and
+    a program whose MPI cannot be told (:mod:`pydvm.pmi1.detect`), or
+    ``--mpi pmix`` (``--pmix``) and one not known to be a PMIx program.
     Every node of a job decides alike: from every application's program,
     not only its own share's."""
     asked = msg.get("mpi") or "auto"
-    if asked != "auto":
+    if asked in ("pmi1", "none"):
         return asked
     env = procs[0]["env"] if procs else {}
     cwd = jobproc.workdir(procs[0].get("cwd")) if procs else None
@@ -236,6 +237,8 @@ def interface(node: "NodeServer", msg: Message, procs: list[dict],
         else:
             seen.append(("", env))  # cannot be told here
     found = detect.job_interface(seen)
+    if asked == "pmix":  # as asked -- but an MPICH-family program would run as singletons
+        return "pmix" if found == "pmix" else "watch"
     return "watch" if found is None else found
 
 

@@ -359,7 +359,7 @@ class Pmi1Host:
         if e.kind == "publish":
             msg: Message = {"t": "publish", "pairs": {e.service: e.port}, "replace": False}
         elif e.kind == "lookup":
-            msg = {"t": "lookup", "keys": [e.service], "wait": False}
+            msg = {"t": "lookup", "keys": [e.service]}  # at once, never parked
         else:
             msg = {"t": "unpublish", "keys": [e.service]}
         msg["id"] = s.new_id(done)
