@@ -170,7 +170,7 @@ async def start_share(node: "NodeServer", msg: Message) -> Message:
         if pmi is not None:
             env.update(pmi[0])
             keep = (pmi[1].fileno(),)
-        elif pmix and "I_MPI_PMI_LIBRARY" not in env and node.pmix.library:
+        if pmix and "I_MPI_PMI_LIBRARY" not in env and node.pmix.library:
             # Intel MPI speaks PMI-1 unless told where libpmix is (a user's value wins)
             env["I_MPI_PMI_LIBRARY"] = node.pmix.library
         env.update(bind.environment(p["rank"]))  # after drop_stale: pydvm's binding
