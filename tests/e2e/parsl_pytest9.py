@@ -7,7 +7,8 @@ passed (deprecated) and pytest 9 no longer does, so pytest 9 refuses the
 conftest before collecting anything.  This plugin gives that one hook the
 argument it asks for -- an object with the ``strpath`` the hook reads --
 made from pytest 9's ``collection_path``; nothing else of Parsl's suite is
-touched, and a conftest without the old signature is registered as it is.
+touched (but that its "don't ignore", False, is
+now None, "no opinion", so that ``--ignore`` still works), and a conftest without the old signature is registered as it is.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ def _adapt(module: types.ModuleType) -> None:
         return
 
     def pytest_ignore_collect(collection_path):
-        return old(_StrPath(collection_path))
+        # True ignores the path; its False becomes "no opinion" (None), so that
+        # pytest's own --ignore and --ignore-glob still apply after it
+        return True if old(_StrPath(collection_path)) else None
 
     module.pytest_ignore_collect = pytest_ignore_collect
 
