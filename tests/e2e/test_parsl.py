@@ -85,12 +85,17 @@ def test_a_block_waits_for_slots_runs_then_is_cancelled(env, tmp_path):
 
 def test_worker_init_is_run_on_each_node_of_the_block_and_it_completes(env, tmp_path):
     p = provider(tmp_path, nodes_per_block=2, worker_init="export GREETING=hello")
-    bid = p.submit('echo "$GREETING from $PYDVM_NODE"', 1, "parsl.test")
+    bid = p.submit('echo "$GREETING from $PYDVM_NODE"; python3 -c "import os; '
+                   'print(len(os.sched_getaffinity(0)), \'cpus\')"', 1, "parsl.test")
     st = ended(p, bid)
     assert (st.state, st.exit_code) == (JobState.COMPLETED, 0)
     assert st.stdout_path == str(tmp_path / f"{bid}.sh.out")
-    assert sorted(Path(st.stdout_path).read_text().splitlines()) == \
+    lines = Path(st.stdout_path).read_text().splitlines()
+    assert sorted(ln for ln in lines if ln.startswith("hello")) == \
         ["hello from a", "hello from b"]
+    # not bound to one core (a job's default): the pool's workers spread over the CPUs
+    assert [ln for ln in lines if ln.endswith("cpus")] == \
+        [f"{len(os.sched_getaffinity(0))} cpus"] * 2
     script = (tmp_path / f"{bid}.sh").read_text()
     assert "export GREETING=hello" in script and f"export JOBNAME={bid}" in script
     p.close()

@@ -273,7 +273,9 @@ class PydvmProvider(ExecutionProvider, RepresentationMixin):
             with open(script, "w") as f:
                 f.write("\n".join(lines) + "\n")
             dvm = self.dvm()
+            # bind_to none: a pool forks its workers, which must not share one core
             opts: dict[str, Any] = {"env": self._block_env(str(dvm.uri)), "queue": True,
+                                    "bind_to": "none",
                                     "stdout": out, "stderr": err}
             if self._walltime is not None:
                 opts["timeout"] = self._walltime
