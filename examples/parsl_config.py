@@ -8,9 +8,16 @@ Parsl's own test suite takes it as it is (``fresh_config()``, as its
     pytest --pyargs parsl.tests -k "not cleannet and not unix_filesystem_permissions_required" \\
         --config examples/parsl_config.py
 
-and a workflow loads it with ``parsl.load(fresh_config())``.  HTEX starts
+and a workflow loads it with ``parsl.load(fresh_config())``.  Run it as a
+program, it runs one app that way.  HTEX starts
 ``interchange.py`` and ``process_worker_pool.py`` by name: the ``bin``
 directory of the Python that has Parsl must be on ``PATH``.
+
+Run it on a DVM of this machine::
+
+    export PYDVM_URI=$(pydvm start --daemonize)
+    python3 examples/parsl_config.py
+    pydvm stop
 """
 
 from parsl.config import Config
@@ -36,3 +43,16 @@ def fresh_config():
         ],
         strategy="none",
     )
+
+
+if __name__ == "__main__":
+    import parsl
+    from parsl.app.app import python_app
+
+    @python_app
+    def answer():
+        import os
+        return f"42 from a worker on DVM node {os.environ['PYDVM_NODE']}"
+
+    with parsl.load(fresh_config()):
+        print(answer().result())
