@@ -25,6 +25,7 @@ EXPECTED = {
     "handover.py": [r"^produced job-result = 42",
                     r"^consumed job-result = 42, handed over by rank 0 of pydvm-\w+@1$",
                     r"^nothing to consume: job-result was already taken$"],
+    "parsl_config.py": [r"^42 from a worker on DVM node \S+$"],
     "aio_client.py": [rf"^rank {r}: all 3 ranks ready; gave up waiting for 'never' after 0.5 s$"
                       for r in range(3)],
 }

@@ -35,6 +35,8 @@ PACKAGES = (
     ("distributed", "Dask", r"\bdask (scheduler|worker)\b|\b(import|from) (dask|distributed)\b",
      r"\b(import|from) (dask|distributed)\b|\bdask_setup\b",
      "pip install 'dask[distributed]==2026.8.0', as the 'test' extra does"),
+    ("parsl", "Parsl", r"\b(import|from) parsl\b|pydvm\.parsl", r"\b(import|from) parsl\b",
+     "pip install 'pydvm[parsl]'"),
 )
 
 
