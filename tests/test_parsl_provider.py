@@ -153,9 +153,10 @@ def test_mpiexec_refuses_what_it_cannot_run():
         run_args(["-n"])
     with pytest.raises(ValueError, match="whole number"):
         run_args(["-n", "2", "-ppn", "1.5", "./app"])
-    with pytest.raises(ValueError, match="PMI 'pmi1'"):
-        run_args(["./app"], pmi="pmi1")
+    with pytest.raises(ValueError, match="PMI 'pmi2'"):
+        run_args(["./app"], pmi="pmi2")
     assert "pmix" in PMI and PMI["pmix"] == []
+    assert run_args(["-n", "2", "./app"], pmi="pmi1")[:3] == ["--no-queue", "--mpi", "pmi1"]
 
 
 def test_import_pydvm_parsl_loads_neither_parsl_nor_the_job_api():

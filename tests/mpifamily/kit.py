@@ -294,6 +294,10 @@ def run_argv(argv: list[str], env: dict[str, str], timeout: float = 60.0,
     """Run ``argv`` in its own session; at ``timeout`` the whole process
     group is killed (returncode None)."""
     t0 = time.monotonic()
+    if cwd is None:
+        # not the checkout: Intel MPI writes a crash's backtrace (*.btr) there
+        cwd = str(cache_root())
+        os.makedirs(cwd, exist_ok=True)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=cwd, start_new_session=True,
                             stdin=subprocess.DEVNULL)

@@ -26,6 +26,10 @@ import sys
 #: every rank is given; nothing to add.
 PMI: dict[str, list[str]] = {
     "pmix": [],
+    # MPICH, Intel MPI, MVAPICH: PMI-1 on every node (docs/mpiexec.md)
+    "pmi1": ["--mpi", "pmi1"],
+    # read off the program, as pydvm run does by default
+    "auto": ["--mpi", "auto"],
 }
 
 #: Hydra/Open MPI option spellings Parsl's prefix and users write -> pydvm run's.
@@ -100,7 +104,7 @@ def run_args(argv: list[str], pmi: str = "pmix") -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        args = run_args(argv, os.environ.get("PYDVM_PARSL_PMI", "pmix"))
+        args = run_args(argv, os.environ.get("PYDVM_PARSL_PMI", "auto"))
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2

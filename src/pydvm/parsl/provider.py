@@ -140,7 +140,9 @@ class PydvmProvider(ExecutionProvider, RepresentationMixin):
     default none): the block's time limit, past which it ends TIMEOUT;
     ``launcher``: None (a pool a node) or ``SimpleLauncher()`` (one pool,
     the block's other nodes kept for MPI apps); ``pmi``: what the ranks of
-    MPI apps get (:data:`pydvm.parsl.mpiexec.PMI`: ``"pmix"``, Open MPI);
+    MPI apps get (:data:`pydvm.parsl.mpiexec.PMI`: ``"auto"``, read off the
+    program as ``pydvm run --mpi auto`` does; ``"pmix"``, Open MPI;
+    ``"pmi1"``, MPICH, Intel MPI, MVAPICH);
     ``cores_per_node``, ``mem_per_node``: told to HTEX, which sizes its
     pools by them (the DVM reserves neither).
     """
@@ -150,7 +152,7 @@ class PydvmProvider(ExecutionProvider, RepresentationMixin):
                  parallelism: float = 1, worker_init: str = "",
                  walltime: "str | int | float | None" = None, launcher: Any = None,
                  hosts: "str | list[str] | None" = None, params: dict | None = None,
-                 pmi: str = "pmix", cores_per_node: int | None = None,
+                 pmi: str = "auto", cores_per_node: int | None = None,
                  mem_per_node: float | None = None) -> None:
         if not isinstance(nodes_per_block, int) or nodes_per_block < 1:
             raise ValueError(f"nodes_per_block must be an int >= 1, not {nodes_per_block!r}")
