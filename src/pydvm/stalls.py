@@ -85,7 +85,12 @@ class Stalls:
     def within(self, since: float, until: float | None = None) -> float:
         """Seconds of recorded stall between ``since`` and ``until`` (now)."""
         until = time.monotonic() if until is None else until
-        return sum(max(0.0, min(e, until) - max(s, since)) for s, e in self.spans)
+        total = 0.0
+        for s, e in reversed(self.spans):  # newest first: a judge looks back a little
+            if e <= since:
+                break
+            total += max(0.0, min(e, until) - max(s, since))
+        return total
 
 
 #: The process's one record (every judge of the process reads and feeds it).

@@ -466,8 +466,6 @@ async def heartbeat(channels: Callable[[], list[Channel]], interval: float,
     periods, ``torpid(ch, None)`` if it is heard again; it is closed only
     when silent for ``grace``.
     """
-    bound = 3 * interval
-    lost_after = max(bound, grace or 0.0)
     threshold = min(interval, STALL_MIN)
     quiet: set[Channel] = set()
     due = time.monotonic() + interval
@@ -476,29 +474,47 @@ async def heartbeat(channels: Callable[[], list[Channel]], interval: float,
         now = time.monotonic()
         stalls.check(due, now, threshold)
         due = now + interval
-        for ch in channels():
-            if ch.closed or getattr(ch, "local", False):
-                continue
-            since = ch.last_rx
-            silent = now - since - stalls.within(since, now)
-            if silent > bound and _unread(ch) > 0:
-                silent = 0.0  # it spoke: the loop reads it before the next judgement
-            if silent > lost_after:
+        judge(channels(), now, interval, ask=ask, grace=grace, torpid=torpid, quiet=quiet)
+
+
+def judge(channels: list[Channel], now: float, interval: float, *, ask: bool = False,
+          grace: float | None = None,
+          torpid: Callable[[Channel, float | None], None] | None = None,
+          quiet: set | None = None) -> None:
+    """One period of :func:`heartbeat`: judge each channel's silence at
+    ``now`` (without this process's recorded stalls), close the lost, ping
+    the rest.  ``quiet`` holds the channels reported torpid (kept by the
+    caller from one period to the next)."""
+    bound = 3 * interval
+    lost_after = max(bound, grace or 0.0)
+    quiet = set() if quiet is None else quiet
+    stalled = stalls.within if stalls.spans else None  # (none recorded: nothing to take off)
+    for ch in channels:
+        if ch.closed or getattr(ch, "local", False):
+            continue
+        since = ch.last_rx
+        silent = now - since
+        if stalled is not None:
+            silent -= stalled(since, now)
+        if silent > bound and _unread(ch) > 0:
+            silent = 0.0  # it spoke: the loop reads it before the next judgement
+        if silent > lost_after:
+            quiet.discard(ch)
+            ch.close(f"no heartbeat from {ch.name} for {silent:.1f}s", error=True)
+            continue
+        if torpid is not None:
+            if silent > bound and ch not in quiet:
+                quiet.add(ch)
+                torpid(ch, silent)
+            elif silent <= bound and ch in quiet:
                 quiet.discard(ch)
-                ch.close(f"no heartbeat from {ch.name} for {silent:.1f}s", error=True)
-                continue
-            if torpid is not None:
-                if silent > bound and ch not in quiet:
-                    quiet.add(ch)
-                    torpid(ch, silent)
-                elif silent <= bound and ch in quiet:
-                    quiet.discard(ch)
-                    torpid(ch, None)
-            if ask:
-                ch.request({"t": "ping"}, _pong)
-            else:
-                ch.send({"t": "ping"})
-        quiet = {ch for ch in quiet if not ch.closed}
+                torpid(ch, None)
+        if ask:
+            ch.request({"t": "ping"}, _pong)
+        else:
+            ch.send({"t": "ping"})
+    for ch in [ch for ch in quiet if ch.closed]:
+        quiet.discard(ch)
 
 
 def _unread(ch: Any) -> int:
