@@ -8,9 +8,9 @@ kills its processes and exits: a daemon without its DVM has nobody to report
 to.  A master that is merely silent (its connection open: stopped, or its
 machine stalled) is waited for ``pydvm_master_grace`` seconds of this
 daemon's running time, the node's jobs running on meanwhile; only then is
-it given up the same way.  Before its event loop starts, ``pydvm daemon`` forks the guardian
-(:mod:`pydvm.runtime.guard`) that kills the node's job processes if the
-daemon dies however it dies.
+it given up the same way.  Before its event loop starts, ``pydvm daemon``
+forks the guardian (:mod:`pydvm.runtime.guard`) that kills the node's job
+processes if the daemon dies however it dies.
 """
 
 from __future__ import annotations
