@@ -40,7 +40,7 @@ from pydvm.runtime.core import (  # noqa: E402
     PurgeNodes,
 )
 from pydvm.runtime.jobs import HostSpec, build_job  # noqa: E402
-from pydvm.wire import pack  # noqa: E402
+from pydvm.wire import judge, pack  # noqa: E402
 
 
 class StandInChannel:
@@ -59,15 +59,9 @@ class StandInChannel:
 
 
 def heartbeat_period(channels: list[StandInChannel], interval: float = 2.0) -> None:
-    """One period of the master's heartbeat (wire.heartbeat's loop body)."""
-    now = time.monotonic()
-    for ch in channels:
-        if ch.closed:
-            continue
-        if now - ch.last_rx > 3 * interval:
-            ch.closed = True
-        else:
-            ch.send({"t": "ping"})
+    """One period of the master's heartbeat (wire.heartbeat's loop body, the
+    same function: each link's silence less this process's stalls, a ping)."""
+    judge(channels, time.monotonic(), interval)
 
 
 def one_rank_per_node(core: LifetimeCore, names: list[str], seq: int):

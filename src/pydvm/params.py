@@ -197,7 +197,12 @@ REGISTRY: dict[str, Param] = {
               "(default: the master's own sys.executable)", "path"),
         Param("pydvm_heartbeat_interval", _positive_float, 2.0,
               "seconds between master<->daemon (and relay<->data server) heartbeats; "
-              "a peer silent for 3 periods is lost", "seconds: a number > 0, such as 2 or 0.5"),
+              "a peer silent for 3 periods (of the time the judging process was running) "
+              "is lost", "seconds: a number > 0, such as 2 or 0.5"),
+        Param("pydvm_master_grace", _nonneg_float, 30.0,
+              "seconds a daemon keeps its jobs running while its master is silent (its "
+              "connection still open): a master stalled for less finds everything as it "
+              "was; never less than 3 heartbeat periods", "seconds: a number >= 0, such as 30"),
         Param("pydvm_head_node", _nonempty_str, "auto",
               "node served by the master process itself (one hop for its clients): 'auto' "
               "(the node named like this machine, if any), 'none', or a node name", "name"),

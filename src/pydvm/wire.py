@@ -23,15 +23,18 @@ connections are unaffected.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import socket
 import struct
+import termios
 import time
 from typing import Any, Callable
 
 
 from .errors import Status
+from .stalls import STALL_MIN, stalls
 from .protocol import (  # noqa: F401 (the frame codec: re-exported for the runtime)
     BODY, ENVELOPE, EXT_TYPED, HANDSHAKE_FRAME, HEADER, MAX_FRAME, FrameDecoder, FrameError,
     Message, ReplyCallback, Typed, frame_of, pack, pack_parts, pack_payload, packb, reply,
@@ -439,7 +442,8 @@ def local_pair(name_a: str, name_b: str) -> tuple[LocalEnd, LocalEnd]:
 
 
 async def heartbeat(channels: Callable[[], list[Channel]], interval: float,
-                    *, ask: bool = False) -> None:
+                    *, ask: bool = False, grace: float | None = None,
+                    torpid: Callable[[Channel, float | None], None] | None = None) -> None:
     """Ping every channel each ``interval`` seconds; close those silent for 3.
 
     Both ends of a master-daemon link run this, so each notices a dead or
@@ -447,20 +451,84 @@ async def heartbeat(channels: Callable[[], list[Channel]], interval: float,
     With ``ask`` the ping is a request the peer must answer: for links whose
     other end does not ping back by itself (a relay's link to its data
     server, whose master treats it as a tool).
+
+    Only the time this process was running counts as a peer's silence:
+
+    * the loop's own lateness shows a stall of this process (its timer woke
+      more than a period, at most a second, after it was due): the stall is
+      recorded (:mod:`pydvm.stalls`) and no silence accrues during it --
+      a whole machine that stopped and woke again condemns nobody;
+    * a peer whose bytes wait unread on the socket is not silent: they
+      are read before it is judged again.
+
+    With ``grace`` (seconds, more than three periods) a silent peer is first
+    *torpid*: ``torpid(ch, silent)`` is called once when it passes three
+    periods, ``torpid(ch, None)`` if it is heard again; it is closed only
+    when silent for ``grace``.
     """
+    threshold = min(interval, STALL_MIN)
+    quiet: set[Channel] = set()
+    due = time.monotonic() + interval
     while True:
-        await asyncio.sleep(interval)
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
         now = time.monotonic()
-        for ch in channels():
-            if ch.closed or getattr(ch, "local", False):
-                continue
-            silent = now - ch.last_rx
-            if silent > 3 * interval:
-                ch.close(f"no heartbeat from {ch.name} for {silent:.1f}s", error=True)
-            elif ask:
-                ch.request({"t": "ping"}, _pong)
-            else:
-                ch.send({"t": "ping"})
+        stalls.check(due, now, threshold)
+        due = now + interval
+        judge(channels(), now, interval, ask=ask, grace=grace, torpid=torpid, quiet=quiet)
+
+
+def judge(channels: list[Channel], now: float, interval: float, *, ask: bool = False,
+          grace: float | None = None,
+          torpid: Callable[[Channel, float | None], None] | None = None,
+          quiet: set | None = None) -> None:
+    """One period of :func:`heartbeat`: judge each channel's silence at
+    ``now`` (without this process's recorded stalls), close the lost, ping
+    the rest.  ``quiet`` holds the channels reported torpid (kept by the
+    caller from one period to the next)."""
+    bound = 3 * interval
+    lost_after = max(bound, grace or 0.0)
+    quiet = set() if quiet is None else quiet
+    stalled = stalls.within if stalls.spans else None  # (none recorded: nothing to take off)
+    for ch in channels:
+        if ch.closed or getattr(ch, "local", False):
+            continue
+        since = ch.last_rx
+        silent = now - since
+        if stalled is not None:
+            silent -= stalled(since, now)
+        if silent > bound and _unread(ch) > 0:
+            silent = 0.0  # it spoke: the loop reads it before the next judgement
+        if silent > lost_after:
+            quiet.discard(ch)
+            ch.close(f"no heartbeat from {ch.name} for {silent:.1f}s", error=True)
+            continue
+        if torpid is not None:
+            if silent > bound and ch not in quiet:
+                quiet.add(ch)
+                torpid(ch, silent)
+            elif silent <= bound and ch in quiet:
+                quiet.discard(ch)
+                torpid(ch, None)
+        if ask:
+            ch.request({"t": "ping"}, _pong)
+        else:
+            ch.send({"t": "ping"})
+    for ch in [ch for ch in quiet if ch.closed]:
+        quiet.discard(ch)
+
+
+def _unread(ch: Any) -> int:
+    """Bytes the kernel holds for ``ch`` that the loop has not read yet (0
+    if unknown: an in-process link, a closed one)."""
+    transport = getattr(ch, "transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return 0
+    try:
+        got = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except (OSError, ValueError):
+        return 0
+    return struct.unpack("i", got)[0]
 
 
 def _pong(msg: Message) -> None:

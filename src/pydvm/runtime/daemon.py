@@ -5,9 +5,12 @@ node's :class:`~pydvm.runtime.node.NodeServer` -- which launches and reaps
 the node's job processes, serves their clients and holds the node store --
 and heartbeats the master.  If the master connection is lost, the daemon
 kills its processes and exits: a daemon without its DVM has nobody to report
-to.  Before its event loop starts, ``pydvm daemon`` forks the guardian
-(:mod:`pydvm.runtime.guard`) that kills the node's job processes if the
-daemon dies however it dies.
+to.  A master that is merely silent (its connection open: stopped, or its
+machine stalled) is waited for ``pydvm_master_grace`` seconds of this
+daemon's running time, the node's jobs running on meanwhile; only then is
+it given up the same way.  Before its event loop starts, ``pydvm daemon``
+forks the guardian (:mod:`pydvm.runtime.guard`) that kills the node's job
+processes if the daemon dies however it dies.
 """
 
 from __future__ import annotations
@@ -49,8 +52,10 @@ class Daemon:
         # SIGTERM (Slurm ending the allocation or the step, an admin): end the
         # node's processes and leave, as when the master is lost.
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._terminated)
-        beat = asyncio.ensure_future(heartbeat(lambda: [self.master],
-                                               self.server.values["pydvm_heartbeat_interval"]))
+        values = self.server.values
+        beat = asyncio.ensure_future(heartbeat(
+            lambda: [self.master], values["pydvm_heartbeat_interval"],
+            grace=float(values.get("pydvm_master_grace", 0) or 0), torpid=self._master_torpid))
         lost = asyncio.ensure_future(self._lost.wait())
         try:
             await asyncio.wait([asyncio.ensure_future(self.server.done.wait()), lost],
@@ -66,6 +71,17 @@ class Daemon:
         if self.server is not None and not self.server.done.is_set():
             log.warning("SIGTERM: killing local processes and exiting")
         self._lost.set()
+
+    def _master_torpid(self, ch: Channel, silent: float | None) -> None:
+        """The master fell silent (``silent`` seconds, past three heartbeat
+        periods) or was heard again (None): the node's jobs run on meanwhile."""
+        if silent is None:
+            log.warning("the master is heard again; the node carries on")
+        else:
+            log.warning("the master has been silent for %.1fs (while this daemon ran): the "
+                        "node's jobs keep running; it is given up after %.0fs of silence",
+                        silent, max(3 * self.server.values["pydvm_heartbeat_interval"],
+                                    float(self.server.values.get("pydvm_master_grace", 0) or 0)))
 
     def _on_master_lost(self, ch: Channel, reason: str) -> None:
         if self.server is not None and not self.server.done.is_set():

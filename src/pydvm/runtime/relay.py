@@ -18,13 +18,17 @@ tool connection for all of them), so they stay in the daemons' own stores.
 No relayed request waits on a dead link:
 
 * the link is heartbeated (a ``ping`` request every
-  ``pydvm_heartbeat_interval`` seconds); silent for three periods -- a
-  partition that sends no FIN -- it is closed, and every request on it is
-  answered ``PMIX_ERR_UNREACH``;
+  ``pydvm_heartbeat_interval`` seconds); silent for three periods of this
+  process's running time -- a partition that sends no FIN, a data server
+  stopped -- it is closed, and every request on it is answered
+  ``PMIX_ERR_UNREACH`` (a stall of the relay's own machine is not silence:
+  :func:`pydvm.wire.heartbeat`);
 * each relayed request has a deadline: a lookup's own timeout (if any)
   plus :data:`DEADLINE_PERIODS` heartbeat periods, other requests that many
   periods alone; a waiting lookup without timeout relies on the heartbeat.
-  Past its deadline a request is withdrawn there and answered UNREACH;
+  Past its deadline a request is withdrawn there and answered UNREACH
+  (time this process did not run -- a stall of its machine -- does not
+  count: :mod:`pydvm.stalls`);
 * while the link is down, requests fail at once with UNREACH, and a
   background task reconnects every :data:`RETRY` seconds (re-reading the
   secret), so a data server that comes back -- the same DVM after a
@@ -46,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +58,7 @@ from typing import Any
 from ..enums import Persistence
 from ..errors import Status
 from ..store import Caller
+from ..stalls import stalls
 from ..store.rules import expires_by
 from ..wire import Channel, Message, ReplyCallback, heartbeat, reply
 from .auth import DvmUri, UriError, connect, read_secret, tool_socket_path
@@ -205,15 +211,27 @@ class Relay:
 
         rid = ch.request(msg, answered)
         if rid is not None and limit is not None:
+            loop = asyncio.get_running_loop()
+            sent = time.monotonic()
+            counted = [0.0]  # stall time already added to the deadline
+
             def expire() -> None:
                 if ch.closed:
+                    return
+                # Time this process did not run is not the data server's
+                # silence: a deadline that fell in a stall is moved by it.
+                stalls.check(timer[0].when())  # (the loop's clock is time.monotonic)
+                more = stalls.within(sent) - counted[0]
+                if more > 0.01:
+                    counted[0] += more
+                    timer[0] = loop.call_later(more, expire)
                     return
                 ch.withdraw(rid)
                 log.warning("relayed %s got no answer from %s within %.1fs", msg.get("t"),
                             self.uri, limit)
                 callback(reply(rid, Status.ERR_UNREACH,
                                f"no answer from the data server {self.uri} within {limit:.0f}s"))
-            timer.append(asyncio.get_running_loop().call_later(limit, expire))
+            timer.append(loop.call_later(limit, expire))
         return rid
 
     def cancel(self, remote_id: int) -> None:
