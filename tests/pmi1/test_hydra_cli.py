@@ -247,3 +247,20 @@ def test_what_mpiexec_refuses_pydvm_refuses_before_running_anything(dvm2, probe,
     assert ours.returncode == 2 and ours.stdout == "", ours.stdout
     assert line[-1 if line[-1].startswith("-") else -2] in ours.stderr.splitlines()[0], \
         ours.stderr
+
+
+def test_another_users_job_gets_a_logins_basics_never_the_daemons_variables(monkeypatch):
+    """-genvnone on a shared DVM: a job of another user than the daemon's
+    starts from PATH and that user's own HOME, USER, LOGNAME, SHELL."""
+    import pwd
+
+    from pydvm.runtime.nodelaunch import node_environment
+
+    monkeypatch.setenv("OWNERS_SECRET", "s3cret")
+    monkeypatch.setenv("PYDVM_STATE_DIR", "/owner/state")
+    own = node_environment()
+    assert own["OWNERS_SECRET"] == "s3cret" and "PYDVM_STATE_DIR" not in own
+    nobody = pwd.getpwnam("nobody")
+    other = node_environment(nobody.pw_uid)
+    assert other == {"PATH": os.environ["PATH"], "HOME": nobody.pw_dir, "USER": "nobody",
+                     "LOGNAME": "nobody", "SHELL": nobody.pw_shell}

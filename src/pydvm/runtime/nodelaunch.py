@@ -81,12 +81,6 @@ class LocalJob:
     work_dir: Path | None = None
 
 
-#: What a process that starts from its node's environment gets of it when
-#: it runs as another user than the daemon's (a shared DVM): a login's
-#: basics, never the daemon owner's own variables.
-LOGIN_VARIABLES = ("PATH",)
-
-
 def node_environment(uid: int | None = None) -> dict[str, str]:
     """This node's environment, for a process of a job that asked for it
     instead of ``pydvm run``'s (``mpiexec``'s ``-genvnone``,
@@ -98,7 +92,7 @@ def node_environment(uid: int | None = None) -> dict[str, str]:
         return {k: v for k, v in os.environ.items() if not k.startswith("PYDVM_")}
     import pwd
 
-    env = {k: os.environ[k] for k in LOGIN_VARIABLES if k in os.environ}
+    env = {"PATH": os.environ["PATH"]} if "PATH" in os.environ else {}
     try:
         pw = pwd.getpwuid(uid)
     except KeyError:
