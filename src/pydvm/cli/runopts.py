@@ -874,8 +874,8 @@ Job processes find PYDVM_NSPACE, PYDVM_RANK, PYDVM_APP_IDX, PYDVM_JOB_SIZE,
 PYDVM_NODE and PYDVM_SERVER in their environment, and the OMPI_COMM_WORLD_*
 variables mpirun sets.  Ctrl-C or SIGTERM kills the job and exits 128+N."""
     return "\n".join([RUN_USAGE, "", intro, "",
-                      "options of the whole job (before the first command; mpiexec's -hosts, "
-                      "-f, -ppn, -genv... in any context):",
+                      "options of the whole job (before the first command; mpiexec's",
+                      "-hosts, -f, -ppn and -genv... in any context):",
                       *_option_lines(JOB), "",
                       "options of each app context (before its command; ':' starts the next):",
                       *_option_lines(APP),
