@@ -318,3 +318,99 @@ def test_run_help_shows_every_declared_option():
     for o in OPTIONS:
         assert o.help and any(f"  {n}" in RUN_HELP or f", {n}" in RUN_HELP for n in o.names), \
             o.names
+
+
+# ----------------------------------------------------------------------
+# MPICH's mpiexec (Hydra): its options, its clashes with mpirun's
+# ----------------------------------------------------------------------
+
+
+def _hydra_help_options() -> list[str]:
+    """Every option ``mpiexec.hydra --help`` (MPICH 4.0.2) lists."""
+    import re
+    import shutil
+
+    if shutil.which("mpiexec.hydra") is None:
+        pytest.skip("Debian's MPICH is not installed (apt-get install mpich)")
+    p = subprocess.run(["mpiexec.hydra", "--help"], capture_output=True, text=True, timeout=30)
+    names = []
+    for ln in p.stdout.splitlines():
+        m = re.match(r"\s{4}(-[\w-]+(?:/-[\w-]+)*)\s", ln)
+        if m:
+            names += m.group(1).split("/")
+    assert len(names) > 30, p.stdout
+    return names
+
+
+def test_the_mpiexec_page_lists_every_mpiexec_option_as_declared():
+    """docs/mpiexec.md's table is the one the declarations make; every
+    option ``mpiexec.hydra --help`` lists is either taken or refused with
+    advice (one of mpirun's refusals for the two it shares), and no
+    spelling is both."""
+    from pathlib import Path
+
+    from pydvm.cli.runopts import BY_NAME, HYDRA_NOT_SUPPORTED, NOT_SUPPORTED, mpiexec_table
+
+    doc = (Path(__file__).parent.parent / "docs" / "mpiexec.md").read_text()
+    start = "<!-- table: pydvm.cli.runopts.mpiexec_table() -->\n"
+    body = doc[doc.index(start) + len(start):doc.index("<!-- end of table -->")]
+    assert body == mpiexec_table(), "regenerate the table: python -c 'from pydvm.cli.runopts " \
+                                    "import mpiexec_table; print(mpiexec_table())'"
+    assert "\n## Command line\n" in doc
+    assert not set(BY_NAME) & set(HYDRA_NOT_SUPPORTED)
+    assert not set(NOT_SUPPORTED) & set(HYDRA_NOT_SUPPORTED)
+    for name in _hydra_help_options():
+        assert name in BY_NAME or name in HYDRA_NOT_SUPPORTED or name in NOT_SUPPORTED, name
+        assert f"| `{name}` |" in body or name == "-np", name
+
+
+@pytest.mark.parametrize("args,advice", [
+    (("-launcher", "fork"), "'pydvm start'"),
+    (("-l",), "--tag-output"),
+    (("--prepend-rank",), "--tag-output"),
+    (("-bootstrap", "ssh"), "'pydvm start'"),
+    (("-outfile-pattern", "out.%r"), "--output-filename"),
+    (("-gpus-per-proc", "1"), "CUDA_VISIBLE_DEVICES"),
+])
+def test_an_mpiexec_option_pydvm_has_not_is_refused_with_advice(args, advice, tmp_path):
+    p = _pydvm("run", *args, "-n", "1", "true", tmp_path=tmp_path)
+    assert p.returncode == 2, p.stderr
+    first = p.stderr.splitlines()[0]
+    assert f"{args[0]} (an mpiexec option) is not supported" in first and advice in first, first
+    assert not (tmp_path / "state").exists() or not any((tmp_path / "state").iterdir())
+
+
+@pytest.mark.parametrize("text,option,says", [
+    ("a slots=2\n", "-f", "give this file with --hostfile, or write 'a:N'"),
+    ("a binding=core\n", "-f", "--bind-to"),
+    ("a:2\nb\na\n", "-f", "listed again after other hosts"),
+    ("a:x\n", "-f", "bad slot count"),
+    ("# none\n", "-f", "names no host"),
+    ("a:2\n", "--hostfile", "mpiexec's host:SLOTS form: give this file with -f"),
+    ("a:2\n", "-machinefile", "give this file with -f, or write 'a slots=N'"),
+])
+def test_a_host_file_in_the_other_launchers_format_is_pointed_at_its_option(text, option, says,
+                                                                              tmp_path):
+    f = tmp_path / "hosts"
+    f.write_text(text)
+    p = _pydvm("run", option, str(f), "-n", "1", "true", tmp_path=tmp_path)
+    assert p.returncode == 2, p.stderr
+    first = p.stderr.splitlines()[0]
+    assert says in first and f"{f}:" in first or "names no host" in first, first
+
+
+@pytest.mark.parametrize("args,says", [
+    (("-genv",), "-genv needs NAME VALUE"),
+    (("-genv", "A"), "-genv A needs a value"),
+    (("-genv", "=x", "-n", "1", "true"), "needs a variable name"),
+    (("-ppn", "0", "-n", "1", "true"), "-ppn must be at least 1"),
+    (("-genvlist", "A=1", "-n", "1", "true"), "a list of variable names"),
+    (("-hosts", "a", "-f", "/dev/null", "-n", "1", "true"), "give the hosts once"),
+    (("-hosts", "a", "--hostfile", "/dev/null", "true"), "give the hosts once"),
+    (("-configfile", "/nonexistent"), "-configfile /nonexistent: cannot read it"),
+    (("-configfile", "/dev/null", "-n", "1", "true"), "-configfile FILE names the app"),
+])
+def test_a_malformed_mpiexec_option_is_a_usage_error(args, says, tmp_path):
+    p = _pydvm("run", *args, tmp_path=tmp_path)
+    assert p.returncode == 2, p.stderr
+    assert says in p.stderr.splitlines()[0], p.stderr

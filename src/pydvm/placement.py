@@ -30,6 +30,12 @@ a node a rank is bound to is the node's business: it knows its topology).
   Ranks follow ``rank_by``: ``node`` deals them round robin over the hosts
   (the default for ``--map-by node``), anything else numbers each host's
   ranks in turn.
+* ``ppn`` (``mpiexec``'s ``-ppn N``) makes every host of every app count N
+  slots, whatever its own, before either rule: without a mapping option
+  ranks fill N on a host, then the next, wrapping around -- as Hydra
+  places them; and with ``wrap`` ``"job"`` (``mpiexec``'s ``-hosts``,
+  ``-f``, ``-ppn``) an app on the same hosts as the previous one goes on
+  from the slot after that one's last rank, as Hydra's contexts do.
 * Oversubscription (more ranks on a host than its slots) is allowed unless
   ``oversubscribe`` is False (``--nooversubscribe``, ``:NOOVERSUBSCRIBE``):
   pydvm's default is SPEC 9's, where ``mpirun`` refuses by default.  A
@@ -210,6 +216,9 @@ def read_hostfile(path: str) -> list[list]:
         where = f"hostfile {path}:{no}"
         if not name or "=" in name:
             raise ValueError(f"{where}: a line must start with a host name, not {words[0]!r}")
+        if ":" in name:
+            raise ValueError(f"{where}: {words[0]!r} is mpiexec's host:SLOTS form: give this "
+                             f"file with -f, or write '{name.partition(':')[0]} slots=N'")
         slots = maxs = None
         for w in words[1:]:
             key, eq, val = w.partition("=")
@@ -248,6 +257,55 @@ def read_hostfile(path: str) -> list[list]:
     if not hosts:
         raise ValueError(f"hostfile {path} names no host")
     return list(hosts.values())
+
+
+def read_hydra_hostfile(path: str) -> list[list]:
+    """MPICH's ``mpiexec -f`` host file (Hydra's format) at ``path`` ->
+    ``[[name, slots], ...]`` in order.
+
+    One host a line, ``host`` (one slot) or ``host:N``; ``#`` starts a
+    comment.  A host on consecutive lines adds up its slots, as Hydra
+    does; one listed again after another host is refused (Hydra would
+    start a second set of its ranks there: list it once, ``host:N``).
+    Hydra's ``binding=`` is refused (``--bind-to``), and so is Open MPI's
+    ``slots=`` (``--hostfile``).  Errors name ``path:line``."""
+    from .protocol import parse_host_list
+
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise ValueError(f"cannot read host file {path}: {e.strerror or e}") from None
+    hosts: list[list] = []
+    for no, raw in enumerate(lines, 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"host file {path}:{no}"
+        first, *rest = line.split()
+        for w in rest:
+            if w.lower().startswith(("slots=", "max_slots=", "max-slots=")):
+                raise ValueError(f"{where}: {w!r} is Open MPI's hostfile form: give this "
+                                 f"file with --hostfile, or write '{first}:N'")
+            if w.lower().startswith("binding="):
+                raise ValueError(f"{where}: {w!r}: bind with --bind-to, not in the host file")
+            raise ValueError(f"{where}: cannot parse {w!r} (one host a line: host or host:N)")
+        if "=" in first:
+            raise ValueError(f"{where}: a line must start with a host name, not {first!r}")
+        try:
+            [(name, slots)] = parse_host_list(first)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        if hosts and hosts[-1][0] == name:
+            hosts[-1][1] += slots
+        elif any(h[0] == name for h in hosts):
+            raise ValueError(f"{where}: host {name!r} is listed again after other hosts: list "
+                             f"it once, as {name}:N")
+        else:
+            hosts.append([name, slots])
+    if not hosts:
+        raise ValueError(f"host file {path} names no host")
+    return hosts
 
 
 # ----------------------------------------------------------------------
@@ -316,15 +374,21 @@ def check_placement(placement: dict) -> None:
     pe = placement.get("pe")
     if pe is not None and (not isinstance(pe, int) or isinstance(pe, bool) or pe < 1):
         raise ValueError(f"PE must be a positive integer, not {pe!r}")
+    ppn = placement.get("ppn")
+    if ppn is not None and (not isinstance(ppn, int) or isinstance(ppn, bool) or ppn < 1):
+        raise ValueError(f"-ppn must be a positive integer, not {ppn!r}")
+    if placement.get("wrap") not in (None, "app", "job"):
+        raise ValueError(f"wrap must be 'app' or 'job', not {placement['wrap']!r}")
     _ppr(placement)
 
 
-def _wrap(n: int, hosts: list[Host], used: dict[str, int]) -> list[str]:
+def _wrap(n: int, hosts: list[Host], used: dict[str, int], start: int = 0) -> list[str]:
     """SPEC 9: fill the hosts' slots in order, wrapping around (hosts at
-    their max_slots are passed over)."""
+    their max_slots are passed over), from slot ``start``; ``.next`` of
+    the answer is the slot after the last used."""
     seq = [h for h in hosts for _ in range(h.slots)]
-    out: list[str] = []
-    i = idle = 0
+    out: _Ranks = _Ranks()
+    i, idle = start, 0
     while len(out) < n:
         h = seq[i % len(seq)]
         i += 1
@@ -336,7 +400,14 @@ def _wrap(n: int, hosts: list[Host], used: dict[str, int]) -> list[str]:
         idle = 0
         used[h.name] = used.get(h.name, 0) + 1
         out.append(h.name)
+    out.next = i % len(seq)
     return out
+
+
+class _Ranks(list):
+    """Hosts of an app's ranks, and where the next app goes on (:func:`_wrap`)."""
+
+    next = 0
 
 
 def _max_refusal(n: int, hosts: list[Host]) -> str:
@@ -505,12 +576,24 @@ def map_job(apps: list[tuple[int | None, list[Host]]], placement: dict,
     app's command, for messages.  See the module docstring for the rules."""
     check_placement(placement)
     names = names or [f"app {i}" for i in range(len(apps))]
+    ppn = placement.get("ppn")
+    if ppn is not None:  # mpiexec's -ppn: every host counts ppn slots
+        apps = [(n, [Host(h.name, ppn, h.max_slots, h.topo) for h in hosts])
+                for n, hosts in apps]
     used: dict[str, int] = {}
     if not is_mpirun_mapping(placement):
         out = []
+        shared = placement.get("wrap") == "job"
+        prev: list[str] | None = None
+        start = 0
         for (n, hosts), name in zip(apps, names):
             size = app_size(n, hosts, placement)
-            out.append(_wrap(size, hosts, {}))  # each app on its own (SPEC 9)
+            here = [h.name for h in hosts]
+            # each app on its own (SPEC 9); mpiexec's (wrap "job"): an app of the
+            # same hosts goes on from the slot after the previous app's last
+            ranks = _wrap(size, hosts, {}, start if shared and here == prev else 0)
+            start, prev = ranks.next, here
+            out.append(list(ranks))
         return out
     ppr = _ppr(placement)
     map_by = placement.get("map_by") or ("ppr" if ppr else "slot")

@@ -161,6 +161,30 @@ def test_without_mapping_options_spec9_wraps_each_app_on_its_own():
     assert one(3, "a:1,b:1", display_map=True, bind_to="core") == ["a", "b", "a"]
 
 
+def test_mpiexecs_ppn_and_wrap_over_the_job():
+    """-ppn N: every host counts N slots; wrap "job": an app on the same hosts
+    goes on from the slot after the previous app's last rank (Hydra)."""
+    assert one(6, "a:3,b:1", ppn=2) == ["a", "a", "b", "b", "a", "a"]
+    assert one(None, "a:3,b:1", ppn=2) == ["a", "a", "b", "b"]
+    ab = hosts("a:1,b:1")
+    assert map_job([(1, ab), (2, ab), (1, ab)], {"wrap": "job"}) == [["a"], ["b", "a"], ["b"]]
+    assert map_job([(1, ab), (2, ab)], {"wrap": "app"}) == [["a"], ["a", "b"]]
+    # an app on other hosts starts from their first slot
+    assert map_job([(1, ab), (1, hosts("b:1,a:1"))], {"wrap": "job"}) == [["a"], ["b"]]
+    with pytest.raises(ValueError, match="-ppn must be a positive integer"):
+        one(1, "a:1", ppn=0)
+    with pytest.raises(ValueError, match="wrap must be"):
+        one(1, "a:1", wrap="node")
+
+
+def test_read_hydra_hostfile(tmp_path):
+    f = tmp_path / "hosts"
+    f.write_text("# mpiexec's\nn1:2\nn1\n\n  n2   # one slot\nn3:4\n")
+    assert PL.read_hydra_hostfile(str(f)) == [["n1", 3], ["n2", 1], ["n3", 4]]
+    with pytest.raises(ValueError, match="cannot read host file"):
+        PL.read_hydra_hostfile(str(tmp_path / "none"))
+
+
 def test_n_derived_as_mpirun_does():
     assert one(None, "a:2,b:3") == ["a", "a", "b", "b", "b"]
     assert one(None, "a:2,b:3", npernode=1) == ["a", "b"]

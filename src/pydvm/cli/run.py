@@ -35,13 +35,23 @@ def build_request(opts: dict[str, Any], environ: dict[str, str] | None = None,
     ``--mca`` parameters added; its working directory ``cwd`` (default: ours)."""
     from .toolcommon import run_request
 
-    env = dict(os.environ) if environ is None else environ
+    environ_ = dict(os.environ) if environ is None else environ
+    given: dict[str, str] = {}  # what every process gets, whatever environment it starts from
     for name, value in opts["mca"]:
         if not _is_pydvm_param(name):
-            env[f"OMPI_MCA_{name}"] = value  # Open MPI's: to every process, as mpirun does
+            given[f"OMPI_MCA_{name}"] = value  # Open MPI's: to every process, as mpirun does
+    given.update(opts.get("genv") or {})  # mpiexec's -genv
+    env = {**environ_, **given}
     apps = []
     for a in opts["apps"]:
         app_env = dict(a["env"])
+        env_from = a.get("env_from") or opts.get("env_from")
+        if env_from not in (None, "all"):
+            # mpiexec's -genvnone/-genvlist: the processes start from their
+            # node's environment, plus the variables listed, -genv's and their own
+            listed = env_from if isinstance(env_from, list) else []
+            app_env = {**{k: environ_[k] for k in listed if k in environ_}, **given,
+                       **app_env}
         if a["path"]:
             app_env["PATH"] = a["path"] + os.pathsep + app_env.get("PATH", env.get("PATH", ""))
         hosts = a["hosts"] if a["hosts"] is not None else opts["hostfile"]
@@ -50,9 +60,11 @@ def build_request(opts: dict[str, Any], environ: dict[str, str] | None = None,
             app["env"] = app_env
         if a["cwd"]:
             app["cwd"] = a["cwd"]
+        if env_from not in (None, "all"):
+            app["env"], app["env_from"] = app_env, "node"
         apps.append(app)
     placement = dict(opts["placement"])
-    derived = "npernode" in placement or "ppr" in placement
+    derived = "npernode" in placement or "ppr" in placement or "ppn" in placement
     for a, app in zip(opts["apps"], apps):
         # Without -n a job runs one process -- unless -N, --ppr or a hostfile
         # (for an app without --host) says how many, as mpirun derives it.

@@ -26,8 +26,14 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-#: Where an option belongs.
-JOB, APP = "job", "app"
+#: Where an option belongs: the whole job (before the first command), the
+#: app context it is written in, or the whole job from any app context
+#: (mpiexec's global options).
+JOB, APP, GLOBAL = "job", "app", "global"
+
+#: ``nargs`` of an option that takes ``NAME VALUE`` or ``NAME=VALUE``
+#: (mpiexec's ``-genv``, ``-env``).
+PAIR = -2
 
 
 class Opt:
@@ -35,13 +41,19 @@ class Opt:
     help), ``nargs`` (0, 1 or 2), ``scope`` (:data:`JOB`: before the first
     command only; :data:`APP`: in the context it is written in), ``key``
     (what it sets), ``metavar``, ``help``, ``mirrors`` (the ``mpirun``
-    option of the same meaning, ``""`` if none) and ``differs`` (how pydvm's
-    meaning differs from ``mpirun``'s, ``""`` if it does not)."""
+    option of the same meaning, ``""`` if none), ``differs`` (how pydvm's
+    meaning differs from ``mpirun``'s, ``""`` if it does not), ``hydra``
+    (the option of MPICH's ``mpiexec`` -- Hydra, which Intel MPI's is too --
+    it stands for, ``""`` if none) and ``hydra_differs`` (how pydvm's meaning
+    differs from that one's).  :data:`GLOBAL` options are the whole job's but
+    may be written in any app context, as Hydra's global options may."""
 
-    __slots__ = ("names", "nargs", "scope", "key", "metavar", "help", "mirrors", "differs")
+    __slots__ = ("names", "nargs", "scope", "key", "metavar", "help", "mirrors", "differs",
+                 "hydra", "hydra_differs")
 
     def __init__(self, names: tuple[str, ...], nargs: int, scope: str, key: str, help: str,
-                 metavar: str = "", mirrors: str = "", differs: str = "") -> None:
+                 metavar: str = "", mirrors: str = "", differs: str = "", hydra: str = "",
+                 hydra_differs: str = "") -> None:
         self.names = names
         self.nargs = nargs
         self.scope = scope
@@ -50,6 +62,8 @@ class Opt:
         self.help = help
         self.mirrors = mirrors
         self.differs = differs
+        self.hydra = hydra
+        self.hydra_differs = hydra_differs
 
 
 OPTIONS: tuple[Opt, ...] = (
@@ -132,11 +146,15 @@ OPTIONS: tuple[Opt, ...] = (
          "-default-hostfile"), 1, JOB, "hostfile",
         "the hosts of apps without --host, in Open MPI's format ('host slots=N "
         "max_slots=M', '#' comments); each must be a node of the DVM (a one-shot DVM is made "
-        "of them)", "FILE", "--hostfile"),
+        "of them)", "FILE", "--hostfile", hydra="-hostfile",
+        hydra_differs="Open MPI's format ('host slots=N'), as mpirun reads it (so is "
+        "-machinefile): give Hydra's ('host:N' lines) with -f"),
     Opt(("--map-by", "-map-by"), 1, JOB, "map_by",
         "how ranks are laid out: slot (default), node, core, socket, numa, hwthread, "
         "l3cache, ppr:N:RESOURCE; modifiers :PE=n, :SPAN, :OVERSUBSCRIBE, :NOOVERSUBSCRIBE",
-        "POLICY", "--map-by"),
+        "POLICY", "--map-by", hydra="-map-by",
+        hydra_differs="mpirun's policies (slot, node, core, socket, numa, ppr:N:R ...); "
+        "Hydra's others (hwthread:N counts, user lists) are refused"),
     Opt(("--rank-by", "-rank-by"), 1, JOB, "rank_by",
         "the order ranks are numbered in: slot, node, core, socket, numa, hwthread, l3cache",
         "POLICY", "--rank-by"),
@@ -174,7 +192,10 @@ OPTIONS: tuple[Opt, ...] = (
     Opt(("--bind-to", "-bind-to"), 1, JOB, "bind_to",
         "bind each process to a none, hwthread, core, l3cache, numa or socket "
         "(:overload-allowed lets several share one); default: core for a job of up to 2 "
-        "processes, socket above, none on a node it oversubscribes", "WHAT", "--bind-to"),
+        "processes, socket above, none on a node it oversubscribes", "WHAT", "--bind-to",
+        hydra="-bind-to", hydra_differs="mpirun's targets (none, core, socket, numa, "
+        "hwthread, l3cache) and mpirun's default (bound, where Hydra binds nothing unless "
+        "asked); Hydra's user:LIST and counts (core:2) are refused"),
     Opt(("--bind-to-core", "-bind-to-core"), 0, JOB, "bind_to_core",
         "--bind-to core (mpirun's older spelling)", "", "--bind-to-core"),
     Opt(("--bind-to-socket", "-bind-to-socket"), 0, JOB, "bind_to_socket",
@@ -186,19 +207,67 @@ OPTIONS: tuple[Opt, ...] = (
         "use only these logical CPUs of each node (e.g. 0,2-3)", "LIST", "--cpu-set"),
     Opt(("--use-hwthread-cpus", "-use-hwthread-cpus"), 0, JOB, "use_hwthread_cpus",
         "count hardware threads, not cores, as CPUs", "", "--use-hwthread-cpus"),
+    # -- mpiexec's (MPICH's Hydra; Intel MPI's is Hydra too) -------------------------------
+    Opt(("-hosts", "--hosts", "-hostlist", "--hostlist"), 1, GLOBAL, "hosts",
+        "the hosts of every app context without --host, in order, one slot each unless "
+        ":SLOTS is given; without -n a context runs one process per slot", "H[:SLOTS],..",
+        hydra="-hosts"),
+    Opt(("-f",), 1, GLOBAL, "hydra_hostfile",
+        "as -hosts, read from FILE in mpiexec's format: one host a line, 'host' or "
+        "'host:SLOTS' ('#' comments)", "FILE", hydra="-f"),
+    Opt(("-ppn", "--ppn"), 1, GLOBAL, "ppn",
+        "N processes per node: every host of an app counts N slots (ranks fill N on a host, "
+        "then the next, wrapping around); without -n a context runs N on each host", "N",
+        hydra="-ppn"),
+    Opt(("-genv", "--genv"), PAIR, GLOBAL, "genv",
+        "give every process NAME=VALUE (repeatable; -env and -x of a context win)",
+        "NAME VALUE", hydra="-genv"),
+    Opt(("-genvlist", "--genvlist"), 1, GLOBAL, "genvlist",
+        "pass only these variables of this environment (with -genv's, -env's): the "
+        "processes start from their node's environment (the pydvm daemon's), as mpiexec's "
+        "start from its proxy's", "A,B,..", hydra="-genvlist",
+        hydra_differs="the node's environment is its pydvm daemon's (for another user's "
+        "job on a shared DVM: only PATH, HOME, USER, LOGNAME and SHELL)"),
+    Opt(("-genvnone", "--genvnone"), 0, GLOBAL, "genvnone",
+        "pass none of this environment (only -genv's and -env's): the processes start from "
+        "their node's environment, as -genvlist", "", hydra="-genvnone",
+        hydra_differs="as -genvlist"),
+    Opt(("-genvall", "--genvall"), 0, GLOBAL, "genvall",
+        "pass all of this environment (the default)", "", hydra="-genvall"),
+    Opt(("-configfile", "--configfile"), 1, JOB, "configfile",
+        "read the app contexts from FILE, one a line, options (mpiexec's and mpirun's, "
+        "of the whole job too) then command; '#' starts a comment; the command line then "
+        "names no command", "FILE", hydra="-configfile",
+        hydra_differs="a line is split as a shell splits it (mpiexec splits at blanks)"),
     # -- each app context --------------------------------------------------------------
     Opt(("-n", "--np", "-np", "-c", "--n"), 1, APP, "n",
         "number of processes (default 1; with -N, ppr or a hostfile, as mpirun derives "
         "it)", "N", "-n", "without -n, -N, --ppr or a hostfile pydvm runs one process; "
-        "mpirun one per slot"),
+        "mpirun one per slot", hydra="-n",
+        hydra_differs="without -n, -ppn, -hosts or a host file pydvm runs one process; "
+        "mpiexec one per core of this machine"),
     Opt(("--host", "-H", "-host"), 1, APP, "host",
         "hosts this app's ranks fill, in order, SLOTS at a time (default: every host of the "
-        "session, and its slots)", "H[:SLOTS],..", "--host"),
+        "session, and its slots)", "H[:SLOTS],..", "--host", hydra="-host",
+        hydra_differs="as mpirun's --host, the hosts of the app context it is written in; "
+        "mpiexec's -host (as its -hosts) gives every context's: write -hosts for that"),
     Opt(("-x",), 1, APP, "x",
         "give the processes VAR, with VALUE or with its value here (repeatable)",
         "VAR[=VALUE]", "-x"),
+    Opt(("-env", "--env"), PAIR, APP, "env",
+        "give this context's processes NAME=VALUE (repeatable; as -x NAME=VALUE)",
+        "NAME VALUE", hydra="-env"),
+    Opt(("-envlist", "--envlist"), 1, APP, "envlist",
+        "-genvlist for this context alone (it wins over the global choice)", "A,B,..",
+        hydra="-envlist", hydra_differs="as -genvlist"),
+    Opt(("-envnone", "--envnone"), 0, APP, "envnone",
+        "-genvnone for this context alone", "", hydra="-envnone",
+        hydra_differs="as -genvlist"),
+    Opt(("-envall", "--envall"), 0, APP, "envall",
+        "-genvall for this context alone", "", hydra="-envall"),
     Opt(("--wdir", "-wdir", "--wd", "-wd"), 1, APP, "wdir",
-        "the processes' working directory (default: this one)", "DIR", "--wdir"),
+        "the processes' working directory (default: this one)", "DIR", "--wdir",
+        hydra="-wdir"),
     Opt(("--path", "-path"), 1, APP, "path",
         "look for the program in DIR first (put before the processes' PATH)", "DIR",
         "--path"),
@@ -282,6 +351,60 @@ for _name in list(NOT_SUPPORTED):  # mpirun takes every long option with one das
     if _name.startswith("--"):
         NOT_SUPPORTED.setdefault(_name[1:], NOT_SUPPORTED[_name])
 
+_LAUNCH = "a DVM's daemons are started by 'pydvm start' (--launcher local|ssh, or in a Slurm " \
+          "allocation)"
+#: Every other option ``mpiexec --help`` (MPICH 4.0's Hydra) lists, and the
+#: older spellings it still takes, with what to use instead: refused with
+#: that advice, never ignored.  (``-v``/``-verbose`` are mpirun's too: see
+#: :data:`NOT_SUPPORTED`.)
+HYDRA_NOT_SUPPORTED: dict[str, str] = {
+    "-launcher": _LAUNCH,
+    "-bootstrap": _LAUNCH,
+    "-launcher-exec": _LAUNCH,
+    "-bootstrap-exec": _LAUNCH,
+    "-enable-x": "no X forwarding",
+    "-disable-x": "no X forwarding: there is none to disable",
+    "-rmk": "'pydvm start' inside a Slurm allocation takes its nodes; else name them with "
+            "-hosts or -f",
+    "-topolib": "pydvm reads each node's topology itself (hwloc's view, from /sys)",
+    "-membind": "no memory binding: --bind-to numa keeps a process on one NUMA domain",
+    "-binding": "bind with --bind-to core|socket|numa|hwthread|none, or --cpu-set LIST",
+    "-demux": "not needed",
+    "-info": "'pydvm --version' prints pydvm's version, 'pydvm info' the DVM's parameters",
+    "-print-all-exitcodes": "pydvm run names every process that failed (rank, node, exit "
+                            "status) on stderr already",
+    "-iface": "the DVM's network is 'pydvm start's; MPICH's own interface choice is its "
+              "environment's (-genv MPIR_CVAR_CH4_NETMOD ... or FI_PROVIDER)",
+    "-profile": "not supported",
+    "-prepend-rank": "--tag-output prefixes each line with [JOB,RANK]",
+    "-l": "--tag-output prefixes each line with [JOB,RANK]",
+    "-prepend-pattern": "--tag-output or --timestamp-output prefix each line",
+    "-outfile-pattern": "--output-filename DIR writes each rank's output to "
+                        "DIR/JOB/rank.N/stdout",
+    "-errfile-pattern": "--output-filename DIR writes each rank's errors to "
+                        "DIR/JOB/rank.N/stderr",
+    "-nameserver": "the DVM is the name server: --dvm URI or PYDVM_URI",
+    "-disable-auto-cleanup": "--no-abort-on-failure keeps the rest of a job running when a "
+                             "process fails",
+    "-enable-auto-cleanup": "--abort-on-failure ends the job at the first failure",
+    "-disable-hostname-propagation": "not needed: pydvm tells no process its host name",
+    "-enable-hostname-propagation": "not needed: pydvm tells no process its host name",
+    "-order-nodes": "list the hosts in the order wanted with -hosts or -f",
+    "-localhost": "'pydvm start' names the nodes",
+    "-usize": "the universe is the job's session: 'pydvm session new --hosts ...'",
+    "-pmi-port": "PMI-1 is served on every node already (--mpi pmi1)",
+    "-skip-launch-node": "name the hosts to use with -hosts or -f",
+    "-gpus-per-proc": "give each process its GPUs in its environment (-env "
+                      "CUDA_VISIBLE_DEVICES ...) or from the program",
+    "-ranks-per-proc": "one rank per process",
+    "-machine": "name the hosts with -hosts H[:SLOTS],.. or -f FILE",
+    "-machines": "name the hosts with -hosts H[:SLOTS],.. or -f FILE",
+    "-machinelist": "name the hosts with -hosts H[:SLOTS],.. or -f FILE",
+}
+
+for _name in list(HYDRA_NOT_SUPPORTED):  # mpiexec takes each with two dashes too
+    HYDRA_NOT_SUPPORTED.setdefault("-" + _name, HYDRA_NOT_SUPPORTED[_name])
+
 
 # ----------------------------------------------------------------------
 # parsing
@@ -311,7 +434,14 @@ def _seconds(opt: str, text: str) -> float:
 
 
 def _new_app() -> dict[str, Any]:
-    return {"n": None, "hosts": None, "env": {}, "cwd": None, "path": None}
+    return {"n": None, "hosts": None, "env": {}, "cwd": None, "path": None, "env_from": None}
+
+
+def _env_names(opt: str, text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names or any("=" in n for n in names):
+        raise ValueError(f"{opt} needs a list of variable names (A,B,..), not {text!r}")
+    return names
 
 
 def _segment(seg: list[str], idx: int, opts: dict, app: dict, where: str,
@@ -330,6 +460,9 @@ def _segment(seg: list[str], idx: int, opts: dict, app: dict, where: str,
             if name in NOT_SUPPORTED:
                 raise ValueError(f"{name} (an mpirun option) is not supported{where}: "
                                  f"{NOT_SUPPORTED[name]}")
+            if name in HYDRA_NOT_SUPPORTED:
+                raise ValueError(f"{name} (an mpiexec option) is not supported{where}: "
+                                 f"{HYDRA_NOT_SUPPORTED[name]}")
             raise ValueError(f"unknown option {tok}{where}")
         if o.scope == JOB and not job_ok:
             raise ValueError(f"{name} applies to the whole job: give it before the first "
@@ -338,6 +471,19 @@ def _segment(seg: list[str], idx: int, opts: dict, app: dict, where: str,
         if o.nargs == 0:
             if eq:
                 raise ValueError(f"{name} takes no value")
+        elif o.nargs == PAIR:
+            # NAME VALUE, or NAME=VALUE in one word (as mpiexec reads them)
+            if eq or i + 1 >= len(seg):
+                raise ValueError(f"{name} needs {o.metavar} (or NAME=VALUE)")
+            var, eq2, value = seg[i + 1].partition("=")
+            if eq2:
+                args = [var, value]
+                i += 1
+            elif i + 2 >= len(seg):
+                raise ValueError(f"{name} {seg[i + 1]} needs a value: {name} {o.metavar}")
+            else:
+                args = seg[i + 1:i + 3]
+                i += 2
         elif eq:
             if o.nargs == 2:
                 raise ValueError(f"{name} takes two arguments: {o.metavar}")
@@ -377,6 +523,38 @@ def _apply(o: Opt, name: str, args: list[str], opts: dict, app: dict) -> None:
                 return
             value = os.environ[var]
         app["env"][var] = value
+    elif k == "env":
+        if not args[0]:
+            raise ValueError(f"{name} needs a variable name, not {args[0]!r}")
+        app["env"][args[0]] = args[1]
+    elif k == "genv":
+        if not args[0]:
+            raise ValueError(f"{name} needs a variable name, not {args[0]!r}")
+        opts["genv"][args[0]] = args[1]
+    elif k in ("genvall", "genvnone", "genvlist", "envall", "envnone", "envlist"):
+        holder = opts if k.startswith("g") else app
+        choice = _env_names(name, v) if k.endswith("list") else k[-3:] if k.endswith("all") \
+            else "none"
+        if holder["env_from"] is not None:
+            trio = "-genvall, -genvnone, -genvlist" if holder is opts else \
+                "-envall, -envnone, -envlist"
+            raise ValueError(f"{name}: give one of {trio}, once")
+        holder["env_from"] = choice
+    elif k in ("hosts", "hydra_hostfile"):
+        from ..placement import read_hydra_hostfile
+
+        if opts["hostfile"] is not None:
+            raise ValueError(f"{name}: give the hosts once (--hostfile, -f or -hosts)")
+        opts["hostfile"] = [[h, slots] for h, slots in parse_host_list(v)] \
+            if k == "hosts" else read_hydra_hostfile(v)
+        opts["placement"]["wrap"] = "job"  # contexts go on where the last ended
+    elif k == "ppn":
+        _placement(opts, "ppn", _count(name, v), name)
+        opts["placement"]["wrap"] = "job"
+    elif k == "configfile":
+        if opts["app_file"] is not None:
+            raise ValueError("give one --app or -configfile")
+        opts["app_file"], opts["app_file_opt"] = v, name
     elif k == "wdir":
         app["cwd"] = os.path.abspath(v)
     elif k == "path":
@@ -428,12 +606,14 @@ def _apply(o: Opt, name: str, args: list[str], opts: dict, app: dict) -> None:
     elif k == "timeout":
         opts["timeout"] = _seconds(name, v)
     elif k == "app_file":
+        if opts["app_file"] is not None:
+            raise ValueError("give one --app or -configfile")
         opts["app_file"] = v
     elif k == "hostfile":
         from ..placement import read_hostfile
 
         if opts["hostfile"] is not None:
-            raise ValueError("give one --hostfile")
+            raise ValueError(f"{name}: give the hosts once (--hostfile, -f or -hosts)")
         opts["hostfile"] = read_hostfile(v)
     elif k == "map_by":
         from ..placement import parse_map_by
@@ -489,28 +669,28 @@ def _split(argv: list[str]) -> list[list[str]]:
     return segments
 
 
-def read_appfile(path: str) -> list[list[str]]:
-    """The app contexts of an ``--app`` file: one a line, each its options
-    and command as a shell would split them; ``#`` starts a comment and
-    blank lines are skipped.  ValueError naming the file (and line) if it
-    cannot be read."""
+def read_appfile(path: str, opt: str = "--app") -> list[list[str]]:
+    """The app contexts of an ``--app`` (or ``-configfile``) file: one a
+    line, each its options and command as a shell would split them; ``#``
+    starts a comment and blank lines are skipped.  ValueError naming the
+    file (and line) if it cannot be read."""
     import shlex
 
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"--app {path}: cannot read it: {exc}") from None
+        raise ValueError(f"{opt} {path}: cannot read it: {exc}") from None
     out = []
     for lineno, line in enumerate(text.splitlines(), 1):
         try:
             words = shlex.split(line, comments=True)
         except ValueError as exc:
-            raise ValueError(f"--app {path}:{lineno}: {exc}") from None
+            raise ValueError(f"{opt} {path}:{lineno}: {exc}") from None
         if words:
             out.append((lineno, words))
     if not out:
-        raise ValueError(f"--app {path}: no app context in it")
+        raise ValueError(f"{opt} {path}: no app context in it")
     return out
 
 
@@ -522,7 +702,8 @@ def new_opts() -> dict[str, Any]:
         "timeout": None, "stdin": 0, "timestamp_output": False, "merge_stderr": False,
         "output_filename": None, "quiet": False, "allow_run_as_root": False,
         "app_file": None, "hostfile": None, "warnings": [], "queue": None,
-        "stop_in_init": False, "mpi": None}
+        "stop_in_init": False, "mpi": None, "genv": {}, "env_from": None,
+        "app_file_opt": "--app"}
 
 
 def new_app(argv: list[str], n: int | None = None) -> dict[str, Any]:
@@ -601,18 +782,22 @@ def parse_run(argv: list[str]) -> dict[str, Any]:
         cmd = _segment(seg, idx, opts, app, where, job_ok=idx == 0)
         if opts["app_file"] is not None:
             if cmd or len(segments) > 1 or app != _new_app():
-                raise ValueError("--app FILE names the app contexts: give no command, ':' or "
-                                 "app option (-n, --host, -x, --wdir, --path) beside it")
+                raise ValueError(f"{opts['app_file_opt']} FILE names the app contexts: give "
+                                 "no command, ':' or app option (-n, --host, -x, -env, "
+                                 "--wdir, --path) beside it")
             break
         if not cmd:
             raise ValueError(f"app context {idx} has no command")
         app["argv"] = cmd
         opts["apps"].append(app)
     if opts["app_file"] is not None:
-        for n, (lineno, words) in enumerate(read_appfile(opts["app_file"])):
+        # mpiexec's -configfile lines may hold options of the whole job too
+        job_ok = opts["app_file_opt"] != "--app"
+        for n, (lineno, words) in enumerate(read_appfile(opts["app_file"],
+                                                         opts["app_file_opt"])):
             app = _new_app()
             where = f" in {opts['app_file']}:{lineno}"
-            cmd = _segment(words, n, opts, app, where, job_ok=False)
+            cmd = _segment(words, n, opts, app, where, job_ok=job_ok)
             if not cmd:
                 raise ValueError(f"{opts['app_file']}:{lineno}: no command")
             app["argv"] = cmd
@@ -643,10 +828,13 @@ def _wrap(text: str, width: int, indent: int) -> list[str]:
 def _option_lines(scope: str) -> list[str]:
     out = []
     for o in OPTIONS:
-        if o.scope != scope:
+        if o.scope != scope and not (scope == JOB and o.scope == GLOBAL):
             continue
-        shown = [n for n in o.names if not (n.startswith("-") and not n.startswith("--")
-                                            and len(n) > 2)]  # not mpirun's one-dash longs
+        if o.hydra and not o.mirrors:  # mpiexec's: as mpiexec users write them
+            shown = [n for n in o.names if not n.startswith("--")]
+        else:  # not mpirun's one-dash longs
+            shown = [n for n in o.names if not (n.startswith("-") and not n.startswith("--")
+                                                and len(n) > 2)]
         head = ", ".join(f"{n} {o.metavar}".rstrip() for n in shown)
         body = _wrap(o.help, 79, 22)
         if len(head) <= 19:
@@ -679,13 +867,15 @@ reported on stderr, one line each (rank, node, exit status or signal), and
 so is whoever ended the job ('pydvm kill', 'pydvm session end', 'pydvm
 stop').  mpirun's command lines work as they are: docs/mpirun.md lists every
 mpirun option and what pydvm does with it; one pydvm does not support is
-refused with what to use instead."""
+refused with what to use instead.  So do MPICH's and Intel MPI's (mpiexec,
+Hydra) where they do not clash with mpirun's: docs/mpiexec.md."""
     tail = """\
 Job processes find PYDVM_NSPACE, PYDVM_RANK, PYDVM_APP_IDX, PYDVM_JOB_SIZE,
 PYDVM_NODE and PYDVM_SERVER in their environment, and the OMPI_COMM_WORLD_*
 variables mpirun sets.  Ctrl-C or SIGTERM kills the job and exits 128+N."""
     return "\n".join([RUN_USAGE, "", intro, "",
-                      "options of the whole job (before the first command):",
+                      "options of the whole job (before the first command; mpiexec's",
+                      "-hosts, -f, -ppn and -genv... in any context):",
                       *_option_lines(JOB), "",
                       "options of each app context (before its command; ':' starts the next):",
                       *_option_lines(APP),
@@ -712,5 +902,30 @@ def mpirun_table() -> str:
         rows.append(f"| `{o.mirrors}` | {spellings} | {o.differs or 'same meaning'} |")
     for name, advice in NOT_SUPPORTED.items():
         if name.startswith("--") or not name.startswith("-") or len(name) == 2:
+            rows.append(f"| `{name}` | refused | {advice} |")
+    return "\n".join(rows) + "\n"
+
+
+# ----------------------------------------------------------------------
+# the "coming from mpiexec" table (docs/mpiexec.md)
+# ----------------------------------------------------------------------
+
+
+def mpiexec_table() -> str:
+    """The Markdown table of every option of MPICH's ``mpiexec`` (Hydra,
+    MPICH 4.0) and what ``pydvm run`` does with it, made from
+    :data:`OPTIONS` and :data:`HYDRA_NOT_SUPPORTED` (``docs/mpiexec.md``
+    holds it; ``tests/test_cli_usage.py`` checks that it is this table)."""
+    rows = ["| mpiexec option | pydvm run | how it differs, or what to use instead |",
+            "|---|---|---|"]
+    for o in OPTIONS:
+        if not o.hydra:
+            continue
+        spellings = ", ".join(f"`{n}`" for n in o.names)
+        rows.append(f"| `{o.hydra}` | {spellings} | {o.hydra_differs or 'same meaning'} |")
+    for name in ("-v", "-verbose"):
+        rows.append(f"| `{name}` | refused | {NOT_SUPPORTED[name]} |")
+    for name, advice in HYDRA_NOT_SUPPORTED.items():
+        if not name.startswith("--"):
             rows.append(f"| `{name}` | refused | {advice} |")
     return "\n".join(rows) + "\n"

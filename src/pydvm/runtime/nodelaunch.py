@@ -81,6 +81,27 @@ class LocalJob:
     work_dir: Path | None = None
 
 
+def node_environment(uid: int | None = None) -> dict[str, str]:
+    """This node's environment, for a process of a job that asked for it
+    instead of ``pydvm run``'s (``mpiexec``'s ``-genvnone``,
+    ``-genvlist``): the daemon's own, as Hydra's processes get their
+    proxy's -- less pydvm's variables -- or, for a job of another user
+    ``uid``, only ``PATH`` and that user's ``HOME``, ``USER``,
+    ``LOGNAME`` and ``SHELL``."""
+    if uid is None:
+        return {k: v for k, v in os.environ.items() if not k.startswith("PYDVM_")}
+    import pwd
+
+    env = {"PATH": os.environ["PATH"]} if "PATH" in os.environ else {}
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        return env
+    env.update({"HOME": pw.pw_dir, "USER": pw.pw_name, "LOGNAME": pw.pw_name,
+                "SHELL": pw.pw_shell or "/bin/sh"})
+    return env
+
+
 async def start_share(node: "NodeServer", msg: Message) -> Message:
     """Start this node's share of a job; its answer (a reply without an id)."""
     rid = None
@@ -98,6 +119,9 @@ async def start_share(node: "NodeServer", msg: Message) -> Message:
         job.uid, job.gid = msg["uid"], msg["gid"]
         if job.uid != os.getuid():
             switch = jobproc.credentials(job.uid, job.gid)
+    if any(p.get("node_env") for p in procs):  # mpiexec's -genvnone/-genvlist
+        base = node_environment(job.uid if switch else None)
+        procs = [dict(p, env={**base, **p["env"]}) if p.get("node_env") else p for p in procs]
     # Resolve every executable first, as a shell would in the process's
     # working directory: a job either starts here or fails whole.
     programs: dict[int, str | None] = {}

@@ -338,6 +338,7 @@ class ProcessTable(NodeListener):
         session_nodes = {h.name: h for h in session.hosts}
         specs = []
         app_envs: list[dict] = []  # each app's environment: the job's, plus its own (-x)
+        node_envs: list[bool] = []  # whether it starts from its node's instead (-genvnone)
         app_cwds: list[str] = []
         placement = msg.get("placement") or {}
         if not isinstance(placement, dict):
@@ -382,7 +383,14 @@ class ProcessTable(NodeListener):
                 raise ValueError(f"app {i}: env must map str to str")
             if app_cwd is not None and not isinstance(app_cwd, str):
                 raise ValueError(f"app {i}: cwd must be a str")
-            app_envs.append({**env, **app_env} if app_env else env)
+            env_from = app.get("env_from")
+            if env_from not in (None, "job", "node"):
+                raise ValueError(f"app {i}: env_from must be 'job' or 'node', not {env_from!r}")
+            node_envs.append(env_from == "node")
+            if env_from == "node":
+                app_envs.append(dict(app_env or {}))
+            else:
+                app_envs.append({**env, **app_env} if app_env else env)
             app_cwds.append(app_cwd or cwd)
             specs.append((argv, n, live))
         if nspace is None:
@@ -431,6 +439,8 @@ class ProcessTable(NodeListener):
         for p in job.procs.values():
             entry = {"rank": p.rank, "app_idx": p.app_idx, "argv": job.apps[p.app_idx].argv,
                      "env": app_envs[p.app_idx], "cwd": app_cwds[p.app_idx]}
+            if node_envs[p.app_idx]:
+                entry["node_env"] = True
             if p.rank == stdin_rank and job.stdin:
                 entry["stdin"] = True
             per_node.setdefault(p.node, []).append(entry)
