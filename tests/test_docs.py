@@ -29,6 +29,8 @@ if importlib.util.find_spec("torch") is not None:  # an optional integration
     PUBLIC += ["pydvm.torch", "pydvm.torch.rendezvous", "pydvm.torch.elastic"]
 if importlib.util.find_spec("psij") is not None:  # the PSI/J executor
     PUBLIC += ["pydvm.psij", "pydvm.psij.executor", "pydvm.psij.spec"]
+if importlib.util.find_spec("parsl") is not None:  # the Parsl provider
+    PUBLIC += ["pydvm.parsl"]
 
 
 def pdoc_command() -> str:
@@ -139,7 +141,8 @@ def _pyproject() -> dict:
 #: Subpackages that integrate pydvm with an optional package: they may import
 #: what the extra of the same name declares, and only they may.
 OPTIONAL_INTEGRATIONS = {"torch": REPO / "src" / "pydvm" / "torch",
-                         "psij": REPO / "src" / "pydvm" / "psij"}
+                         "psij": REPO / "src" / "pydvm" / "psij",
+                         "parsl": REPO / "src" / "pydvm" / "parsl"}
 
 
 def _third_party_imports(under: Path | None = None,

@@ -59,7 +59,7 @@ def test_a_published_name_is_found_by_another_job_and_by_pydvm_lookup(dvm2, mpic
         server.kill()
         server.wait(timeout=30)
     gone = dvm2.run("--host", "b:1", "-n", "1", mpich["names"], "lookup", "pmi1-svc")
-    assert gone.stdout.strip() == "missing pmi1-svc"
+    assert gone.stdout.strip() == "missing pmi1-svc", gone.stdout + gone.stderr
     # under mpiexec.hydra two jobs do not share names (each has its own name
     # server); one job of two apps does
     both = hydra("-n", "1", mpich["names"], "publish", "h-svc", "v", ":",

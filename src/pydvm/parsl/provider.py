@@ -333,9 +333,11 @@ class PydvmProvider(ExecutionProvider, RepresentationMixin):
 
     @property
     def label(self) -> str:
+        """The provider's name in Parsl's logs and monitoring: ``pydvm``."""
         return "pydvm"
 
     @property
     def status_polling_interval(self) -> int:
-        # status() only reads what the DVM pushed: cheap to ask often.
+        """Seconds between Parsl's status polls: 1 -- :meth:`status` only
+        reads what the DVM pushed, so it is cheap to ask often."""
         return 1
