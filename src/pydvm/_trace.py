@@ -9,7 +9,8 @@ first line of Python), ``tool.send`` (the run request written),
 ``master.run``, ``master.launch`` (launch messages sent), ``node.launch``,
 ``node.registered`` (PMIx registration done), ``node.started`` (every local
 process forked), ``pmix.<upcall>`` (as each arrives on the node's loop),
-``pmix.fence_done``, ``node.exit`` (a process reaped), ``node.exited``
+``pmix.fence_done``, ``pmi1.<command>.<rank>`` (a PMI-1 request, as it
+arrives on the node's loop), ``pmi1.fence_done``, ``node.exit`` (a process reaped), ``node.exited``
 (reported), ``master.launched`` (every node answered), ``master.over`` (the
 job ended), ``master.purge`` / ``master.purged`` (the end-of-job purge
 broadcast; on each node ``node.purge``, and ``node.deregister`` /

@@ -43,6 +43,9 @@ VERSION, SUBVERSION = 1, 1
 
 #: Keys the server answers itself (MPICH reads them after init).
 MAPPING_KEY = "PMI_process_mapping"
+#: Where a file of the node's hardware topology (hwloc XML) is: MPICH 5
+#: reads it instead of discovering the topology in every rank.
+TOPOLOGY_KEY = "PMI_hwloc_xmlfile"
 
 
 # ----------------------------------------------------------------------

@@ -9,7 +9,8 @@ loop.  Each request goes to the job's :class:`~pydvm.pmi1.Pmi1Job` on this
 node, whose effects are carried out here:
 
 * a barrier becomes the master's ``fence`` over the whole job
-  (:mod:`pydvm.runtime.collectives`), its data every node's puts;
+  (:mod:`pydvm.runtime.collectives`), its data every node's puts -- or,
+  for a job that runs on this node alone, completes here;
 * ``abort`` is the master's ``abort`` (the job ends with that status);
 * ``publish_name`` / ``lookup_name`` / ``unpublish_name`` are the data
   store's publish / lookup / unpublish, served for the process as any of
@@ -35,6 +36,7 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any
 
+from .. import _trace
 from ..errors import Status
 from ..pmi1 import Pmi1Job, process_mapping
 from ..pmi1 import job as J
@@ -192,6 +194,30 @@ class _Conn:
             sock.close()
 
 
+def write_topology(path: str) -> bool:
+    """Write this machine's hardware topology to ``path`` as hwloc XML, with
+    the system's libhwloc (the one libpmix uses); False when it cannot."""
+    import ctypes
+    import ctypes.util
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("hwloc") or "libhwloc.so.15")
+        init, load = lib.hwloc_topology_init, lib.hwloc_topology_load
+        export, destroy = lib.hwloc_topology_export_xml, lib.hwloc_topology_destroy
+    except (OSError, AttributeError):
+        return False
+    init.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    load.argtypes = [ctypes.c_void_p]
+    export.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_ulong]
+    destroy.argtypes = [ctypes.c_void_p]
+    topo = ctypes.c_void_p()
+    if init(ctypes.byref(topo)) != 0:
+        return False
+    try:
+        return load(topo) == 0 and export(topo, os.fsencode(path), 0) == 0
+    finally:
+        destroy(topo)
+
+
 class Pmi1Host:
     """A node's PMI-1 server (see the module docstring): its jobs, one
     :class:`~pydvm.pmi1.Pmi1Job` each, and each process's connection."""
@@ -203,6 +229,28 @@ class Pmi1Host:
         self.sessions: dict[tuple[str, int], Pmi1Session] = {}
         #: namespaces whose processes got only a watch socket
         self.watched_jobs: set[str] = set()
+        #: namespaces of jobs that run on this node alone (their barriers
+        #: complete here, without the master)
+        self.alone: set[str] = set()
+        #: the machine's topology as hwloc XML, for PMI_hwloc_xmlfile (made
+        #: at the first PMI-1 job; "" when it cannot be)
+        self._topology: str | None = None
+
+    def topology(self) -> str:
+        """The file MPICH reads the hardware topology from instead of
+        discovering it in every rank (``PMI_hwloc_xmlfile``, as MPICH's
+        own launcher offers it): written once, ~7 ms, readable by every
+        user's processes, removed with the node."""
+        if self._topology is None:
+            import tempfile
+            fd, path = tempfile.mkstemp(prefix=f"pydvm-hwloc-{self.node.name}-", suffix=".xml")
+            os.close(fd)
+            os.chmod(path, 0o644)
+            self.node.guardian.remove_on_exit(path)
+            self._topology = path if write_topology(path) else ""
+            if not self._topology:
+                os.unlink(path)
+        return self._topology
 
     # -- launching -----------------------------------------------------------
 
@@ -216,6 +264,8 @@ class Pmi1Host:
         size = int(msg.get("job_size") or len(procs))
         nodes = layout.get("nodes") or {}
         if not watch and ns not in self.jobs:
+            if set(nodes) == {self.node.name}:
+                self.alone.add(ns)
             order = list(nodes)  # in rank order of first appearance
             where = {r: order.index(n) for n, ranks in nodes.items() for r in ranks}
             mapping = process_mapping([where[r] for r in range(size)]) \
@@ -223,8 +273,11 @@ class Pmi1Host:
             if mapping is not None and len(mapping) > J.VALLEN_MAX:
                 mapping = None  # MPICH then exchanges host names itself
             preput = msg.get("preput") if isinstance(msg.get("preput"), dict) else {}
+            kvs = {str(k): str(v) for k, v in preput.items()}
+            if self.topology():
+                kvs.setdefault(J.TOPOLOGY_KEY, self.topology())
             self.jobs[ns] = Pmi1Job(ns, size, {}, int(layout.get("univ_size") or size),
-                                    mapping, {str(k): str(v) for k, v in preput.items()})
+                                    mapping, kvs)
         if watch:
             self.watched_jobs.add(ns)
         mine = sorted(p["rank"] for p in procs)
@@ -262,6 +315,8 @@ class Pmi1Host:
     # -- requests --------------------------------------------------------------
 
     def request(self, conn: _Conn, cmd) -> None:
+        if _trace.PATH:
+            _trace.mark(f"pmi1.{cmd.name}.{conn.rank}", conn.nspace)
         pj = self.jobs.get(conn.nspace)
         if pj is None:
             self.refuse(conn, "its job has ended")
@@ -309,7 +364,16 @@ class Pmi1Host:
                 log.warning("%s: %s:%d: %s", self.node.name, pj.kvsname, e.rank, e.why)
 
     def _fence(self, pj: Pmi1Job, e: J.Fence) -> None:
+        if pj.kvsname in self.alone:  # every process of the job is here, and in
+            def done() -> None:
+                if self.jobs.get(pj.kvsname) is pj and pj.fencing:
+                    self._apply(pj, pj.fence_done(True, e.data))
+            asyncio.get_running_loop().call_soon(done)
+            return
+
         def answered(r: Message) -> None:
+            if _trace.PATH:
+                _trace.mark("pmi1.fence_done", pj.kvsname)
             if self.jobs.get(pj.kvsname) is not pj:
                 return
             ok = r.get("status") == Status.SUCCESS
@@ -404,12 +468,18 @@ class Pmi1Host:
         """The job has ended everywhere (its NSPACE purge)."""
         self.jobs.pop(ns, None)
         self.watched_jobs.discard(ns)
+        self.alone.discard(ns)
         for key in [k for k in self.conns if k[0] == ns]:
             self.conns.pop(key).close()
         for key in [k for k in self.sessions if k[0] == ns]:
             del self.sessions[key]
 
     def stop(self) -> None:
+        if self._topology:
+            try:
+                os.unlink(self._topology)
+            except OSError:
+                pass
         for conn in self.conns.values():
             conn.close()
         self.conns.clear()
