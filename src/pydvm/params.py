@@ -117,6 +117,13 @@ def _mpi_interface(text: str) -> str:
     return v
 
 
+def _pmi1_wire(text: str) -> str:
+    v = str(text).strip().lower()
+    if v not in ("fd", "port"):
+        raise ValueError("must be fd or port")
+    return v
+
+
 def _auto_on(text: str) -> str:
     v = str(text).strip().lower()
     if v not in ("auto", "on"):
@@ -215,6 +222,11 @@ REGISTRY: dict[str, Param] = {
               "the process-management interface a job's processes get when its run does "
               "not say (--mpi): 'auto' (read off each program: PMI-1 for the MPICH family, "
               "PMIx otherwise), 'pmix', 'pmi1' or 'none'", "auto|pmix|pmi1|none"),
+        Param("pydvm_pmi1_wire", _pmi1_wire, "fd",
+              "how a PMI-1 process reaches its node: 'fd' (an inherited socket, PMI_FD, as "
+              "MPICH's launcher gives it) or 'port' (PMI_PORT on the node's loopback and a "
+              "one-time PMI_ID: for programs started by a wrapper that closes inherited "
+              "descriptors)", "fd|port"),
         Param("pydvm_pmix", _pmix_mode, "auto",
               "host a PMIx server on every node for PMIx/MPI programs: 'auto' (where "
               "libpmix is usable), 'on' (a node without it fails to start), 'off'", "auto|on|off"),

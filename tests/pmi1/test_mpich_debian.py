@@ -8,9 +8,11 @@ jobs ran as N one-rank programs that exited 0."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 HYDRA_TIMEOUT = 60
 
@@ -99,10 +101,69 @@ def test_mpi_none_gives_no_interface(dvm2, mpich):
 
 
 def test_a_one_shot_dvm_serves_pmi1_too(mpich, tmp_path):
-    import os
     env = {k: v for k, v in os.environ.items() if k != "PYDVM_URI"}
     p = subprocess.run([sys.executable, "-m", "pydvm", "run", "--host", "x:2,y:2", "-n", "4",
                         mpich["hello"]], capture_output=True, text=True, timeout=60, env=env,
                        stdin=subprocess.DEVNULL, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert ranks(p.stdout) == [f"rank {r} of 4" for r in range(4)]
+
+
+CLOSEFDS = str(Path(__file__).parent / "jobs" / "closefds.py")
+
+
+def test_a_wrapper_that_closes_descriptors_needs_the_port_form(mpich, tmp_path):
+    """PMI_FD does not survive a wrapper that closes inherited descriptors;
+    pydvm_pmi1_wire port gives PMI_PORT and a one-time PMI_ID instead."""
+    env = {k: v for k, v in os.environ.items() if k != "PYDVM_URI"}
+    base = [sys.executable, "-m", "pydvm", "run", "--mpi", "pmi1", "--host", "x:2,y:2",
+            "-n", "4"]
+    wrapped = [sys.executable, CLOSEFDS, mpich["hello"]]
+    fd = subprocess.run(base + wrapped, capture_output=True, text=True, timeout=60, env=env,
+                        stdin=subprocess.DEVNULL, cwd=tmp_path)
+    assert fd.returncode != 0
+    port = subprocess.run(base[:4] + ["--mca", "pydvm_pmi1_wire", "port"] + base[4:] + wrapped,
+                          capture_output=True, text=True, timeout=60, env=env,
+                          stdin=subprocess.DEVNULL, cwd=tmp_path)
+    assert port.returncode == 0, port.stderr
+    assert ranks(port.stdout) == [f"rank {r} of 4" for r in range(4)]
+
+
+PORT_PROBE = r"""
+import os, socket, sys
+host, port = os.environ["PMI_PORT"].split(":")
+def ask(line):
+    s = socket.create_connection((host, int(port)), timeout=20)
+    s.sendall(line.encode())
+    data = b""
+    while True:
+        part = s.recv(4096)
+        if not part:
+            break
+        data += part
+        if line.startswith("cmd=initack") and data.count(b"\n") >= 4:
+            break
+    return data.decode()
+print("bogus:", ask("cmd=initack pmiid=1\n").strip() or "closed", flush=True)
+print("garbage:", ask("hello there\n").strip() or "closed", flush=True)
+mine = ask(f"cmd=initack pmiid={os.environ['PMI_ID']}\n").split()
+print("mine:", " ".join(mine), flush=True)
+print("again:", ask(f"cmd=initack pmiid={os.environ['PMI_ID']}\n").strip() or "closed")
+"""
+
+
+def test_the_port_takes_each_pmi_id_once_and_nothing_else(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PYDVM_URI"}
+    probe = tmp_path / "probe.py"
+    probe.write_text(PORT_PROBE)
+    p = subprocess.run([sys.executable, "-m", "pydvm", "run", "--mca", "pydvm_pmi1_wire", "port",
+                        "--mpi", "pmi1", "-n", "2", sys.executable, str(probe)],
+                       capture_output=True, text=True, timeout=60, env=env,
+                       stdin=subprocess.DEVNULL, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout.splitlines()
+    assert out.count("bogus: closed") == 2 and out.count("garbage: closed") == 2, out
+    mine = sorted(ln for ln in out if ln.startswith("mine:"))
+    assert mine == ["mine: cmd=initack rc=0 cmd=set size=2 cmd=set rank=0 cmd=set debug=0",
+                    "mine: cmd=initack rc=0 cmd=set size=2 cmd=set rank=1 cmd=set debug=0"], out
+    assert out.count("again: closed") == 2, out

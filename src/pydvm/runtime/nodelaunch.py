@@ -193,7 +193,7 @@ async def start_share(node: "NodeServer", msg: Message) -> Message:
         keep: tuple[int, ...] = ()
         if pmi is not None:
             env.update(pmi[0])
-            keep = (pmi[1].fileno(),)
+            keep = (pmi[1].fileno(),) if pmi[1] is not None else ()
         if pmix and "I_MPI_PMI_LIBRARY" not in env and node.pmix.library:
             # Intel MPI speaks PMI-1 unless told where libpmix is (a user's value wins)
             env["I_MPI_PMI_LIBRARY"] = node.pmix.library
@@ -209,7 +209,7 @@ async def start_share(node: "NodeServer", msg: Message) -> Message:
         except OSError as exc:
             for q, x in zip(procs[started:], pmi1[started:]):
                 node.pmi1.forget(ns, q["rank"])
-                if x is not None:
+                if x is not None and x[1] is not None:
                     x[1].close()
             # Already started ranks of this job are killed by the master.
             job.procs.pop(p["rank"], None)
@@ -219,7 +219,7 @@ async def start_share(node: "NodeServer", msg: Message) -> Message:
                          f"{node.name}: cannot start {p['argv'][0]}: {exc}",
                          exit=126 if isinstance(exc, PermissionError) else 127)
         finally:
-            if pmi is not None:
+            if pmi is not None and pmi[1] is not None:
                 pmi[1].close()  # the process has its own copy (or never will)
         node.guardian.track(lp.process.pid)
         started += 1

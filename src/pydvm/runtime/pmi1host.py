@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import socket
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,7 @@ from ..errors import Status
 from ..pmi1 import Pmi1Job, process_mapping
 from ..pmi1 import job as J
 from ..pmi1.wire import ProtocolError, Reader, encode
+from ..pmix import sockdiag
 from ..store import Caller
 from ..wire import Message, unpack_body
 from .peers import PeerSession, process_caller
@@ -55,6 +57,11 @@ log = logging.getLogger("pydvm.pmi1")
 #: module docstring): the advice its ``init`` ends the job with.
 WRONG_INTERFACE = ("process {ns}:{rank} speaks PMI-1 (MPICH, Intel MPI, MVAPICH) but its "
                    "job was offered PMIx: run it with --mpi pmi1")
+
+
+#: Connections to a node's PMI-1 port that have not yet claimed their
+#: PMI_ID, at most (one more is closed at once).
+MAX_STRANGERS = 1024
 
 
 class _Answers:
@@ -149,7 +156,9 @@ class _Conn:
         for cmd in cmds:
             if self.sock is None:
                 return
-            if self.watch:
+            if not self.nspace:  # on the node's port: who is it?
+                self.host.claim(self, cmd)
+            elif self.watch:
                 self.host.watched(self, cmd)
             else:
                 self.host.request(self, cmd)
@@ -186,6 +195,7 @@ class _Conn:
             self._loop.remove_writer(self.sock.fileno())
 
     def close(self) -> None:
+        self.host._strangers.discard(self)
         sock, self.sock = self.sock, None
         if sock is not None:
             self._loop.remove_reader(sock.fileno())
@@ -232,6 +242,12 @@ class Pmi1Host:
         #: namespaces of jobs that run on this node alone (their barriers
         #: complete here, without the master)
         self.alone: set[str] = set()
+        #: the PMI_PORT form (pydvm_pmi1_wire port): the node's listening
+        #: socket, each PMI_ID not yet claimed, connections not yet claimed
+        self._listener: socket.socket | None = None
+        self._ids: dict[int, tuple[str, int]] = {}
+        self._id_of: dict[tuple[str, int], int] = {}
+        self._strangers: set[_Conn] = set()
         #: the machine's topology as hwloc XML, for PMI_hwloc_xmlfile (made
         #: at the first PMI-1 job; "" when it cannot be)
         self._topology: str | None = None
@@ -281,12 +297,18 @@ class Pmi1Host:
         if watch:
             self.watched_jobs.add(ns)
         mine = sorted(p["rank"] for p in procs)
-        out = []
+        by_port = not watch and self.node.values["pydvm_pmi1_wire"] == "port"
+        out: list = []
         for p in procs:
             rank = p["rank"]
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            theirs.set_inheritable(False)  # kept for the child alone (pass_fds)
-            env = {"PMI_FD": str(theirs.fileno())}
+            theirs: socket.socket | None = None
+            if by_port:
+                env = {"PMI_PORT": self._listen(), "PMI_ID": str(self._new_id(ns, rank))}
+            else:
+                ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                theirs.set_inheritable(False)  # kept for the child alone (pass_fds)
+                env = {"PMI_FD": str(theirs.fileno())}
+                self._attach(ns, rank, ours, watch)
             if not watch:
                 self.jobs[ns].ranks[rank] = int(p.get("app_idx", 0))
                 env.update({
@@ -297,14 +319,86 @@ class Pmi1Host:
                 if msg.get("spawned"):
                     env["PMI_SPAWNED"] = "1"
             out.append((env, theirs))
-            self._attach(ns, rank, ours, watch)
         return out
+
+    # -- the PMI_PORT + PMI_ID form ---------------------------------------------
+
+    def _listen(self) -> str:
+        """``host:port`` of the node's PMI-1 port (opened on first use, on
+        loopback: a job's processes run on their node's machine)."""
+        if self._listener is None:
+            ls = socket.create_server(("127.0.0.1", 0))
+            ls.setblocking(False)
+            asyncio.get_running_loop().add_reader(ls.fileno(), self._accept)
+            self._listener = ls
+        host, port = self._listener.getsockname()[:2]
+        return f"{host}:{port}"
+
+    def _new_id(self, ns: str, rank: int) -> int:
+        """An unguessable ``PMI_ID`` for ``ns:rank``, good for one connection."""
+        while True:
+            pmiid = secrets.randbelow(2 ** 31 - 2) + 1
+            if pmiid not in self._ids:
+                self._ids[pmiid] = (ns, rank)
+                self._id_of[(ns, rank)] = pmiid
+                return pmiid
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self._listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            log.warning("%s: PMI-1 port: accept failed: %s", self.node.name, exc)
+            return
+        if len(self._strangers) >= MAX_STRANGERS:
+            log.warning("%s: PMI-1 port: %d connections have not said who they are; "
+                        "closing a new one", self.node.name, len(self._strangers))
+            sock.close()
+            return
+        self._strangers.add(_Conn(self, "", -1, False, sock))
+
+    def claim(self, conn: _Conn, cmd) -> None:
+        """The first request on the port, ``initack pmiid=N``: which process
+        this connection is -- the id it was given, once, by a process of the
+        job's user (the kernel's owner of the connecting socket)."""
+        self._strangers.discard(conn)
+        if cmd.name != "initack":
+            self.refuse(conn, f"first request on the PMI-1 port is {cmd.name!r}, not initack")
+            return
+        try:
+            entry = self._ids.get(cmd.int("pmiid"))
+        except ProtocolError as exc:
+            self.refuse(conn, str(exc))
+            return
+        pj = self.jobs.get(entry[0]) if entry else None
+        if entry is None or pj is None:
+            self.refuse(conn, f"unknown PMI_ID {cmd.get('pmiid')}")
+            return
+        ns, rank = entry
+        job = self.node.jobs.get(ns)
+        want = job.uid if job is not None and job.uid is not None else os.getuid()
+        try:
+            uid = sockdiag.owner(conn.sock.getpeername()[:2], conn.sock.getsockname()[:2])
+        except OSError:
+            uid = None
+        if uid is not None and uid not in (want, 0):
+            self.refuse(conn, f"uid {uid} claimed PMI_ID of {ns}:{rank} (uid {want})")
+            return
+        del self._ids[cmd.int("pmiid")]
+        self._id_of.pop((ns, rank), None)
+        conn.nspace, conn.rank = ns, rank
+        self.conns[(ns, rank)] = conn
+        conn.write(pj.initack(rank))
 
     def _attach(self, ns: str, rank: int, sock: socket.socket, watch: bool) -> None:
         self.conns[(ns, rank)] = _Conn(self, ns, rank, watch, sock)
 
     def forget(self, ns: str, rank: int) -> None:
-        """A process was not started after all: drop its connection."""
+        """A process was not started after all: drop its connection (or PMI_ID)."""
+        pmiid = self._id_of.pop((ns, rank), None)
+        if pmiid is not None:
+            self._ids.pop(pmiid, None)
         conn = self.conns.pop((ns, rank), None)
         if conn is not None:
             conn.close()
@@ -452,7 +546,10 @@ class Pmi1Host:
         return pj.client_state(rank) if pj is not None else None
 
     def reaped(self, ns: str, rank: int) -> None:
-        """``ns:rank`` has ended: its connection and session go."""
+        """``ns:rank`` has ended: its connection, session and unclaimed PMI_ID go."""
+        pmiid = self._id_of.pop((ns, rank), None)
+        if pmiid is not None:
+            self._ids.pop(pmiid, None)
         conn = self.conns.pop((ns, rank), None)
         if conn is not None:
             conn.close()
@@ -473,8 +570,17 @@ class Pmi1Host:
             self.conns.pop(key).close()
         for key in [k for k in self.sessions if k[0] == ns]:
             del self.sessions[key]
+        for key in [k for k in self._id_of if k[0] == ns]:
+            self._ids.pop(self._id_of.pop(key), None)
 
     def stop(self) -> None:
+        if self._listener is not None:
+            asyncio.get_running_loop().remove_reader(self._listener.fileno())
+            self._listener.close()
+            self._listener = None
+        for conn in list(self._strangers):
+            conn.close()
+        self._strangers.clear()
         if self._topology:
             try:
                 os.unlink(self._topology)
