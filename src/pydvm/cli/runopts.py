@@ -96,12 +96,14 @@ OPTIONS: tuple[Opt, ...] = (
         "prefix each output line with the time and its stream, as mpirun does "
         "('Thu Dec  3 19:29:31 2026<stdout>:')", "", "--timestamp-output"),
     Opt(("--merge-stderr-to-stdout", "-merge-stderr-to-stdout"), 0, JOB, "merge_stderr",
-        "write every process's stderr to pydvm run's stdout", "", "--merge-stderr-to-stdout",
+        "write every process's stderr to pydvm run's stdout (and, with --output-filename, "
+        "to its rank.N/stdout file)", "", "--merge-stderr-to-stdout",
         "mpirun 4.1 leaves stderr on stderr unless the output is a terminal; pydvm always "
         "merges"),
     Opt(("--output-filename", "-output-filename"), 1, JOB, "output_filename",
-        "also write each rank's output to DIR/JOB/rank.N/stdout and stderr (JOB: the job's "
-        "number in the DVM, 1 for a one-shot DVM's)", "DIR", "--output-filename"),
+        "also write each rank's output to DIR/1/rank.N/stdout and stderr (1: this run's job, "
+        "as under mpirun, on any DVM; 2, 3 ...: the jobs it spawns)", "DIR",
+        "--output-filename", "mpirun 4.1.4 writes no files for the jobs a job spawns"),
     Opt(("--stdin", "-stdin"), 1, JOB, "stdin",
         "which rank reads pydvm run's stdin: a rank number (default 0), 'all' (every "
         "rank) or 'none'", "RANK|all|none", "--stdin",
