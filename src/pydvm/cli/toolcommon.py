@@ -3,7 +3,7 @@
 A persistent DVM's ``pydvm run`` is blocking (:mod:`pydvm.cli.submit`); a
 one-shot DVM's runs on the asyncio loop its master runs on
 (:mod:`pydvm.cli.tool`).  Both forward the job's output the same way
-(:class:`JobOutput`), read their stdin for rank 0 the same way
+(:class:`JobOutput`), read their stdin for the job's reading ranks the same way
 (:class:`StdinSource`: only the waiting differs) and end the same way
 (:func:`job_exit`).  Nothing here loads asyncio or the runtime.
 """
@@ -316,13 +316,15 @@ def stdin_kind(fd: int = 0) -> str | None:
 
 
 class StdinSource:
-    """What ``pydvm run`` reads on its stdin for its job's rank 0, and sends.
+    """What ``pydvm run`` reads on its stdin for its job's rank 0 (or the
+    rank ``--stdin`` names, or every rank), and sends.
 
     At most :data:`STDIN_WINDOW` bytes are in flight: the source is read
-    only while the node has acknowledged enough into rank 0's pipe
+    only while the nodes have acknowledged enough into the ranks' pipes
     (:meth:`ack`), so a huge stdin is never held anywhere but in its
-    source.  End of file is passed on; a ``closed`` acknowledgement (rank 0
-    ended or closed its stdin, or the job is gone) stops the reading.  A
+    source.  End of file is passed on; a ``closed`` acknowledgement (every
+    reading rank ended or closed its stdin, or the job is gone) stops the
+    reading.  A
     terminal is read only while ``pydvm run`` is in its foreground process
     group (:meth:`background`: a background ``pydvm run`` is never stopped
     by SIGTTIN; it waits until it is brought to the foreground, as a shell
@@ -369,7 +371,7 @@ class StdinSource:
         return not self.done and self.nspace is not None and self.credit > 0
 
     def ack(self, n: Any, closed: bool) -> None:
-        """A ``stdin_ack``: ``n`` more bytes are in rank 0's pipe, or (with
+        """A ``stdin_ack``: ``n`` more bytes are in every reading rank's pipe, or (with
         ``closed``) nothing more goes in."""
         if closed:
             self.stop()
