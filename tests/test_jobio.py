@@ -81,7 +81,7 @@ def test_stdin_feed_writes_in_order_acknowledges_and_closes_at_eof():
         feed.feed(b"before start ", False)  # held until the process has its pipe
         r, w = os.pipe()
         os.set_blocking(w, False)
-        feed.attach(w)
+        feed.attach(0, w)
         big = os.urandom(300_000)  # more than a pipe holds: written as it drains
         feed.feed(big, True)
         got = bytearray()
@@ -110,13 +110,113 @@ def test_stdin_feed_of_a_reader_that_went_away_says_closed():
         r, w = os.pipe()
         os.set_blocking(w, False)
         os.close(r)  # rank 0 closed its stdin
-        feed.attach(w)
+        feed.attach(0, w)
         feed.feed(b"lost", False)
         feed.feed(b"more", False)
         return acks, feed.closed
 
     acks, closed = asyncio.run(main())
     assert closed and (4, True) in acks and acks[-1] == (4, True)
+
+
+def _pipe() -> tuple[int, int]:
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    os.set_blocking(r, False)
+    return r, w
+
+
+def _drain(fd: int) -> bytes:
+    """What the pipe holds now (b"" at end of file, None if empty and open)."""
+    got = bytearray()
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return bytes(got)
+        if not chunk:
+            return bytes(got) if got else b"<EOF>"
+        got += chunk
+
+
+def test_stdin_feed_to_several_readers_acknowledges_what_the_slowest_has():
+    """--stdin all on one node: each reader gets every byte; what is
+    acknowledged is what every reader has been given, and nothing before
+    the readers announced have all attached."""
+    async def main():
+        acks = []
+        feed = StdinFeed(lambda n, closed: acks.append((n, closed)))
+        feed.expect([0, 1])
+        feed.feed(b"early ", False)
+        r0, w0 = _pipe()
+        feed.attach(0, w0)
+        assert acks == []  # rank 1 has nothing yet
+        r1, w1 = _pipe()
+        feed.attach(1, w1)
+        assert acks == [(6, False)]
+        big = b"z" * 200_000  # more than a pipe holds
+        feed.feed(big, False)
+        assert _drain(r0).startswith(b"early ")  # rank 0 reads; rank 1 does not
+        await asyncio.sleep(0.01)
+        assert sum(n for n, _ in acks) < 6 + len(big)  # rank 1's pipe is full
+        got1 = bytearray()
+        for _ in range(2000):  # rank 1 reads now: it gets the rest as its pipe drains
+            _drain(r0)
+            got1 += _drain(r1)
+            await asyncio.sleep(0.001)
+            if len(got1) >= 6 + len(big):
+                break
+        feed.feed(b"", True)
+        assert _drain(r0) == b"<EOF>" and _drain(r1) == b"<EOF>"
+        assert bytes(got1) == b"early " + big
+        assert sum(n for n, _ in acks) == 6 + len(big) and not any(c for _, c in acks)
+        assert feed.closed and feed.held == 0
+        for fd in (r0, r1):
+            os.close(fd)
+
+    asyncio.run(main())
+
+
+def test_stdin_feed_reader_that_ends_holds_nobody_back_and_the_last_closes_it():
+    async def main():
+        acks = []
+        feed = StdinFeed(lambda n, closed: acks.append((n, closed)))
+        feed.expect([0, 1])
+        r0, w0 = _pipe()
+        r1, w1 = _pipe()
+        feed.attach(0, w0)
+        feed.attach(1, w1)
+        feed.feed(b"x" * 100_000, False)  # more than rank 1's pipe holds
+        _drain(r0)
+        await asyncio.sleep(0.01)
+        _drain(r0)
+        held = feed.held
+        assert held > 0 and sum(n for n, _ in acks) < 100_000
+        feed.gone(1)  # rank 1 ended without reading it all
+        assert sum(n for n, _ in acks) == 100_000 and not acks[-1][1]
+        assert feed.held == 0
+        feed.gone(0)
+        assert acks[-1] == (0, True) and feed.closed
+        feed.feed(b"late", False)
+        assert acks[-1] == (4, True)
+        for fd in (r0, r1):
+            os.close(fd)
+
+    asyncio.run(main())
+
+
+def test_stdin_feed_expected_reader_that_never_starts_is_dropped_by_gone():
+    async def main():
+        acks = []
+        feed = StdinFeed(lambda n, closed: acks.append((n, closed)))
+        feed.expect([3])
+        feed.feed(b"held", False)
+        assert acks == [] and feed.held == 4
+        feed.gone(3)
+        return acks, feed.closed
+
+    acks, closed = asyncio.run(main())
+    assert closed and acks == [(4, True)]
 
 
 def test_a_terminal_is_read_to_its_end_after_its_writer_exits():

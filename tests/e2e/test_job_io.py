@@ -546,3 +546,94 @@ def test_pydvm_run_leaves_the_stdin_it_shares_blocking(iodvm):
     p = subprocess.run(["sh", "-c", f"{' '.join(PYDVM)} run --host b -n 1 head -1; {check}"],
                        env=_env(iodvm), input=b"data\nrest\n", capture_output=True, timeout=60)
     assert p.stdout == b"data\nBLOCKING\n", (p.stdout, p.stderr)
+
+
+# ---------------------------------------------------------------------------
+# --stdin all, --stdin N: stdin to ranks on several nodes
+# ---------------------------------------------------------------------------
+
+#: the stdin window (protocol.STDIN_WINDOW): what pydvm run may have sent and
+#: not seen written into every reading rank's pipe.
+STDIN_WINDOW = 256 * 1024
+
+
+def test_stdin_all_gives_every_rank_on_every_node_the_whole_input_and_its_end(iodvm):
+    """`--stdin all` with ranks on the head node (two) and a daemon node (one):
+    each reads every byte, in order, then end of file -- more than the window,
+    so flow control is on the way for every pipe."""
+    blob = os.urandom(3 * STDIN_WINDOW + 5)
+    p = _run(iodvm, "--stdin", "all", "--host", "a:2,b:1", "-n", "3", "sh", "-c",
+             'echo "$PYDVM_RANK $PYDVM_NODE $(sha256sum | cut -d" " -f1)"', input=blob)
+    assert p.returncode == 0, p.stderr
+    digest = hashlib.sha256(blob).hexdigest()
+    assert sorted(p.stdout.decode().splitlines()) == [
+        f"0 a {digest}", f"1 a {digest}", f"2 b {digest}"], p.stdout
+
+
+def test_stdin_all_with_empty_input_gives_every_rank_end_of_file(iodvm):
+    p = _run(iodvm, "--stdin", "all", "--host", "a:1,b:1", "-n", "2", "sh", "-c",
+             'read -r line || line=EOF; echo "$PYDVM_RANK:$line"', input=b"")
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.decode().split()) == ["0:EOF", "1:EOF"]
+
+
+#: Rank 0 reads `STDIN_WINDOW` bytes, publishes `read0`, reads the rest and
+#: prints how much it read; rank 1 reads nothing until then, then all of it.
+_LAGGARD = f"""
+import os, subprocess, sys
+rank = os.environ["PYDVM_RANK"]
+n = 0
+if rank == "0":
+    while n < {STDIN_WINDOW}:
+        n += len(os.read(0, {STDIN_WINDOW} - n))
+    subprocess.run(["pydvm", "publish", "read0=1"], check=True, stdout=subprocess.DEVNULL)
+else:
+    subprocess.run(["pydvm", "lookup", "--wait", "read0"], check=True, stdout=subprocess.DEVNULL)
+while True:
+    b = os.read(0, 65536)
+    if not b:
+        break
+    n += len(b)
+print(rank, n)
+"""
+
+
+@pytest.mark.parametrize("slow", ["a", "b"])
+def test_stdin_all_a_rank_that_does_not_read_holds_the_others_back_by_the_window_only(
+        iodvm, slow):
+    """A rank that reads nothing lets the others read at least the window
+    ahead of it (here it waits until rank 0 has); then it reads everything:
+    nothing is dropped for it."""
+    fast = "b" if slow == "a" else "a"
+    size = 4 * STDIN_WINDOW
+    p = _run(iodvm, "--stdin", "all", "--host", f"{fast}:1,{slow}:1", "-n", "2",
+             sys.executable, "-c", _LAGGARD, input=b"x" * size)
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.decode().splitlines()) == [f"0 {size}", f"1 {size}"], p.stdout
+
+
+def test_stdin_all_a_rank_that_ends_or_closes_its_stdin_holds_nobody_back(iodvm):
+    """Rank 1 ends at once, rank 2 closes its stdin and lives on until rank 0
+    has read everything: rank 0 gets the whole input."""
+    size = 4 * STDIN_WINDOW
+    script = ('case $PYDVM_RANK in '
+              '0) echo "0 $(wc -c)"; pydvm publish done=1 >/dev/null;; '
+              '1) exit 0;; '
+              '2) exec 0<&-; pydvm lookup --wait done >/dev/null; echo 2 lived;; esac')
+    p = _run(iodvm, "--stdin", "all", "--host", "a:1,b:2", "-n", "3", "sh", "-c", script,
+             input=b"y" * size)
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.decode().splitlines()) == [f"0 {size}", "2 lived"], p.stdout
+
+
+@pytest.mark.parametrize("reader", ["a", "b"])
+def test_stdin_n_on_another_node_than_rank_0_reads_beyond_the_window(iodvm, reader):
+    """`--stdin 1` with rank 1 on another node than rank 0: its node's
+    acknowledgements count, so more than the window gets through."""
+    other = "b" if reader == "a" else "a"
+    size = 4 * STDIN_WINDOW
+    p = _run(iodvm, "--stdin", "1", "--host", f"{other}:1,{reader}:1", "-n", "2", "sh", "-c",
+             'echo "$PYDVM_RANK $PYDVM_NODE $(wc -c)"', input=b"z" * size)
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.decode().splitlines()) == [f"0 {other} 0",
+                                                      f"1 {reader} {size}"], p.stdout

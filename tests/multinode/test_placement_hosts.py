@@ -64,7 +64,8 @@ def ranks(out: str) -> dict[int, str]:
     return got
 
 
-def mpirun(net, tmp: Path, args: list[str]) -> subprocess.CompletedProcess:
+def mpirun(net, tmp: Path, args: list[str], input: str | None = None
+           ) -> subprocess.CompletedProcess:
     agent = tmp / "netns-agent"
     agent.write_text(AGENT)
     agent.chmod(0o755)
@@ -74,7 +75,7 @@ def mpirun(net, tmp: Path, args: list[str]) -> subprocess.CompletedProcess:
             str(agent), "--mca", "plm_rsh_no_tree_spawn", "1", "--mca", "oob_tcp_if_include",
             subnet, "--mca", "btl_tcp_if_include", subnet, *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env,
-                          stdin=subprocess.DEVNULL)
+                          input=input, stdin=None if input is not None else subprocess.DEVNULL)
 
 
 #: the run request's job, sent by the tool's own code (no command line)
@@ -192,6 +193,20 @@ def test_refusal_names_slots_and_the_way_out(pdvm):
     # the DVM runs the next job
     ok = pydvm_run(pdvm, [{"argv": SHOW, "n": 7, "hosts": slots_hosts(SLOTS)}], {})
     assert ok.returncode == 0 and len(ranks(ok.stdout)) == 7
+
+
+def test_stdin_all_reaches_every_rank_on_every_host_as_mpirun(pdvm, hostnet, tmp_path):
+    """`--stdin all` over three hosts, two ranks on one: under mpirun (whose
+    ranks all run on other nodes than its own, where 4.1.4 forwards stdin
+    to all) and pydvm run alike, every rank reads every line, then end of
+    file."""
+    args = ["--stdin", "all", "--host", "a:2,b:1,c:1", "-n", "4", "sh", "-c",
+            'echo "R ${OMPI_COMM_WORLD_RANK} $(tr "\\n" ,)"']
+    want = mpirun(hostnet, tmp_path, args, input="hello\nworld\n")
+    got = subprocess.run([*PYDVM, "run", *args], capture_output=True, text=True, timeout=120,
+                         env=dict(pdvm.env, PYDVM_URI=pdvm.uri), input="hello\nworld\n")
+    assert want.returncode == got.returncode == 0, (want.stderr, got.stderr)
+    assert ranks(got.stdout) == ranks(want.stdout) == {r: "hello,world," for r in range(4)}
 
 
 _ = PYDVM  # the suite's command (dvmkit) is what pdvm.run uses

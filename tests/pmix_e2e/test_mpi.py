@@ -7,6 +7,8 @@ between two jobs, MPI_Comm_spawn and mpi4py.futures.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pmixkit import CLIENTS, FAR, HEAD, PMIX_CLIENTS
@@ -89,11 +91,33 @@ def test_mpi_comm_spawn_starts_a_child_job_whose_output_reaches_the_parents_run(
     assert pdvm.store()["master"]["items"] == 0
 
 
+def test_output_filename_numbers_a_spawned_job_2_where_mpirun_writes_none(
+        pdvm, mpicc, mpirun, tmp_path):
+    """`--output-filename DIR` on a persistent DVM: the run's own job is
+    DIR/1 whatever its number in the DVM, the job it spawns DIR/2.  mpirun
+    4.1.4 writes its own job's files and none for a spawned job (its output
+    reaches the terminal only); pydvm keeps the child's too."""
+    exe = mpicc("mpi_spawn")
+
+    def tree(root: Path) -> dict[str, str]:
+        return {str(f.relative_to(root)): f.read_text() for f in sorted(root.rglob("*"))
+                if f.is_file()}
+    ref = mpirun(1, "--output-filename", str(tmp_path / "ref"), exe, "2", timeout=90)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    assert tree(tmp_path / "ref") == {"1/rank.0/stdout": "SPAWN rc=0\nPARENT sum=3\n",
+                                      "1/rank.0/stderr": ""}
+    p = pdvm.run("--output-filename", str(tmp_path / "ours"), "--host", HEAD, "-n", "1", exe,
+                 "2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert tree(tmp_path / "ours") == {
+        "1/rank.0/stdout": "SPAWN rc=0\nPARENT sum=3\n", "1/rank.0/stderr": "",
+        "2/rank.0/stdout": "CHILD rank=0 size=2\n", "2/rank.1/stdout": "CHILD rank=1 size=2\n"}
+
+
 def test_a_relative_program_and_its_relative_spawn_resolve_in_the_jobs_directory(pdvm, mpicc):
     """`pydvm run ./mpi_spawn` from the program's directory (not the DVM's), on the
     daemon node: the job runs, and its MPI_Comm_spawn("./mpi_spawn") finds the child
     in the parent's working directory."""
-    from pathlib import Path
     exe = Path(mpicc("mpi_spawn"))
     assert Path.cwd() != exe.parent
     p = pdvm.run("--host", FAR, "-n", "1", "./mpi_spawn", "2", cwd=exe.parent)

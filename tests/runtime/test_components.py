@@ -324,6 +324,40 @@ def test_stdin_reaches_rank_0_within_its_window_and_its_node_alone_acknowledges_
     asyncio.run(scenario())
 
 
+def test_stdin_all_goes_to_every_node_and_the_tool_hears_what_every_node_took():
+    async def scenario():
+        m, d = master_with("a", "b")
+        t = tool()
+        ns = await run_job(m, t, two_ranks(), stdin=True, stdin_rank="all")
+        launched = [x for n in "ab" for x in d[n].channel.calls if x.get("t") == "launch"]
+        assert [p.get("stdin") for x in launched for p in x["procs"]] == [True, True]
+        m._on_tool(t.channel, {"t": "stdin", "nspace": ns, "data": b"abc"})
+        for n in "ab":
+            assert d[n].channel.of_type("stdin") == [{"t": "stdin", "nspace": ns,
+                                                       "data": b"abc", "eof": False}]
+
+        def acks() -> list[tuple[int, bool]]:
+            return [(a["bytes"], a["closed"]) for a in t.channel.of_type("stdin_ack")]
+        m._on_daemon(d["a"].channel, {"t": "stdin_ack", "nspace": ns, "bytes": 3})
+        assert acks() == []  # b's rank has none of it yet
+        m._on_daemon(d["b"].channel, {"t": "stdin_ack", "nspace": ns, "bytes": 2})
+        assert acks() == [(2, False)]
+        m._on_daemon(d["b"].channel, {"t": "stdin_ack", "nspace": ns, "bytes": 1,
+                                      "closed": True})  # b's rank reads no more
+        assert acks() == [(2, False), (1, False)]  # a still reads
+        m._on_tool(t.channel, {"t": "stdin", "nspace": ns, "data": b"de"})
+        assert len(d["b"].channel.of_type("stdin")) == 1  # only a gets it
+        m._on_daemon(d["a"].channel, {"t": "stdin_ack", "nspace": ns, "bytes": 2})
+        m._on_daemon(d["a"].channel, {"t": "stdin_ack", "nspace": ns, "bytes": 0,
+                                      "closed": True})
+        assert acks()[-2:] == [(2, False), (0, True)]
+        exited(m, d["a"], ns, 0)
+        exited(m, d["b"], ns, 1)
+        await settle()
+        assert m.record_counts()["stdin_streams"] == 0
+    asyncio.run(scenario())
+
+
 # ----------------------------------------------------------------------
 # PMIx spawn, tool gates
 # ----------------------------------------------------------------------

@@ -21,7 +21,7 @@ One module per command or concern:
 ``runopts.py``            every ``pydvm run`` option, declared once (name, aliases, help, the ``mpirun`` option it mirrors)
 ``submit.py``             a persistent DVM's ``pydvm run``: one socket, one poll loop, no asyncio
 ``tool.py``               the asyncio tool: the other commands' requests, a one-shot DVM's run
-``toolcommon.py``         what both runs share: output, stdin to rank 0, the job's end
+``toolcommon.py``         what both runs share: output, stdin to the ranks, the job's end
 ``start.py``              ``start``, ``daemon``, the event loop
 ``admin.py``              ``stop``, ``session``, ``ps``, ``kill``, ``store``, ``info``
 ``dvms.py``               ``dvms``, stale URIs, a second ``start``, the one-shot data-loss warning

@@ -115,15 +115,19 @@ OPTIONS: tuple[Opt, ...] = (
         "prefix each output line with the time and its stream, as mpirun does "
         "('Thu Dec  3 19:29:31 2026<stdout>:')", "", "--timestamp-output"),
     Opt(("--merge-stderr-to-stdout", "-merge-stderr-to-stdout"), 0, JOB, "merge_stderr",
-        "write every process's stderr to pydvm run's stdout", "", "--merge-stderr-to-stdout",
+        "write every process's stderr to pydvm run's stdout (and, with --output-filename, "
+        "to its rank.N/stdout file)", "", "--merge-stderr-to-stdout",
         "mpirun 4.1 leaves stderr on stderr unless the output is a terminal; pydvm always "
         "merges"),
     Opt(("--output-filename", "-output-filename"), 1, JOB, "output_filename",
-        "also write each rank's output to DIR/JOB/rank.N/stdout and stderr (JOB: the job's "
-        "number in the DVM, 1 for a one-shot DVM's)", "DIR", "--output-filename"),
+        "also write each rank's output to DIR/1/rank.N/stdout and stderr (1: this run's job, "
+        "as under mpirun, on any DVM; 2, 3 ...: the jobs it spawns)", "DIR",
+        "--output-filename", "mpirun 4.1.4 writes no files for the jobs a job spawns"),
     Opt(("--stdin", "-stdin"), 1, JOB, "stdin",
-        "which rank reads pydvm run's stdin: a rank number (default 0) or 'none'",
-        "RANK|none", "--stdin", "'all' is refused (mpirun 4.1.4 hangs with it)"),
+        "which rank reads pydvm run's stdin: a rank number (default 0), 'all' (every "
+        "rank) or 'none'", "RANK|all|none", "--stdin",
+        "'all' works wherever the ranks run; mpirun 4.1.4 hangs with it when a rank runs on "
+        "mpirun's own node"),
     Opt(("-q", "--quiet"), 0, JOB, "quiet",
         "no report of failed processes and no warnings on stderr: the exit status says it",
         "", "--quiet", "what it quiets is pydvm run's report of failed processes and its "
@@ -592,16 +596,15 @@ def _apply(o: Opt, name: str, args: list[str], opts: dict, app: dict) -> None:
         if v == "none":
             opts["stdin"] = None
         elif v == "all":
-            raise ValueError("--stdin all is not supported: give a rank number (default 0) "
-                             "or 'none'")
+            opts["stdin"] = "all"
         else:
             try:
                 rank = int(v)
             except ValueError:
-                raise ValueError(f"--stdin takes a rank number or 'none', not {v!r}") \
+                raise ValueError(f"--stdin takes a rank number, 'all' or 'none', not {v!r}") \
                     from None
             if rank < 0:
-                raise ValueError(f"--stdin takes a rank number or 'none', not {v!r}")
+                raise ValueError(f"--stdin takes a rank number, 'all' or 'none', not {v!r}")
             opts["stdin"] = rank
     elif k == "timeout":
         opts["timeout"] = _seconds(name, v)
@@ -769,7 +772,7 @@ def parse_run(argv: list[str]) -> dict[str, Any]:
     Returns the job's options: ``dvm``, ``session``, ``mca`` (pydvm's and
     Open MPI's parameters, told apart later), ``tag_output``,
     ``abort_on_failure``, ``pmix``, ``placement`` (:mod:`pydvm.placement`'s
-    keys), ``timeout``, ``stdin`` (the rank that reads pydvm run's stdin, or
+    keys), ``timeout``, ``stdin`` (the rank that reads pydvm run's stdin, "all", or
     None), ``queue`` (True, False, None: the DVM's default), output options, ``warnings`` (to print before running) and
     ``apps``: each ``{"argv", "n", "hosts", "env", "cwd", "path"}``.
     ValueError naming what is wrong.
@@ -862,7 +865,8 @@ Run one job and exit with its status: the first non-zero exit of its
 processes (128+N for a process killed by signal N), else 0.  Output is
 forwarded live, line by line: each process's stdout is a terminal, as under
 mpirun, its stderr a pipe.  pydvm run's own stdin goes to rank 0 (unless it
-is /dev/null); the other ranks read /dev/null.  Processes that fail are
+is /dev/null; --stdin says which rank, or all); the other ranks read
+/dev/null.  Processes that fail are
 reported on stderr, one line each (rank, node, exit status or signal), and
 so is whoever ended the job ('pydvm kill', 'pydvm session end', 'pydvm
 stop').  mpirun's command lines work as they are: docs/mpirun.md lists every

@@ -3,7 +3,7 @@
 A persistent DVM's ``pydvm run`` is blocking (:mod:`pydvm.cli.submit`); a
 one-shot DVM's runs on the asyncio loop its master runs on
 (:mod:`pydvm.cli.tool`).  Both forward the job's output the same way
-(:class:`JobOutput`), read their stdin for rank 0 the same way
+(:class:`JobOutput`), read their stdin for the job's reading ranks the same way
 (:class:`StdinSource`: only the waiting differs) and end the same way
 (:func:`job_exit`).  Nothing here loads asyncio or the runtime.
 """
@@ -120,9 +120,13 @@ class JobOutput:
     (``Thu Dec  3 19:29:31 2026<stdout>:``, the tag inside it);
     ``merge_stderr``: the processes' stderr goes to our stdout; ``files``: a
     directory where each rank's streams are also written, laid out as
-    ``mpirun --output-filename`` lays them out (``DIR/JOB/rank.N/stdout``,
-    ``stderr``, every rank's files made when the job starts; JOB is the
-    job's number in its DVM); ``quiet``: no report of failures at the end.
+    ``mpirun --output-filename`` lays them out: ``DIR/JOB/rank.N/stdout``
+    and ``stderr`` (with ``merge_stderr``, ``stdout`` alone, holding both),
+    every rank's files made -- emptied if they were there -- when the job
+    starts.  JOB is numbered as ``mpirun`` numbers its jobs, whatever the
+    DVM's numbers: 1 for the job of this ``pydvm run``, 2, 3 ... for the
+    jobs it spawns, in the order their output first comes.  ``quiet``: no
+    report of failures at the end.
 
     A stream whose reader went away (``pydvm run ... | head``) is pointed at
     /dev/null and written no more (:attr:`closed`); :meth:`write` says when
@@ -142,23 +146,26 @@ class JobOutput:
         self.closed: set[int] = set()
         self._mid_line: set[tuple[Any, Any]] = set()  # (rank, fd) last seen without a newline
         self._open: dict[tuple[str, Any, int], Any] = {}  # (nspace, rank, fd) -> its file
+        self._numbers: dict[str, int] = {}  # nspace -> its number under --output-filename
 
     def started(self, nspace: Any, size: Any) -> None:
         """The job ``nspace`` of ``size`` ranks has started: make its files."""
         if self.files is None or not isinstance(nspace, str) or not isinstance(size, int):
             return
         for rank in range(size):
-            for fd in (1, 2):
+            for fd in ((1,) if self.merge_stderr else (1, 2)):
                 self._file(nspace, rank, fd)
 
     def _file(self, nspace: str, rank: Any, fd: int):
+        if self.merge_stderr:
+            fd = 1  # both streams in DIR/JOB/rank.N/stdout, as mpirun writes them
         f = self._open.get((nspace, rank, fd))
         if f is None and self.files is not None and isinstance(rank, int) and rank >= 0:
-            job = nspace.rpartition("@")[2] or nspace
-            d = os.path.join(self.files, job, f"rank.{rank}")
+            number = self._numbers.setdefault(nspace, len(self._numbers) + 1)
+            d = os.path.join(self.files, str(number), f"rank.{rank}")
             try:
                 os.makedirs(d, exist_ok=True)
-                f = open(os.path.join(d, "stderr" if fd == 2 else "stdout"), "ab")
+                f = open(os.path.join(d, "stderr" if fd == 2 else "stdout"), "wb")
             except OSError as exc:
                 sys.stderr.write(f"pydvm run: --output-filename: {exc}\n")
                 self.files = None  # said once; the terminal still gets everything
@@ -309,13 +316,15 @@ def stdin_kind(fd: int = 0) -> str | None:
 
 
 class StdinSource:
-    """What ``pydvm run`` reads on its stdin for its job's rank 0, and sends.
+    """What ``pydvm run`` reads on its stdin for its job's rank 0 (or the
+    rank ``--stdin`` names, or every rank), and sends.
 
     At most :data:`STDIN_WINDOW` bytes are in flight: the source is read
-    only while the node has acknowledged enough into rank 0's pipe
+    only while the nodes have acknowledged enough into the ranks' pipes
     (:meth:`ack`), so a huge stdin is never held anywhere but in its
-    source.  End of file is passed on; a ``closed`` acknowledgement (rank 0
-    ended or closed its stdin, or the job is gone) stops the reading.  A
+    source.  End of file is passed on; a ``closed`` acknowledgement (every
+    reading rank ended or closed its stdin, or the job is gone) stops the
+    reading.  A
     terminal is read only while ``pydvm run`` is in its foreground process
     group (:meth:`background`: a background ``pydvm run`` is never stopped
     by SIGTTIN; it waits until it is brought to the foreground, as a shell
@@ -362,7 +371,7 @@ class StdinSource:
         return not self.done and self.nspace is not None and self.credit > 0
 
     def ack(self, n: Any, closed: bool) -> None:
-        """A ``stdin_ack``: ``n`` more bytes are in rank 0's pipe, or (with
+        """A ``stdin_ack``: ``n`` more bytes are in every reading rank's pipe, or (with
         ``closed``) nothing more goes in."""
         if closed:
             self.stop()

@@ -22,16 +22,19 @@ bytes plus :data:`OUTPUT_OVERHEAD`, what holding one more message costs the
 master, so a job writing one tiny line per message is held to the window as
 one writing big ones is.
 
-**Input.**  Rank 0's stdin is a pipe fed with what its ``pydvm run`` reads
-from its own stdin (:class:`StdinFeed`); every other process's is
-``/dev/null``.  The tool may have at most :data:`STDIN_WINDOW` bytes in
-flight: it reads its stdin only while the node has acknowledged enough of
-what went before into the pipe.
+**Input.**  The stdin of the rank that reads the job's input (rank 0, or
+``--stdin N``; every rank with ``--stdin all``) is a pipe fed with what its
+``pydvm run`` reads from its own stdin (:class:`StdinFeed`, one per job and
+node); every other process's is ``/dev/null``.  The tool may have at most
+:data:`STDIN_WINDOW` bytes in flight: it reads its stdin only while every
+reading rank's node has acknowledged enough of what went before into its
+pipes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import errno
 import logging
 import os
@@ -222,100 +225,187 @@ def output_pty() -> tuple[int, int]:
     return master, slave
 
 
-class StdinFeed:
-    """Writes what a job's ``pydvm run`` sends (``stdin`` messages) into its
-    rank 0's stdin pipe, on the node that runs rank 0.
+class _Reader:
+    """One rank's stdin pipe in a :class:`StdinFeed`: its write end, how far
+    into the job's input it has been written, whether it waits for room."""
 
-    Data may come before the process has started (``attach`` gives the
-    pipe); it is held meanwhile, bounded by the tool's window.  Each write
-    into the pipe is acknowledged (``ack(n, closed)``), which lets the tool
-    read on.  An end of file from the tool closes the pipe once everything
-    before it is written.  If rank 0 has ended or closed its stdin (or the
-    job ends), :meth:`close` drops what is held and acknowledges with
-    ``closed``: the tool stops reading.
+    __slots__ = ("fd", "pos", "waiting")
+
+    def __init__(self, fd: int | None, pos: int) -> None:
+        self.fd = fd  # None once end of file was given (the pipe closed)
+        self.pos = pos
+        self.waiting = False
+
+
+class StdinFeed:
+    """Writes what a job's ``pydvm run`` sends (``stdin`` messages) into the
+    stdin pipes of the job's ranks on this node that read it: one rank
+    (``--stdin N``, rank 0 by default), or every rank here (``--stdin all``).
+
+    Data may come before the processes have started (:meth:`attach` gives
+    each pipe; :meth:`expect` names the ranks to wait for first); it is held
+    meanwhile, bounded by the tool's window.  Every reader gets every byte,
+    in order: the data is held once, until the last reader has it.  What
+    *every* reader here has been given is acknowledged (``ack(n, closed)``),
+    which lets the tool read on -- so the slowest reader sets the pace, and a
+    reader that takes nothing holds the others at most a window (plus its
+    pipe's buffer) ahead of it.  An end of file from the tool closes each
+    pipe once everything before it is written there.  A reader that ends or
+    closes its stdin (:meth:`gone`, or EPIPE) is dropped and holds nobody
+    back any more; when no reader is left -- or the job ends, :meth:`close`
+    -- what is held is dropped and acknowledged with ``closed``: the tool
+    stops reading.
     """
 
     def __init__(self, ack: Callable[[int, bool], None]) -> None:
         self._ack = ack
-        self.fd: int | None = None
-        self._chunks: deque[memoryview] = deque()
+        self._chunks: list[bytes] = []  # what some reader here has not been given yet
+        self._starts: list[int] = []  # each chunk's offset in the job's input
+        self._first = 0  # index of the first chunk still held
+        self._end = 0  # bytes received
+        self._acked = 0  # bytes acknowledged (every reader has them)
         self._eof = False
+        self._readers: dict[int, _Reader] = {}
+        self._expected: set[int] = set()  # ranks announced, not yet attached
+        self._started = False  # a reader was announced or attached
         self.closed = False
-        self._waiting = False
 
     @property
     def held(self) -> int:
-        return sum(len(c) for c in self._chunks)
+        return sum(len(c) for c in self._chunks[self._first:])
 
-    def attach(self, fd: int) -> None:
-        """The pipe's write end (non-blocking) of the process, now started."""
+    def expect(self, ranks) -> None:
+        """The ranks here that will read (their pipes are attached next):
+        nothing is acknowledged until each has been given it."""
+        if self.closed:
+            return
+        self._started = True
+        self._expected.update(r for r in ranks if r not in self._readers)
+
+    def attach(self, rank: int, fd: int) -> None:
+        """The pipe's write end (non-blocking) of reader ``rank``, now started."""
         if self.closed:
             os.close(fd)
             return
-        self.fd = fd
-        self._write()
+        self._started = True
+        self._expected.discard(rank)
+        # from what was last acknowledged: an expected reader's start (nothing
+        # is acknowledged while one is awaited)
+        self._readers[rank] = _Reader(fd, self._acked)
+        self._write(rank)
+        self._settle()
 
     def feed(self, data: bytes, eof: bool) -> None:
         if self.closed:
             self._ack(len(data), True)
             return
         if data:
-            self._chunks.append(memoryview(data))
+            self._chunks.append(data)
+            self._starts.append(self._end)
+            self._end += len(data)
         self._eof = self._eof or eof
-        if self.fd is not None and not self._waiting:
-            self._write()
+        for rank, r in list(self._readers.items()):
+            if not r.waiting:
+                self._write(rank)
+        self._settle()
 
-    def _write(self) -> None:
-        fd = self.fd
-        if fd is None or self.closed:
+    def gone(self, rank: int) -> None:
+        """Reader ``rank`` ended: it holds nobody back any more."""
+        if rank in self._expected:
+            self._expected.discard(rank)
+        elif rank not in self._readers:
             return
-        while self._chunks:
-            chunk = self._chunks[0]
+        self._drop(rank)
+        self._settle()
+
+    def _write(self, rank: int) -> None:
+        """Give reader ``rank`` what it lacks, as far as its pipe takes it."""
+        r = self._readers.get(rank)
+        if r is None or r.fd is None or self.closed:
+            return
+        while r.pos < self._end:
+            i = bisect.bisect_right(self._starts, r.pos, self._first) - 1
+            chunk = memoryview(self._chunks[i])[r.pos - self._starts[i]:]
             try:
-                n = os.write(fd, chunk)
+                n = os.write(r.fd, chunk)
             except BlockingIOError:
-                if not self._waiting:
-                    self._waiting = True
-                    asyncio.get_running_loop().add_writer(fd, self._writable)
+                if not r.waiting:
+                    r.waiting = True
+                    asyncio.get_running_loop().add_writer(r.fd, self._writable, rank)
                 return
             except OSError:  # EPIPE: the process closed its stdin or ended
-                self.close()
+                self._drop(rank)
                 return
-            if n == len(chunk):
-                self._chunks.popleft()
-            else:
-                self._chunks[0] = chunk[n:]
-            self._ack(n, False)
+            r.pos += n
         if self._eof:
-            self._release()
-            self.closed = True
+            self._release(r)  # everything is written: its end of file
 
-    def _writable(self) -> None:
-        asyncio.get_running_loop().remove_writer(self.fd)
-        self._waiting = False
-        self._write()
+    def _writable(self, rank: int) -> None:
+        r = self._readers.get(rank)
+        if r is None or r.fd is None:
+            return
+        asyncio.get_running_loop().remove_writer(r.fd)
+        r.waiting = False
+        self._write(rank)
+        self._settle()
 
-    def _release(self) -> None:
-        fd, self.fd = self.fd, None
+    def _settle(self) -> None:
+        """Acknowledge what every reader has, drop what none lacks; with no
+        reader left, close."""
+        if self.closed:
+            return
+        if not self._readers and not self._expected:
+            if self._started:
+                self.close()
+            return
+        low = self._acked if self._expected else self._end  # an awaited reader wants it all
+        for r in self._readers.values():
+            low = min(low, r.pos)
+        if low > self._acked:
+            self._ack(low - self._acked, False)
+            self._acked = low
+        while self._first < len(self._chunks) and \
+                self._starts[self._first] + len(self._chunks[self._first]) <= low:
+            self._chunks[self._first] = b""
+            self._first += 1
+        if self._first > 64 and self._first * 2 > len(self._chunks):
+            del self._chunks[:self._first], self._starts[:self._first]
+            self._first = 0
+        if self._eof and not self._expected and all(
+                r.fd is None for r in self._readers.values()):
+            self.closed = True  # every reader has had everything and its end
+
+    @staticmethod
+    def _release(r: _Reader) -> None:
+        fd, r.fd = r.fd, None
         if fd is None:
             return
-        if self._waiting:
-            self._waiting = False
+        if r.waiting:
+            r.waiting = False
             asyncio.get_running_loop().remove_writer(fd)
         os.close(fd)
 
+    def _drop(self, rank: int) -> None:
+        r = self._readers.pop(rank, None)
+        if r is not None:
+            self._release(r)
+
     def close(self) -> None:
-        """Nothing more goes in (rank 0 ended, closed its stdin, or the job
-        ended): close the pipe, drop what is held, tell the tool."""
-        if self.closed and self.fd is None:
+        """Nothing more goes in (every reader ended or closed its stdin, or
+        the job ended): close the pipes, drop what is held, tell the tool."""
+        if self.closed and not self._readers:
             return
         was_closed = self.closed
         self.closed = True
-        self._release()
-        dropped = self.held
+        for rank in list(self._readers):
+            self._drop(rank)
+        self._expected.clear()
         self._chunks.clear()
+        self._starts.clear()
+        self._first = 0
         if not was_closed:
-            self._ack(dropped, True)
+            self._ack(self._end - self._acked, True)
+            self._acked = self._end
 
 
 def start_with_streams(argv: list[str], *, env: dict[str, str], cwd: str | None,

@@ -162,11 +162,13 @@ class JobRecord:
     #: debugger daemons (PMIX_DEBUG_TARGET of their spawn): the process(es)
     #: they debug, (nspace, rank or WILDCARD); in their job-level info.
     debug_target: tuple[str, int] | None = None
-    #: its pydvm run forwards its stdin to rank 0 (what is in flight is the
-    #: master's job streams' to count: runtime/jobstreams.py).
+    #: its pydvm run forwards its stdin (what is in flight is the master's
+    #: job streams' to count: runtime/jobstreams.py).
     stdin: bool = False
-    #: the rank that reads it (``--stdin N``; 0 as under mpirun).
+    #: the rank that reads it (``--stdin N``; 0 as under mpirun) ...
     stdin_rank: int = 0
+    #: ... or every rank (``--stdin all``).
+    stdin_all: bool = False
     #: how the job was placed and is to be bound, as its ``pydvm run`` asked
     #: (``placement`` of the run request, :mod:`pydvm.placement`); every
     #: node gets it with its share of the launch.

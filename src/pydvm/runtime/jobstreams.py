@@ -1,4 +1,4 @@
-"""The master's job streams: nodes' output to each job's ``pydvm run``, its stdin to rank 0.
+"""The master's job streams: nodes' output to each job's ``pydvm run``, its stdin to the ranks that read it.
 
 Output flow control: a node may have at most ``pydvm_output_window`` of
 one job's output unacknowledged, each ``output`` message counted as its
@@ -15,14 +15,21 @@ message at once; the window is the tool connection's).  What is still
 unacknowledged is kept per daemon link
 (:attr:`~pydvm.runtime.peers.DaemonSession.output_unacked`).
 
-Input: a ``run`` with ``stdin`` gives rank 0 a pipe; the tool's ``stdin``
-messages go to rank 0's node, whose ``stdin_ack`` (bytes written into the
-pipe; ``closed`` once rank 0 reads no more) goes back to the tool.  At most
-:data:`~pydvm.runtime.jobio.STDIN_WINDOW` bytes are in flight per job: the
-tool reads its stdin only within it, and the master drops (and says
-``closed`` to) a tool that sends more.
+Input: a ``run`` with ``stdin`` gives the ranks that read it a pipe --
+rank 0, the rank of ``--stdin N`` (``stdin_rank``), or every rank with
+``--stdin all`` (``stdin_rank: "all"``).  The tool's ``stdin`` messages go
+to every node running such a rank; each node's ``stdin_ack`` counts the
+bytes every reading rank there has been given (``closed`` once none of
+them reads any more: each ended or closed its stdin).  The tool hears what
+*every* node still taking it has acknowledged -- the slowest sets the pace
+-- and ``closed`` once no node takes any more (a lost node takes nothing).
+At most :data:`~pydvm.runtime.jobio.STDIN_WINDOW` bytes are in flight per
+job: the tool reads its stdin only within it, and the master drops (and
+says ``closed`` to) a tool that sends more.  So a rank that never reads
+lets the others get at most the window (plus its pipe's buffer) ahead of
+it, until it ends or closes its stdin; nothing is dropped for it.
 
-:class:`JobStreams` owns the stdin bytes in flight per job; which tool a
+:class:`JobStreams` owns each job's stdin fan-out (:class:`_StdinFan`); which tool a
 job reports to is the process table's (:meth:`ProcessTable.tool_of
 <pydvm.runtime.processes.ProcessTable.tool_of>`).
 """
@@ -30,6 +37,7 @@ job reports to is the process table's (:meth:`ProcessTable.tool_of
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from ..wire import Message
@@ -42,6 +50,20 @@ from .processes import ProcessListener, ProcessTable
 log = logging.getLogger("pydvm.master")
 
 
+@dataclass
+class _StdinFan:
+    """A job's stdin on its way to the nodes of the ranks that read it."""
+
+    #: node -> bytes it has acknowledged (every reading rank there has them).
+    acked: dict[str, int]
+    #: the nodes still taking it (not closed, not lost).
+    open: set[str]
+    #: bytes sent on to the nodes; bytes the tool was told are through.
+    sent: int = 0
+    told: int = 0
+    closed_told: bool = False
+
+
 class JobStreams(ProcessListener):
     """Output and stdin forwarding with flow control (see the module docstring)."""
 
@@ -49,15 +71,14 @@ class JobStreams(ProcessListener):
         self._processes = processes
         self._nodes = nodes
         self.values = values
-        #: nspace -> bytes of its stdin sent on to rank 0's node, not yet
-        #: acknowledged there.
-        self._stdin_in_flight: dict[str, int] = {}
+        #: nspace -> its stdin on the way to the nodes of the ranks that read it.
+        self._stdin: dict[str, _StdinFan] = {}
 
     def job_ended(self, job: JobRecord) -> None:
-        self._stdin_in_flight.pop(job.nspace, None)
+        self._stdin.pop(job.nspace, None)
 
     def count(self) -> int:
-        return len(self._stdin_in_flight)
+        return len(self._stdin)
 
     # ------------------------------------------------------------------
     # output
@@ -99,40 +120,74 @@ class JobStreams(ProcessListener):
     # input
     # ------------------------------------------------------------------
 
+    def _fan(self, job: JobRecord) -> _StdinFan:
+        fan = self._stdin.get(job.nspace)
+        if fan is None:
+            readers = job.procs if job.stdin_all else [job.stdin_rank]
+            nodes = {job.procs[r].node for r in readers if r in job.procs}
+            fan = self._stdin[job.nspace] = _StdinFan({n: 0 for n in nodes}, set(nodes))
+        return fan
+
     def stdin(self, tool: ToolSession, msg: Message) -> None:
         """A piece of a job's ``pydvm run``'s stdin (``data``, ``eof``): on to
-        rank 0's node.  Only from the job's own tool, for a job run with
-        stdin, within :data:`STDIN_WINDOW`; anything else is answered
-        ``stdin_ack`` with ``closed`` (send no more)."""
+        every node running a rank that reads it.  Only from the job's own
+        tool, for a job run with stdin, within :data:`STDIN_WINDOW`; anything
+        else is answered ``stdin_ack`` with ``closed`` (send no more)."""
         ns, data = msg.get("nspace"), msg.get("data", b"")
         job = self._processes.jobs.get(ns) if isinstance(ns, str) else None
-        node = None
+        fan = None
         if job is not None and job.stdin and self._processes.tool_of(ns) is tool \
                 and isinstance(data, bytes):
-            node = job.procs[job.stdin_rank].node
-            if self._stdin_in_flight.get(ns, 0) + len(data) > STDIN_WINDOW:
+            fan = self._fan(job)
+            self._drop_lost(ns, fan)
+            if fan.sent - fan.told + len(data) > STDIN_WINDOW:
                 log.warning("%s: sent more stdin than its window for %s: dropped",
                             tool.name, ns)
-                node = None
-        if node is None or not self._nodes.is_up(node):
+                fan = None
+        if fan is None or not fan.open:
             tool.send({"t": "stdin_ack", "nspace": ns,
                        "bytes": len(data) if isinstance(data, bytes) else 0, "closed": True})
             return
-        self._stdin_in_flight[ns] = self._stdin_in_flight.get(ns, 0) + len(data)
-        self._nodes.send(node, {"t": "stdin", "nspace": ns, "data": data,
-                                "eof": msg.get("eof") is True})
+        fan.sent += len(data)
+        out = {"t": "stdin", "nspace": ns, "data": data, "eof": msg.get("eof") is True}
+        for node in sorted(fan.open):
+            self._nodes.send(node, out)
 
     def stdin_ack(self, daemon: DaemonSession, msg: Message) -> None:
-        """Rank 0's node wrote ``bytes`` of stdin into its pipe (``closed``:
-        it takes no more): tell the tool."""
+        """A node wrote ``bytes`` more of stdin into the pipes of every rank
+        there that reads it (``closed``: it takes no more): once every node
+        has, tell the tool."""
         ns, n = msg.get("nspace"), msg.get("bytes")
-        job = self._processes.jobs.get(ns) if isinstance(ns, str) else None
-        if job is None or job.procs[0].node != daemon.node or not isinstance(n, int) \
+        fan = self._stdin.get(ns) if isinstance(ns, str) else None
+        if fan is None or daemon.node not in fan.open or not isinstance(n, int) \
                 or isinstance(n, bool) or n < 0:
             return
-        if ns in self._stdin_in_flight:
-            self._stdin_in_flight[ns] = max(0, self._stdin_in_flight[ns] - n)
+        fan.acked[daemon.node] += n
+        if msg.get("closed") is True:
+            fan.open.discard(daemon.node)
+        self._advance(ns, fan)
+
+    def proc_ended(self, nspace: str, rank: int) -> None:
+        fan = self._stdin.get(nspace)
+        if fan is not None:
+            self._drop_lost(nspace, fan)  # a lost node acknowledges nothing more
+
+    def _drop_lost(self, ns: str, fan: _StdinFan) -> None:
+        lost = {n for n in fan.open if not self._nodes.is_up(n)}
+        if lost:
+            fan.open -= lost
+            self._advance(ns, fan)
+
+    def _advance(self, ns: str, fan: _StdinFan) -> None:
+        """Tell the tool how much more every open node has taken (all it
+        was sent, and ``closed``, once no node takes any more)."""
+        through = min((fan.acked[n] for n in fan.open), default=fan.sent)
+        through = min(through, fan.sent)
+        closed = not fan.open
+        if through <= fan.told and not (closed and not fan.closed_told):
+            return
+        n, fan.told = max(0, through - fan.told), max(fan.told, through)
+        fan.closed_told = closed
         tool = self._processes.tool_of(ns)
         if tool is not None:
-            tool.send({"t": "stdin_ack", "nspace": ns, "bytes": n,
-                       "closed": msg.get("closed") is True})
+            tool.send({"t": "stdin_ack", "nspace": ns, "bytes": n, "closed": closed})

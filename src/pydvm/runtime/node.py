@@ -59,7 +59,8 @@ one job's output -- each message charged its bytes plus a fixed overhead
 master; beyond that the node server stops reading the job's streams until
 the master's ``output_ack``.  A process's stdout is a pseudo-terminal (so C
 programs write it line by line), its stderr a pipe, its stdin ``/dev/null``
--- or, for rank 0 of a job whose ``pydvm run`` forwards its stdin, a pipe
+-- or, for the rank (``--stdin N``, rank 0 by default) or every rank
+(``--stdin all``) of a job whose ``pydvm run`` forwards its stdin, a pipe
 fed from it (:mod:`pydvm.runtime.jobio`).
 
 Starting a job's share and watching each process until it is reaped is
@@ -159,7 +160,8 @@ class NodeServer:
         self.pmix = PmixHost(self)
         #: the node's PMI-1 server, for the MPICH family (runtime/pmi1host.py).
         self.pmi1 = Pmi1Host(self)
-        #: nspace -> what its pydvm run sends to its rank 0's stdin (rank 0 runs here).
+        #: nspace -> what its pydvm run sends to the stdin of its ranks here
+        #: that read it (rank 0, ``--stdin N``'s rank, or all with ``--stdin all``).
         self.stdin_feeds: dict[str, StdinFeed] = {}
         #: topology, live bindings, the affinity switch (runtime/cpubind.py).
         self.binding = NodeBinding(node)
@@ -252,9 +254,9 @@ class NodeServer:
         self.done.set()
 
     def stdin_feed(self, nspace: str) -> StdinFeed:
-        """The feed of ``nspace``'s rank 0's stdin, made on first use: the
-        tool's first ``stdin`` may come before the launch.  Dropped with the
-        job (NSPACE purge)."""
+        """The feed of the stdin of ``nspace``'s ranks here that read it, made
+        on first use: the tool's first ``stdin`` may come before the launch.
+        Dropped with the job (NSPACE purge)."""
         feed = self.stdin_feeds.get(nspace)
         if feed is None:
             def ack(n: int, closed: bool) -> None:
@@ -428,7 +430,20 @@ class NodeServer:
 
     async def _launch(self, msg: Message) -> None:
         """A job's ``launch``: its share here started, answered (see :func:`.nodelaunch.start_share`)."""
+        self._expect_stdin(msg)
         self.uplink.send({**await start_share(self, msg), "id": msg.get("id")})
+
+    def _expect_stdin(self, msg: Message) -> None:
+        """Tell the job's stdin feed which of the ranks a launch starts here
+        read it, before any starts: what is acknowledged to the tool is what
+        every one of them has been given (:class:`.jobio.StdinFeed`)."""
+        procs = msg.get("procs")
+        ns = msg.get("nspace")
+        if not isinstance(procs, list) or not isinstance(ns, str):
+            return
+        readers = [p["rank"] for p in procs if isinstance(p, dict) and p.get("stdin") is True]
+        if readers:
+            self.stdin_feed(ns).expect(readers)
 
     async def _launch_many(self, msg: Message) -> None:
         """Several jobs' launches in one message (``launches``: each a
@@ -436,6 +451,9 @@ class NodeServer:
         answer per launch in order, when every share has started or failed."""
         shares = msg.get("launches") if isinstance(msg.get("launches"), list) else []
         log.debug("%s: %d jobs' launches in one message", self.name, len(shares))
+        for m in shares:
+            if isinstance(m, dict):
+                self._expect_stdin(m)
         out = await asyncio.gather(*[start_share(self, m if isinstance(m, dict) else {})
                                      for m in shares], return_exceptions=True)
         self.uplink.send(reply(msg.get("id"), Status.SUCCESS, results=[

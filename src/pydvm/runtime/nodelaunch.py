@@ -224,7 +224,7 @@ async def start_share(node: "NodeServer", msg: Message) -> Message:
         node.guardian.track(lp.process.pid)
         started += 1
         if len(ours) == 3:
-            node.stdin_feed(ns).attach(ours[2])
+            node.stdin_feed(ns).attach(p["rank"], ours[2])
         node.spawn(watch(node, job, lp, ours[0], ours[1]))
     if _trace.PATH:
         _trace.mark("node.started", ns)
@@ -284,8 +284,8 @@ async def watch(node: "NodeServer", job: LocalJob, lp: LocalProc, out_fd: int | 
     if _trace.PATH:
         _trace.mark("node.exit", lp.nspace)
     feed = node.stdin_feeds.get(lp.nspace)
-    if feed is not None and lp.rank == 0:
-        feed.close()  # nobody reads it any more: the tool stops sending
+    if feed is not None:
+        feed.gone(lp.rank)  # a reader that ended holds nobody back
     await drain_output(pumps, states)
     status = 128 - rc if rc < 0 else rc  # -N means killed by signal N
     # what it did with PMIx (None, "connected", "finalized"): one that

@@ -431,17 +431,20 @@ class ProcessTable(NodeListener):
             raise ValueError(f"output must be 'forward' or 'discard', not {output!r}")
         job.discard_output = output == "discard"
         stdin_rank = msg.get("stdin_rank", 0)
-        if isinstance(stdin_rank, bool) or not isinstance(stdin_rank, int) or not (
+        if stdin_rank == "all":
+            job.stdin_all = True
+        elif isinstance(stdin_rank, bool) or not isinstance(stdin_rank, int) or not (
                 0 <= stdin_rank < job.size):
             raise ValueError(f"--stdin {stdin_rank}: the job has ranks 0 to {job.size - 1}")
-        job.stdin_rank = stdin_rank
+        else:
+            job.stdin_rank = stdin_rank
         per_node: dict[str, list[dict]] = {}
         for p in job.procs.values():
             entry = {"rank": p.rank, "app_idx": p.app_idx, "argv": job.apps[p.app_idx].argv,
                      "env": app_envs[p.app_idx], "cwd": app_cwds[p.app_idx]}
             if node_envs[p.app_idx]:
                 entry["node_env"] = True
-            if p.rank == stdin_rank and job.stdin:
+            if job.stdin and (job.stdin_all or p.rank == stdin_rank):
                 entry["stdin"] = True
             per_node.setdefault(p.node, []).append(entry)
         return job, per_node
