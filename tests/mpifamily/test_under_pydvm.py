@@ -92,9 +92,15 @@ def test_a_rank_that_dies_ends_the_job(dvm, mpi):
                                            else {"n": 4}), timeout=60)
     ours = pydvm_run(dvm, mpi, "die", "--host", "a:2,b:2", "-n", "4", timeout=60)
     assert native.returncode in mpi.die_status, native.describe()
-    assert ours.returncode == 3, ours.describe()
+    if mpi.interface == "pmix":
+        # Open MPI's surviving ranks see the lost peer over their own links
+        # and may call MPI_Abort before the dead rank's end reaches the
+        # master: the job then ends with that abort's status (14, seen)
+        assert ours.returncode in (3, 14), ours.describe()
+    else:
+        assert ours.returncode == 3, ours.describe()
     assert "passed" not in ours.stdout, ours.describe()
-    assert "without finalizing" in ours.stderr, ours.describe()
+    assert "without finalizing" in ours.stderr or ours.returncode == 14, ours.describe()
 
 
 @pytest.mark.parametrize("name", kit.able(program="pubconn"))
