@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from ..errors import Status
 from ..store import Caller, Reply
-from ..wire import BODY, Message, pack_payload, reply
+from ..wire import BODY, Message, pack_payload, reply, unpack_body
 from . import dataops
 from .core import DEFAULT_SESSION
 
@@ -87,6 +87,31 @@ def process_caller(nspace: str, rank: int, uid: int, gid: int | None, node: str 
     applies to its processes: their ``session_id`` is None."""
     return Caller(nspace, rank, uid, gid, node, app_idx,
                   None if session_id == DEFAULT_SESSION else session_id)
+
+
+class SessionChannel:
+    """The channel-like end of a session whose peer lives in this process (a
+    PMIx upcall, a PMI-1 request): the routing code answers the session by
+    sending a reply map (or an encoded body) on its channel, and it is
+    handed to ``session.deliver`` at once -- nothing is written, nothing
+    waits to drain."""
+
+    write_paused = False
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.session: Any = None
+        self.closed = False
+
+    def send(self, msg: Message) -> None:
+        if self.session is not None:
+            self.session.deliver(msg)
+
+    def send_raw(self, body) -> None:
+        self.send(unpack_body(bytes(body)))
+
+    def on_drain(self, fn: Callable[[], None]) -> None:
+        fn()
 
 
 class PeerSession:

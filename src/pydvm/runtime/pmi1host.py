@@ -44,8 +44,8 @@ from ..pmi1 import job as J
 from ..pmi1.wire import ProtocolError, Reader, encode
 from ..pmix import sockdiag
 from ..store import Caller
-from ..wire import Message, unpack_body
-from .peers import PeerSession, process_caller
+from ..wire import Message
+from .peers import PeerSession, SessionChannel, process_caller
 
 if TYPE_CHECKING:
     from .nodelaunch import LocalJob
@@ -64,26 +64,8 @@ WRONG_INTERFACE = ("process {ns}:{rank} speaks PMI-1 (MPICH, Intel MPI, MVAPICH)
 MAX_STRANGERS = 1024
 
 
-class _Answers:
-    """The channel-like end of a :class:`Pmi1Session`: the routing code
-    answers a session by sending a reply map (or an encoded body) on it."""
-
-    write_paused = False
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.session: Pmi1Session | None = None
-        self.closed = False
-
-    def send(self, msg: Message) -> None:
-        if self.session is not None:
-            self.session.deliver(msg)
-
-    def send_raw(self, body) -> None:
-        self.send(unpack_body(bytes(body)))
-
-    def on_drain(self, fn) -> None:
-        fn()
+class _Answers(SessionChannel):
+    """The channel-like end of a :class:`Pmi1Session`."""
 
     def close(self, reason: str = "closed", *, error: bool = False) -> None:
         self.closed = True
@@ -394,14 +376,18 @@ class Pmi1Host:
     def _attach(self, ns: str, rank: int, sock: socket.socket, watch: bool) -> None:
         self.conns[(ns, rank)] = _Conn(self, ns, rank, watch, sock)
 
-    def forget(self, ns: str, rank: int) -> None:
-        """A process was not started after all: drop its connection (or PMI_ID)."""
+    def _disconnect(self, ns: str, rank: int) -> None:
+        """``ns:rank``'s connection closed, its PMI_ID (if unclaimed) void."""
         pmiid = self._id_of.pop((ns, rank), None)
         if pmiid is not None:
             self._ids.pop(pmiid, None)
         conn = self.conns.pop((ns, rank), None)
         if conn is not None:
             conn.close()
+
+    def forget(self, ns: str, rank: int) -> None:
+        """A process was not started after all: drop its connection (or PMI_ID)."""
+        self._disconnect(ns, rank)
         pj = self.jobs.get(ns)
         if pj is not None:
             pj.ranks.pop(rank, None)
@@ -547,12 +533,7 @@ class Pmi1Host:
 
     def reaped(self, ns: str, rank: int) -> None:
         """``ns:rank`` has ended: its connection, session and unclaimed PMI_ID go."""
-        pmiid = self._id_of.pop((ns, rank), None)
-        if pmiid is not None:
-            self._ids.pop(pmiid, None)
-        conn = self.conns.pop((ns, rank), None)
-        if conn is not None:
-            conn.close()
+        self._disconnect(ns, rank)
         s = self.sessions.pop((ns, rank), None)
         if s is not None:
             s.channel.close(f"process {ns}:{rank} ended")

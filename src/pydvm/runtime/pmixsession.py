@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import Status
 from ..store import Caller
-from ..wire import Message, unpack_body
-from .peers import PeerSession
+from ..wire import Message
+from .peers import PeerSession, SessionChannel
 from .pmixdata import RelayedData, answer
 
 log = logging.getLogger("pydvm.pmix")
@@ -27,31 +27,13 @@ if TYPE_CHECKING:
     from .pmixhost import PmixHost
 
 
-class PmixChannel:
-    """The channel-like end of a :class:`PmixSession`.
-
-    The routing code answers a session by sending a reply map (or a
-    pre-encoded body) on ``session.channel``; here that answer is matched to
-    the pending upcall by its id and handed to libpmix.
-    """
-
-    write_paused = False
+class PmixChannel(SessionChannel):
+    """The channel-like end of a :class:`PmixSession`: an answer is matched
+    to the pending upcall by its id and handed to libpmix."""
 
     def __init__(self, host: "PmixHost", name: str) -> None:
+        super().__init__(name)
         self.host = host
-        self.name = name
-        self.session: PmixSession | None = None
-        self.closed = False
-
-    def send(self, msg: Message) -> None:
-        if self.session is not None:
-            self.session.deliver(msg)
-
-    def send_raw(self, body) -> None:
-        self.send(unpack_body(bytes(body)))
-
-    def on_drain(self, fn: Callable[[], None]) -> None:
-        fn()
 
     def close(self, reason: str = "closed", *, error: bool = False) -> None:
         if self.closed:
