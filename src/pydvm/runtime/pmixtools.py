@@ -1,9 +1,16 @@
 """PMIx tools from outside any job (``pps``, ``plookup``, ``pevent``, ``pattrs``,
-``pquery``, a program's ``PMIx_tool_init``) attached to the head node's server.
+``pquery``, a program's ``PMIx_tool_init``) attached to a server beside the master.
 
 Where
 -----
-The head node (the master's process) takes tool connections; the daemons'
+The node server in the master's process takes tool connections: the head
+node's, or on a DVM without one the master's *tool side*
+(:meth:`NodeTable.tool_host <pydvm.runtime.nodes.NodeTable.tool_host>`: a
+``tools_only`` node server of no node -- no jobs, no client socket --, so
+that every DVM serves tools on the master's machine, as PRRTE's ``prte``
+does whatever its hosts).  What either sends the master for a tool is
+believed from its in-process link only
+(:meth:`~pydvm.runtime.nodes.NodeTable.trusts_tools`).  The daemons'
 servers do not (their data requests reach the master as a process's, which
 a tool is not).  With ``pydvm_pmix_isolate`` on (a ``pydvm start`` DVM's
 default) a **tool server process** takes them: the DVM owner's libpmix
@@ -32,11 +39,17 @@ writes:
   and mount namespace, :func:`~pydvm.runtime.auth.host_identity`; as its
   ``ready`` says): ``--pid <daemon pid>`` finds the head node too
   (:meth:`ToolHost.alias`);
-* with ``pydvm_pmix_system_server`` on, in a DVM started by root,
+* when this DVM is the machine's system server (``pydvm_pmix_system_server``:
+  ``auto``, the default, for a multi-user DVM -- started by root, serving
+  every user --; ``on`` for any DVM root starts),
   ``$TMPDIR/pmix.sys.<hostname>`` (mode 0644), what a tool asking for the
   system server reads first (``pps``, ``plookup``, ``pevent`` do, even
   inside a job, before their own server) -- unless another live server's
-  is there.  Off by default for that reason.
+  is there (then :attr:`ToolHost.system_why` says so);
+* on a multi-user DVM, also in that system tmpdir and readable by all, the
+  copies named after the master's pid and the daemons' (:meth:`_public`):
+  the DVM's own directories are root's, and a user's tool naming a pid
+  (``PMIX_SERVER_PIDINFO``) searches only what it can read.
 
 Who
 ---
