@@ -152,6 +152,13 @@ def _on_off(text: str) -> str:
     return v
 
 
+def _auto_on_off(text: str) -> str:
+    v = str(text).strip().lower()
+    if v not in ("auto", "on", "off"):
+        raise ValueError("must be auto, on or off")
+    return v
+
+
 def _nonempty_str(text: str) -> str:
     if not str(text).strip():
         raise ValueError("must not be empty")
@@ -260,10 +267,12 @@ REGISTRY: dict[str, Param] = {
               "libpmix 4.2.0-4.2.4 crash on an attribute query (pattrs --host-fns); 'on' "
               "answers those queries before libpmix can; 'off' leaves the crash in (to see "
               "what a crash inside libpmix does)", "on|off"),
-        Param("pydvm_pmix_system_server", _on_off, "off",
-              "'on' in a DVM started by root: its head node's PMIx server is also this "
-              "machine's system server ($TMPDIR/pmix.sys.<hostname>), which PMIx tools "
-              "asking for one try first -- also those run inside other DVMs' jobs", "on|off"),
+        Param("pydvm_pmix_system_server", _auto_on_off, "auto",
+              "'on' in a DVM started by root: its PMIx tool server is also this machine's "
+              "system server ($TMPDIR/pmix.sys.<hostname>), which PMIx tools asking for one "
+              "(pps, pevent, pattrs) try first -- also those run inside other DVMs' jobs; "
+              "'auto': on for a multi-user DVM (every user's tools find it by themselves), "
+              "off otherwise; never over another live server's file", "auto|on|off"),
         Param("pydvm_max_outstanding", _cap, 1024,
               "requests (waiting lookups included) one client or tool connection may have "
               "outstanding; beyond it PMIX_ERR_OUT_OF_RESOURCE (1..1000000)",

@@ -49,7 +49,8 @@ def mu_python(tmp_path_factory) -> str:
         pytest.skip(why)
     given = os.environ.get("PYDVM_MU_PYTHON")
     if given:
-        return given
+        yield given   # (a generator fixture: a plain return would yield nothing)
+        return
     if not os.path.exists(SYSTEM_PYTHON):
         pytest.skip(f"no system Python at {SYSTEM_PYTHON} for other users to run")
     base = Path(tempfile.mkdtemp(prefix="pydvm-mu-venv-"))
@@ -154,10 +155,22 @@ class MultiUserDvm:
         return {s["store"]: s for s in json.loads(p.stdout)["stores"]}
 
 
-def start_multi_user(tmp: Path, python: str, **mca) -> MultiUserDvm:
+def start_multi_user(tmp: Path, python: str, env: dict | None = None, **mca) -> MultiUserDvm:
+    """A multi-user DVM of nodes a and b (no head node unless ``mca`` names
+    one), started by root with ``env`` over this environment.  A multi-user
+    DVM is the machine's PMIx system server by default, its file in the
+    system tmpdir: unless ``env`` gives the DVM a ``TMPDIR`` of its own, it
+    writes that file in a directory of its own (``PMIX_SYSTEM_TMPDIR``), so
+    that DVMs of other tests and checkouts running meanwhile never find it."""
+    given = env or {}
     env = dict(os.environ)
     env["PYDVM_STATE_DIR"] = str(tmp / "state")
     env.pop("PYDVM_URI", None)
+    env.pop("PMIX_SYSTEM_TMPDIR", None)
+    if "TMPDIR" not in given:
+        (tmp / "systmp").mkdir()
+        env["PMIX_SYSTEM_TMPDIR"] = str(tmp / "systmp")
+    env.update(given)
     args = [python, "-m", "pydvm", "start", "--daemonize", "--multi-user", "--hosts", "a,b",
             "--log-dir", str(tmp / "logs")]
     for k, v in mca.items():
@@ -180,10 +193,10 @@ def mudvm(tmp_path, mu_python, users):
 def make_mudvm(tmp_path, mu_python, users):
     made = []
 
-    def make(**mca):
+    def make(env: dict | None = None, **mca):
         sub = tmp_path / f"dvm{len(made)}"
         sub.mkdir()
-        made.append(start_multi_user(sub, mu_python, **mca))
+        made.append(start_multi_user(sub, mu_python, env, **mca))
         return made[-1]
 
     try:

@@ -209,3 +209,73 @@ def test_a_users_debugger_spawns_as_that_user_and_touches_no_other_users_job(mak
         assert (work / "init.0").stat().st_uid == pwd.getpwnam("pdvmtesta").pw_uid
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _master_pid(d) -> int:
+    code = ("import asyncio; from pydvm.cli.tool import call, resolve_uri;"
+            "print(asyncio.run(call(resolve_uri(None), {'t': 'info'}))['pid'])")
+    q = subprocess.run([d.python, "-c", code], capture_output=True, text=True, timeout=30,
+                       env={**d.root_env, "PYDVM_URI": d.uri}, cwd="/tmp")
+    assert q.returncode == 0, q.stderr
+    return int(q.stdout)
+
+
+# the same tools against a DVM with a head node (a) and one without (nodes a
+# and b are not this machine's name): the tool server beside the master
+@pytest.mark.parametrize("head", ["a", "auto"])
+def test_a_users_plain_tools_find_a_multi_user_dvm_by_themselves(make_mudvm, progs, head):
+    """A multi-user DVM started by root is the machine's PMIx system server:
+    a user's plain ``pps``, ``pattrs``, ``pevent``, and a program naming the
+    master's pid (``PMIX_SERVER_PIDINFO``, what ``--pid`` does) reach it with
+    nothing but the ``TMPDIR`` they share with it -- each user seeing only
+    that user's jobs.  A second such DVM does not take the file over, and
+    says why."""
+    shared = tempfile.mkdtemp(prefix="pydvm-mu-sys-")
+    os.chmod(shared, 0o1777)
+    try:
+        d = make_mudvm(env={"TMPDIR": shared}, pydvm_head_node=head)
+        info = d.as_user("pdvmtestb", "info").stdout
+        sysfile = os.path.join(shared, f"pmix.sys.{os.uname().nodename}")
+        assert f"PMIx system server: {sysfile} " in info, info
+        assert os.stat(sysfile).st_mode & 0o777 == 0o644
+        code = "-23457"
+        bg, a_ns = _bg_job(d, "pdvmtesta", f"exec {progs['pmix_events']} register:{code} "
+                           "wait:1:60000")
+        try:
+            out = ""
+            while "REGISTER status=0" not in out:
+                line = bg.stdout.readline()
+                assert line, out
+                out += line
+            env = {"TMPDIR": shared}
+            for user, want in (("pdvmtesta", {a_ns}), ("pdvmtestb", set()), (None, {a_ns})):
+                p = _as(user, "pps", env=env)
+                m = re.search(r"^Active nspaces: (.*)$", p.stderr, re.M)
+                assert m, (user, p.returncode, p.stderr)
+                assert {n for n in m.group(1).split(",") if n} == want, (user, p.stderr)
+            pid = _master_pid(d)
+            for how in ([], ["--pid", str(pid)]):
+                p = _as("pdvmtestb", "pattrs", *how, "--host-fns", env=env)
+                assert "HOST SUPPORTED FUNCTIONS:" in p.stdout + p.stderr, (how, p.stderr)
+            for user, want in (("pdvmtesta", a_ns), ("pdvmtestb", "")):
+                p = _as(user, progs["pmix_tool"], f"pid:{pid}", "query:pmix.qry.ns", env=env)
+                assert f"QUERY status=0 key=pmix.qry.ns value={want}\n" in p.stdout, \
+                    (user, p.stdout, p.stderr)
+            p = _as("pdvmtesta", "pevent", "--event", code, "--range", "5", env=env)
+            assert p.returncode == 0, p.stderr
+            out = bg.stdout.read()
+            assert bg.wait(timeout=60) == 0, out
+            assert re.search(rf"EVENT code={code} source=pydvm-\w+-tool\.\d+:0", out), out
+        finally:
+            if bg.poll() is None:
+                d.as_user(None, "kill", a_ns)
+            bg.wait(timeout=60)
+        # another multi-user DVM sharing that TMPDIR leaves the file to the first
+        d2 = make_mudvm(env={"TMPDIR": shared}, pydvm_head_node=head)
+        info = d2.as_user("pdvmtestb", "info").stdout
+        assert re.search(rf"PMIx system server: not this DVM \({re.escape(sysfile)} is "
+                         r"another running server's \(pid \d+\)\)", info), info
+        with open(sysfile) as f:
+            assert f.readline().strip() == d.as_user(None, "info", "--pmix-uri").stdout.strip()
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

@@ -155,8 +155,8 @@ def cmd_info(a) -> int:
         if getattr(a, "pmix_uri", False) or getattr(a, "pmix_dir", False):
             t = (r.get("pmix") or {}).get("tools")
             if not t:
-                return fail("this DVM's head node serves no PMIx tools (no PMIx there, or "
-                            "no head node: pydvm_head_node)")
+                return fail("this DVM serves no PMIx tools (PMIx is off or unavailable "
+                            "beside its master: pydvm info says why)")
             print(t["uri"] if a.pmix_uri else os.path.dirname(t["file"]))
             return 0
         print(f"DVM {r['dvm']} at {r['uri']}")
@@ -216,6 +216,11 @@ def _print_pmix(info: dict | None) -> None:
                                          f"unavailable: {what}"))
     t = info.get("tools")
     if t:
-        print(f"  PMIx tools attach to node {t['node']} at {t['uri']} (file {t['file']}; "
+        where = f"to node {t['node']}" if t.get("node") else "beside the master (no head node)"
+        print(f"  PMIx tools attach {where} at {t['uri']} (file {t['file']}; "
               f"TMPDIR=$(pydvm info --pmix-dir) pps); {len(t['connected'])} connected")
+        if t.get("system_file"):
+            print(f"  PMIx system server: {t['system_file']} (tools find this DVM first)")
+        elif t.get("system_why"):
+            print(f"  PMIx system server: not this DVM ({t['system_why']})")
 

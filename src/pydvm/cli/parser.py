@@ -188,8 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     _dvm_option(s)
     pm = s.add_mutually_exclusive_group()
     pm.add_argument("--pmix-uri", action="store_true",
-                    help="print only the URI PMIx tools attach at (the head node's PMIx "
-                         "server), e.g. pattrs --uri \"$(pydvm info --pmix-uri)\" --host-fns")
+                    help="print only the URI PMIx tools attach at (the PMIx tool "
+                         "server beside the master), e.g. pattrs --uri \"$(pydvm info --pmix-uri)\" --host-fns")
     pm.add_argument("--pmix-dir", action="store_true",
                     help="print only the directory holding this DVM's PMIx rendezvous "
                          "files, for tools that search TMPDIR: TMPDIR=$(pydvm info "

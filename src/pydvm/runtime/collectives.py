@@ -264,10 +264,11 @@ class Collectives(ProcessListener, NodeListener):
         info = list(msg.get("info") or [])
         from . import debugging
         tool_uid = msg.get("tool_uid")
-        if tool_uid is not None and daemon.node == self._nodes.head_node:
-            # a PMIx tool attached to the head node's server (runtime/pmixtools.py,
-            # in this process): the nodes of its user's jobs, and when other
-            # users' jobs run too, only its user's processes (a custom range)
+        if tool_uid is not None and self._nodes.trusts_tools(daemon):
+            # a PMIx tool attached to the tool server of this process's node
+            # (the head node's, or the tool side's: runtime/pmixtools.py): the
+            # nodes of its user's jobs, and when other users' jobs run too,
+            # only its user's processes (a custom range)
             uid = int(tool_uid)
             debugging.released_by_event(self._processes.jobs, code, rng, info, uid)
             nodes, skip = self._beyond_origin(daemon, msg, self._tool_event_nodes(uid, rng))
@@ -404,9 +405,10 @@ class Collectives(ProcessListener, NodeListener):
             return
         tool_uid = msg.get("tool_uid")
         parent = None
-        if tool_uid is not None and daemon.node == self._nodes.head_node:
-            # a PMIx tool attached to the head node (runtime/pmixtools.py): the
-            # job is its user's, in the default session, with a login's basics
+        if tool_uid is not None and self._nodes.trusts_tools(daemon):
+            # a PMIx tool attached to this process's tool server (the head
+            # node's or the tool side's, runtime/pmixtools.py): the job is its
+            # user's, in the default session, with a login's basics
             uid, gid, session = int(tool_uid), int(msg.get("tool_gid") or 0), DEFAULT_SESSION
             env, cwd = debugging.tool_environment(uid)
         else:

@@ -453,15 +453,16 @@ class Master:
         }
 
     def _pmix_tools(self) -> dict[str, Any] | None:
-        """Where PMIx tools attach (the head node's server, runtime/pmixtools.py)."""
-        rec = self.nodes.records.get(self.nodes.head_node or "")
-        server = getattr(rec, "server", None) if rec is not None else None
+        """Where PMIx tools attach (the head node's server, or without one
+        the tool side beside the master: runtime/pmixtools.py)."""
+        server = self.nodes.tool_host()
         tools = server.pmix.tools if server is not None else None
         if tools is None or tools.uri is None:
             return None
         from .pmixtools import URI_FILE
         return {"uri": tools.uri, "file": str(server.socket_dir / URI_FILE),
-                "node": server.name, "connected": tools.describe()}
+                "node": None if server.tools_only else server.name,
+                "connected": tools.describe(), **tools.system_info()}
 
     # ------------------------------------------------------------------
     # connections

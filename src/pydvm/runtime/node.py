@@ -122,9 +122,14 @@ class NodeServer:
     """
 
     def __init__(self, node: str, uplink, welcome: Message, *, guardian: Guardian,
-                 router=None, vouch: tuple[bytes, str] | None = None) -> None:
+                 router=None, vouch: tuple[bytes, str] | None = None,
+                 tools_only: bool = False) -> None:
         #: the node's name, as the master knows it.
         self.name = node
+        #: no node of the DVM: the master's tool side when no node lives in
+        #: its process (runtime/nodes.py, ``NodeTable.tool_side``) -- a PMIx
+        #: server for tools and their data, no jobs, no client socket.
+        self.tools_only = tools_only
         self.uplink = uplink
         self.router = router or dataops.UplinkRouter(uplink)
         self.guardian = guardian
@@ -194,16 +199,21 @@ class NodeServer:
             on_holder=self._holder_changed if self.voucher is not None else None,
         )
         self._make_socket_dir()
-        self._server = Door(f"node {self.name}").listen_unix(
-            lambda: Channel(self._on_client_hello, self._on_client_closed, name="client"),
-            self.socket_path)
-        os.chmod(self.socket_path, 0o666 if self.multi_user else 0o700)
+        if not self.tools_only:
+            self._server = Door(f"node {self.name}").listen_unix(
+                lambda: Channel(self._on_client_hello, self._on_client_closed, name="client"),
+                self.socket_path)
+            os.chmod(self.socket_path, 0o666 if self.multi_user else 0o700)
         # PMIx rendezvous files live in the socket directory, so the guardian
         # removes them (and libpmix's shared-memory stores) however we die.
         self.pmix.start(str(self.socket_dir), self.values["pydvm_pmix"])
-        self.pmix.prestart_owner()
+        if not self.tools_only:
+            self.pmix.prestart_owner()
         await self.pmix.start_tools()
         self.uplink.on_message = self.on_master
+        if self.tools_only:
+            log.info("PMIx tools served beside the master (no node in its process)")
+            return
         ready = {"t": "ready", "pmix": list(self.pmix.status),
                  # what ppr:N:socket and --map-by core:SPAN count (placement.py)
                  "topo": self.binding.topology.counts(),

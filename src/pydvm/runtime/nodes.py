@@ -116,6 +116,12 @@ class NodeTable:
         self._heartbeat: asyncio.Task | None = None
         #: the node this process serves itself (see :func:`choose_head_node`).
         self.head_node: str | None = None
+        #: without a head node: the master's tool side, a node server of no
+        #: node that takes PMIx tools beside the master (:meth:`tool_host`),
+        #: and the master's end of its in-process link.
+        self.tool_side: NodeServer | None = None
+        self._tool_link: LocalEnd | None = None
+        self._tool_start: asyncio.Future | None = None
         #: set by :meth:`begin_stop`: links closing from now on are stops, not losses.
         self.stopping = False
         #: node -> launches asked for in this turn of the loop, each with the
@@ -206,13 +212,16 @@ class NodeTable:
         self.head_node = choose_head_node(setting, self.hosts())
 
     async def start(self, uri: str, secret: bytes, log_dir: str | None, head_router: Any) -> None:
-        """Serve the head node here (its data requests through ``head_router``),
-        start every other node's daemon with the DVM's launcher; return once
-        all have reported in.  A daemon that ends before reporting in fails
-        the start-up with what it wrote on stderr (:meth:`_start_failure`)."""
+        """Serve the head node here (its data requests through ``head_router``)
+        -- or, without one, the tool side, started while the daemons start
+        --, start every other node's daemon with the DVM's launcher; return
+        once all have reported in.  A daemon that ends before reporting in
+        fails the start-up with what it wrote on stderr (:meth:`_start_failure`)."""
         for node in self.records.values():
             if node.name == self.head_node:
                 await self._serve_head(node, head_router)
+        if self.head_node is None:
+            self._start_tool_side(head_router)
         daemons = [n for n in self.records if n != self.head_node]
         launcher = self.launcher
         cmd = DaemonCommand(uri, log_dir, self.values["pydvm_remote_python"] or sys.executable)
@@ -243,6 +252,8 @@ class NodeTable:
         finally:
             for w in waits.values():
                 w.cancel()
+        if self._tool_start is not None:
+            await self._tool_start  # a tool started once `pydvm start` returned finds it
         # From now on a daemon that dies is noticed as before, by its link
         # closing (or falling silent); but a launcher that has lost every
         # daemon for good (the srun step ended) ends the DVM.
@@ -262,6 +273,51 @@ class NodeTable:
                                  router=router)
         await node.server.start()
         await node.registered.wait()
+
+    def _start_tool_side(self, router: Any) -> None:
+        """A DVM without a head node still serves PMIx tools on the master's
+        machine, as PRRTE's ``prte`` does whatever its hosts: a node server of
+        no node (``tools_only``: no jobs, no client socket) whose PMIx server
+        -- a tool server process, or with isolation off the master's own --
+        takes tools, their data served by the master in place (``router``)
+        and their other requests sent here over an in-process link like the
+        head node's (:meth:`trusts_tools`).  Not when PMIx is off."""
+        if self.values.get("pydvm_pmix") == "off":
+            return
+        name = "tools"
+        while name in self.records:   # (a node may be called so)
+            name += "_"
+        mine, its = local_pair("tool side", "master")
+        DaemonSession(mine, name)
+        mine.on_message = self._on_message
+        self._tool_link = mine
+        self.tool_side = NodeServer(name, its, self._welcome(), guardian=self._guardian(),
+                                    router=router, tools_only=True)
+
+        async def start(server: NodeServer) -> None:
+            try:
+                await server.start()
+            except Exception as exc:   # the DVM runs on, without tools
+                log.error("no PMIx tool server beside the master: %s", exc)
+        self._tool_start = asyncio.ensure_future(start(self.tool_side))
+
+    def tool_host(self) -> NodeServer | None:
+        """The node server of this process whose PMIx server takes tools from
+        outside: the head node's, else the tool side (None: neither)."""
+        head = self.records.get(self.head_node or "")
+        if head is not None and head.server is not None:
+            return head.server
+        return self.tool_side
+
+    def trusts_tools(self, daemon: DaemonSession) -> bool:
+        """Does ``daemon`` speak for the tools of this process's tool host --
+        is it that host's in-process link, whose ``tool_uid`` (a kernel's
+        uid, found by its server) the master believes?  A daemon's link never
+        is, whatever node it names."""
+        head = self.records.get(self.head_node or "")
+        link = head.channel if head is not None and head.server is not None \
+            else self._tool_link
+        return link is not None and daemon.channel is link
 
     def _start_failure(self, failed: list[str], log_dir: str | None) -> str:
         """The start-up error for daemons that ended before reporting in:
@@ -337,8 +393,7 @@ class NodeTable:
         """A daemon on this machine: a PMIx tool naming its pid (``--pid``)
         finds the head node's tool server, as one naming the master's
         (runtime/pmixtools.py)."""
-        head = self.records.get(self.head_node or "")
-        server = head.server if head is not None else None
+        server = self.tool_host()
         if server is not None and server.pmix is not None:
             server.pmix.tools.alias(pid, on)
 
@@ -525,6 +580,10 @@ class NodeTable:
             if node.server is not None:
                 await node.server.stop()
             node.state = "stopped"
+        if self.tool_side is not None:
+            if self._tool_start is not None and not self._tool_start.done():
+                await asyncio.wait([self._tool_start], timeout=30)
+            await self.tool_side.stop()
 
 
 def choose_head_node(setting: str, hosts: list[HostSpec]) -> str | None:

@@ -1,9 +1,16 @@
 """PMIx tools from outside any job (``pps``, ``plookup``, ``pevent``, ``pattrs``,
-``pquery``, a program's ``PMIx_tool_init``) attached to the head node's server.
+``pquery``, a program's ``PMIx_tool_init``) attached to a server beside the master.
 
 Where
 -----
-The head node (the master's process) takes tool connections; the daemons'
+The node server in the master's process takes tool connections: the head
+node's, or on a DVM without one the master's *tool side*
+(:meth:`NodeTable.tool_host <pydvm.runtime.nodes.NodeTable.tool_host>`: a
+``tools_only`` node server of no node -- no jobs, no client socket --, so
+that every DVM serves tools on the master's machine, as PRRTE's ``prte``
+does whatever its hosts).  What either sends the master for a tool is
+believed from its in-process link only
+(:meth:`~pydvm.runtime.nodes.NodeTable.trusts_tools`).  The daemons'
 servers do not (their data requests reach the master as a process's, which
 a tool is not).  With ``pydvm_pmix_isolate`` on (a ``pydvm start`` DVM's
 default) a **tool server process** takes them: the DVM owner's libpmix
@@ -32,11 +39,17 @@ writes:
   and mount namespace, :func:`~pydvm.runtime.auth.host_identity`; as its
   ``ready`` says): ``--pid <daemon pid>`` finds the head node too
   (:meth:`ToolHost.alias`);
-* with ``pydvm_pmix_system_server`` on, in a DVM started by root,
+* when this DVM is the machine's system server (``pydvm_pmix_system_server``:
+  ``auto``, the default, for a multi-user DVM -- started by root, serving
+  every user --; ``on`` for any DVM root starts),
   ``$TMPDIR/pmix.sys.<hostname>`` (mode 0644), what a tool asking for the
   system server reads first (``pps``, ``plookup``, ``pevent`` do, even
   inside a job, before their own server) -- unless another live server's
-  is there.  Off by default for that reason.
+  is there (then :attr:`ToolHost.system_why` says so);
+* on a multi-user DVM, also in that system tmpdir and readable by all, the
+  copies named after the master's pid and the daemons' (:meth:`_public`):
+  the DVM's own directories are root's, and a user's tool naming a pid
+  (``PMIX_SERVER_PIDINFO``) searches only what it can read.
 
 Who
 ---
@@ -72,6 +85,7 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import secrets
 import socket
 import time
 from typing import TYPE_CHECKING, Any
@@ -141,6 +155,10 @@ class ToolHost:
         self._source: tuple[str, str] | None = None
         #: the server's URI once tools are served (None: not served here)
         self.uri: str | None = None
+        #: the system server's file this DVM wrote, or why it wrote none ("":
+        #: not asked) -- ``pydvm info`` shows either
+        self.system_file: str | None = None
+        self.system_why = ""
 
     # -- start and stop ---------------------------------------------------
 
@@ -178,17 +196,57 @@ class ToolHost:
         # own) or a daemon here, as PRRTE's tools name prte or a prted
         for alias in self._aliases | ({os.getpid()} - {pid}):
             self._write_alias(alias)
+        if self._public() and pid == os.getpid():
+            # the master's own server: libpmix named its file after our pid,
+            # in a directory other users cannot search
+            self._write_alias(pid)
         self._write(os.path.join(str(node.socket_dir), URI_FILE),
                     f"{self.uri}\nv{version}\n", 0o644 if node.multi_user else 0o600)
-        if os.geteuid() == 0 and node.values["pydvm_pmix_system_server"] == "on":
-            sysfile = os.path.join(_system_tmpdir(), f"pmix.sys.{machine}")
-            if not _alive_owner(sysfile):
-                self._write(sysfile, body, 0o644)
-                node.guardian.remove_on_exit(sysfile)  # however this process ends
+        self._system_server(machine, body)
         if self._watch is None:
             from ..pmix.tools import HangupWatch
             self._watch = HangupWatch(lambda ns: self._gone(ns, "the tool disconnected"))
         log.info("node %s: PMIx tools attach at %s", node.name, self.uri)
+
+    def _public(self) -> bool:
+        """Do other users' tools look for this server by themselves?  On a
+        multi-user DVM (root's): the server's directories are root's, so the
+        files they search for are also written where they can read them --
+        the system server's file and one per pid they may name -- in the
+        system tmpdir, readable by all (the server checks who connects)."""
+        return self.host.node.multi_user and os.geteuid() == 0
+
+    def _system_server(self, machine: str, body: str) -> None:
+        """Write ``pmix.sys.<machine>`` when this DVM is the machine's system
+        server (``pydvm_pmix_system_server``), or say why not."""
+        node = self.host.node
+        setting = node.values.get("pydvm_pmix_system_server", "auto")
+        self.system_file, self.system_why = None, ""
+        if setting == "off" or (setting == "auto" and not node.multi_user):
+            if node.multi_user:
+                self.system_why = "pydvm_pmix_system_server off"
+            return
+        if os.geteuid() != 0:
+            self.system_why = "the system server is root's: this DVM was not started by root"
+            log.warning("pydvm_pmix_system_server on: %s", self.system_why)
+            return
+        sysfile = os.path.join(_system_tmpdir(), f"pmix.sys.{machine}")
+        owner = _alive_owner(sysfile)
+        if owner:
+            self.system_why = f"{sysfile} is another running server's (pid {owner})"
+            log.warning("PMIx tools will not find this DVM by themselves: %s; they name it "
+                        "(pydvm info --pmix-uri)", self.system_why)
+            return
+        self._write(sysfile, body, 0o644)
+        if sysfile in self._files:
+            node.guardian.remove_on_exit(sysfile)  # however this process ends
+            self.system_file = sysfile
+        else:
+            self.system_why = f"{sysfile} cannot be written"
+
+    def system_info(self) -> dict[str, Any]:
+        """``pydvm info``'s word on the system server's file."""
+        return {"system_file": self.system_file, "system_why": self.system_why}
 
     def alias(self, pid: int, on: bool) -> None:
         """A daemon here reported in (``on``) or went: a tool naming its pid
@@ -209,22 +267,43 @@ class ToolHost:
         if self._source is None:
             return []
         names = {self.host.node.name, socket.gethostname()}
-        return [os.path.join(self._source[0], f"pmix.{n}.tool.{pid}") for n in sorted(names)]
+        paths = [os.path.join(self._source[0], f"pmix.{n}.tool.{pid}") for n in sorted(names)]
+        if self._public():
+            paths.append(self._public_path(pid))
+        return paths
+
+    @staticmethod
+    def _public_path(pid: int) -> str:
+        return os.path.join(_system_tmpdir(), f"pmix.{socket.gethostname()}.tool.{pid}")
 
     def _write_alias(self, pid: int) -> None:
         for path in self._alias_paths(pid):
-            self._write(path, self._source[1], 0o600)
+            public = self._public() and path == self._public_path(pid)
+            if public and _alive_owner(path):
+                continue   # (another live server's, named after a pid it was given)
+            self._write(path, self._source[1], 0o644 if public else 0o600)
+            if public and path in self._files:
+                self.host.node.guardian.remove_on_exit(path)
 
     def _write(self, path: str, body: str, mode: int) -> None:
-        tmp = f"{path}.{os.getpid()}.tmp"
+        # a fresh name of our own, never a link someone left there (the
+        # system tmpdir is everyone's); the rename replaces what is at path
+        tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:
-            with open(tmp, "w") as f:
-                f.write(body)
-            os.chmod(tmp, mode)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            try:
+                os.write(fd, body.encode())
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
             os.rename(tmp, path)
             self._files.add(path)
         except OSError as exc:
             log.warning("cannot write %s: %s", path, exc)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
     def drop_files(self) -> None:
         """Remove the files tools look for (no server takes tools now)."""
@@ -462,12 +541,13 @@ def _system_tmpdir() -> str:
     return os.environ.get("PMIX_SYSTEM_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
 
 
-def _alive_owner(path: str) -> bool:
-    """Does a rendezvous file at ``path`` belong to a running process (its third line)?"""
+def _alive_owner(path: str) -> int:
+    """The pid of the running process (not this one) a rendezvous file at
+    ``path`` belongs to (its third line), else 0."""
     try:
         with open(path) as f:
             lines = f.read().split("\n")
         pid = int(lines[2])
     except (OSError, ValueError, IndexError):
-        return False
-    return pid != os.getpid() and pid_alive(pid)
+        return 0
+    return pid if pid != os.getpid() and pid_alive(pid) else 0
