@@ -110,18 +110,20 @@ def _pmix_mode(text: str) -> str:
 MPI_INTERFACES = ("auto", "pmix", "pmi1", "none")
 
 
-def _mpi_interface(text: str) -> str:
-    v = str(text).strip().lower()
-    if v not in MPI_INTERFACES:
-        raise ValueError("must be auto, pmix, pmi1 or none")
-    return v
+def _one_of(*words: str):
+    """A check that takes exactly one of ``words`` (any case, spaces trimmed)."""
+    said = ", ".join(words[:-1]) + f" or {words[-1]}"
+
+    def check(text: str) -> str:
+        v = str(text).strip().lower()
+        if v not in words:
+            raise ValueError(f"must be {said}")
+        return v
+    return check
 
 
-def _pmi1_wire(text: str) -> str:
-    v = str(text).strip().lower()
-    if v not in ("fd", "port"):
-        raise ValueError("must be fd or port")
-    return v
+_mpi_interface = _one_of(*MPI_INTERFACES)
+_pmi1_wire = _one_of("fd", "port")
 
 
 def _auto_on(text: str) -> str:
