@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT / "tests" / "multinode"))
 import dvmkit  # noqa: E402
 from dvmkit import pid_alive, start_dvm, wait_for  # noqa: E402
 
-from pydvm.runtime.auth import DvmUri  # noqa: E402
+from pydvm.runtime.shared.auth import DvmUri  # noqa: E402
 from pydvm.wire import HEADER  # noqa: E402
 
 MiB = 1 << 20

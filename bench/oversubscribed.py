@@ -7,7 +7,7 @@ oversubscribes it.  ``mpirun --oversubscribe`` then tells Open MPI so
 (``OMPI_MCA_mpi_oversubscribe=1``, whose default makes ``mpi_yield_when_idle``
 true): a rank waiting in MPI_Barrier gives its CPU up to the one it waits
 for.  pydvm tells it the same where a job runs more ranks on a node than its
-slots (runtime/ompienv.py).  Rows, each the median of ROUNDS runs of
+slots (runtime/node/ompienv.py).  Rows, each the median of ROUNDS runs of
 BARRIERS barriers (tests/pmix_e2e/clients/mpi_barrier_loop.c, built here
 with mpicc), the sides alternating so they share the machine's noise:
 

@@ -9,7 +9,7 @@ runs as root -- served by the node's own libpmix server, inside the master
 process, answered in libpmix's upcall -- and as a throw-away user, whose
 processes connect to a PMIx server of that user's own (an agent process
 running as the user, relaying each upcall to the node over a socket pair:
-runtime/pmixusers.py).  The two alternate, ``--rounds`` client runs each,
+runtime/pmixhost/users.py).  The two alternate, ``--rounds`` client runs each,
 samples pooled; medians are compared.
 
 Prints a table and, last, ``users ratio R``: the other user's median over

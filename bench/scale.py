@@ -1,7 +1,7 @@
 """How the master's work grows with the number of nodes, by simulation.
 
 No process is started: the master's pure core
-(:class:`pydvm.runtime.core.LifetimeCore`) is driven with simulated nodes
+(:class:`pydvm.runtime.master.core.LifetimeCore`) is driven with simulated nodes
 -- 1,000 to 10,000 -- and what the master's shell does per node is done for
 real on stand-in channels that encode every message they are given (the
 msgpack frames a daemon would be sent), so the figures are the master's
@@ -35,11 +35,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from pydvm.runtime.core import (  # noqa: E402
+from pydvm.runtime.master.core import (  # noqa: E402
     DEFAULT_SESSION, JobSubmitted, LaunchAnswered, LifetimeCore, NamespacePurged, ProcExited,
     PurgeNodes,
 )
-from pydvm.runtime.jobs import HostSpec, build_job  # noqa: E402
+from pydvm.runtime.shared.jobs import HostSpec, build_job  # noqa: E402
 from pydvm.wire import judge, pack  # noqa: E402
 
 

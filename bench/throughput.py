@@ -88,8 +88,8 @@ def pct(xs: list[float], q: float) -> float:
 
 def idle_rss(pid: int) -> int:
     """``pid``'s resident memory once its DVM has been idle long enough to
-    hand freed heap back (``pydvm.runtime.heap``)."""
-    from pydvm.runtime.heap import IDLE_DELAY
+    hand freed heap back (``pydvm.runtime.node.heap``)."""
+    from pydvm.runtime.node.heap import IDLE_DELAY
 
     time.sleep(IDLE_DELAY + 0.5)
     return rss_of(pid)

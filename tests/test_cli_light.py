@@ -140,7 +140,7 @@ def test_the_handshake_mac_is_hmac_sha256(key, msg):
 
 
 def test_the_tool_mac_is_the_one_the_master_checks():
-    from pydvm.runtime.auth import check_auth
+    from pydvm.runtime.shared.auth import check_auth
 
     secret, nonce = b"s" * 32, b"n" * 32
     assert check_auth(secret, nonce, {"t": "auth", "role": "tool",

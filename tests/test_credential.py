@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from pydvm.runtime import credential as C
-from pydvm.runtime import dataops
+from pydvm.runtime.shared import credential as C
+from pydvm.runtime.shared import dataops
 from pydvm.enums import Range
 
 SECRET = bytes(range(32))
@@ -71,8 +71,8 @@ def test_the_routing_table_gives_local_to_the_node_and_unpublish_to_both():
 
 # -- the same-host direct-data socket offer ----------------------------------
 
-from pydvm.runtime.auth import host_identity  # noqa: E402
-from pydvm.runtime.sockdir import same_host_socket  # noqa: E402
+from pydvm.runtime.shared.auth import host_identity  # noqa: E402
+from pydvm.runtime.shared.sockdir import same_host_socket  # noqa: E402
 
 
 def test_host_identity_names_the_kernel_and_this_processs_namespaces():

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from pydvm.runtime.jobio import (LINE_LIMIT, StdinFeed, output_cost, output_pty, read_some,
+from pydvm.runtime.node.jobio import (LINE_LIMIT, StdinFeed, output_cost, output_pty, read_some,
                                  take_chunk)
 from pydvm.cli.tool import stdin_kind, tag_lines
 

@@ -51,7 +51,9 @@ def test_the_runtime_and_the_client_share_one_protocol():
     """The names the runtime uses are the protocol module's own objects, so the
     two sides cannot drift apart."""
     from pydvm import protocol, wire
-    from pydvm.runtime import auth, credential, dataops
+    from pydvm.runtime.shared import auth
+    from pydvm.runtime.shared import credential
+    from pydvm.runtime.shared import dataops
     from pydvm.store import model
     assert wire.pack is protocol.pack and wire.FrameDecoder is protocol.FrameDecoder
     assert auth.DvmUri is protocol.DvmUri and credential.Credential is protocol.Credential

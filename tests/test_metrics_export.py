@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from pydvm.runtime.jobs import HostSpec, ProcState, build_job
-from pydvm.runtime.metrics import (
+from pydvm.runtime.shared.jobs import HostSpec, ProcState, build_job
+from pydvm.runtime.master.metrics import (
     FAMILIES, LATENCY_BUCKETS, OPS, PARKED, RequestStats, families, parse_address,
     store_sample)
 from pydvm.store import Caller, DataStore, FakeScheduler, Reason, StoreParams
@@ -178,7 +178,7 @@ def test_job_state_follows_its_processes():
 def test_queue_and_event_figures_round_trip_with_cumulative_wait_buckets():
     """The queue's per-bucket wait counts become cumulative buckets; jobs
     ended, events by kind and the gauges come back as given."""
-    from pydvm.runtime.jobqueue import WAIT_BUCKETS
+    from pydvm.runtime.master.jobqueue import WAIT_BUCKETS
 
     wait = [0] * (len(WAIT_BUCKETS) + 1)
     wait[0], wait[2], wait[-1] = 2, 1, 1  # two under 10 ms, one under 1 s, one past 10 h

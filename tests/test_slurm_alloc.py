@@ -1,4 +1,4 @@
-"""Unit tests of pydvm.runtime.slurm: Slurm allocation parsing and the srun line.
+"""Unit tests of pydvm.runtime.master.slurm: Slurm allocation parsing and the srun line.
 
 The environments here are the shapes Slurm 22.05 writes (checked on the test
 cluster of tests/slurm, where test_srun_launch.py feeds real ones through the
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pydvm.runtime.jobs import HostSpec, parse_hosts
-from pydvm.runtime.slurm import (
+from pydvm.runtime.shared.jobs import HostSpec, parse_hosts
+from pydvm.runtime.master.slurm import (
     Allocation,
     SlurmEnvError,
     allocation_from_env,
@@ -324,7 +324,7 @@ def test_slurm_launcher_maps_task_lines_to_nodes_from_srun_end_lines():
     lines (one node, or a compressed list with a task range) say which node it was."""
     import asyncio
 
-    from pydvm.runtime.launch import SlurmLauncher
+    from pydvm.runtime.master.launchers import SlurmLauncher
 
     async def scenario():
         sl = SlurmLauncher("test")

@@ -446,7 +446,7 @@ def test_reissue_passes_an_envelope_payload_on_as_the_same_object():
     """dataops.reissue (a daemon forwarding a client request) neither decodes
     nor re-encodes the payload, and an answer the next hop encoded for the
     client is passed back as bytes."""
-    from pydvm.runtime import dataops
+    from pydvm.runtime.shared import dataops
 
     payload = memoryview(pack_payload({"pairs": {"k": "v"}}))
     sent, raw, answered = [], [], []

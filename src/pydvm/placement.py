@@ -316,7 +316,7 @@ def read_hydra_hostfile(path: str) -> list[list]:
 class Host:
     """One host an app may run on: its ``slots``, ``max_slots`` (None: no
     limit) and ``topo`` (object counts, as nodes report them from
-    :meth:`pydvm.runtime.topology.Topology.counts`; None: not
+    :meth:`pydvm.runtime.node.topology.Topology.counts`; None: not
     known)."""
 
     __slots__ = ("name", "slots", "max_slots", "topo")

@@ -17,8 +17,8 @@
 ``import pydvm`` (every job process that uses the client) loads this, so it
 stays light: no asyncio, no dataclasses, no logging, nothing of the store or
 the runtime.  The runtime imports the same names from here (re-exported by
-:mod:`pydvm.wire`, :mod:`pydvm.runtime.auth`, :mod:`pydvm.runtime.credential`,
-:mod:`pydvm.runtime.dataops`, :mod:`pydvm.runtime.jobio` and
+:mod:`pydvm.wire`, :mod:`pydvm.runtime.shared.auth`, :mod:`pydvm.runtime.shared.credential`,
+:mod:`pydvm.runtime.shared.dataops`, :mod:`pydvm.runtime.node.jobio` and
 :mod:`pydvm.store.model`).  The blocking ``pydvm run``
 (:mod:`pydvm.cli.submit`) needs nothing else either.
 """
@@ -420,7 +420,7 @@ class DvmUri(namedtuple("DvmUri", ["host", "port", "dvmid"])):
 
 
 # ----------------------------------------------------------------------
-# the direct-data credential (runtime/credential.py derives and checks it)
+# the direct-data credential (runtime/shared/credential.py derives and checks it)
 # ----------------------------------------------------------------------
 
 #: The environment variable a launched process finds its credential in.
@@ -499,7 +499,7 @@ def stores_for(t: str, rng: Any) -> tuple[str, ...]:
 
 
 # ----------------------------------------------------------------------
-# reaching a DVM as a tool (runtime/auth.py holds the master's side)
+# reaching a DVM as a tool (runtime/shared/auth.py holds the master's side)
 # ----------------------------------------------------------------------
 
 #: Seconds either side of a connection gives the other to complete the

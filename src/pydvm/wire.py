@@ -171,7 +171,7 @@ class Channel(Requests, asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.close_reason = ""
-        #: the peer session (runtime/peers.py) once the peer is accepted.
+        #: the peer session (runtime/shared/peers.py) once the peer is accepted.
         self.session: Any = None
         #: True while the transport's write buffer is over its high-water
         #: mark (the peer reads slower than we write); see on_drain.
@@ -234,7 +234,7 @@ class Channel(Requests, asyncio.Protocol):
         """Read at most ``limit`` bytes a frame, one frame at a time, until
         the peer has a session (its handshake was accepted): what a listening
         socket does for a peer it does not know yet.  ``door`` (the process's
-        :class:`~pydvm.runtime.door.Door`) hears ``admitted(ch)`` then, and
+        :class:`~pydvm.runtime.shared.door.Door`) hears ``admitted(ch)`` then, and
         ``forget(ch)`` when the connection ends."""
         self._decoder.handshake = limit
         self.door = door
@@ -364,7 +364,7 @@ class LocalEnd(Requests):
     """One end of an in-process link: the :class:`Channel` interface without a socket.
 
     The master serves its own node with the same node-serving component a
-    daemon process runs (:class:`pydvm.runtime.node.NodeServer`); the two
+    daemon process runs (:class:`pydvm.runtime.node.server.NodeServer`); the two
     talk over a :func:`local_pair` instead of TCP.  Messages are delivered
     on the next loop iteration, in order, as shallow copies (no encoding;
     the receiver may keep or change what it gets).  ``local`` tells

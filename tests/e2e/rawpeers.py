@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dvmkit import pid_alive
 
-from pydvm.runtime.auth import DvmUri, mac
+from pydvm.runtime.shared.auth import DvmUri, mac
 from pydvm.wire import HEADER, MAX_FRAME, FrameDecoder, pack
 
 BAD_PARAM = -27

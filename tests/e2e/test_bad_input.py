@@ -50,8 +50,8 @@ from rawpeers import (
     truncated_frame,
 )
 
-from pydvm.runtime import master as master_mod
-from pydvm.runtime.auth import mac
+from pydvm.runtime.master import server as master_mod
+from pydvm.runtime.shared.auth import mac
 from pydvm.wire import HANDSHAKE_FRAME, MAX_FRAME, FrameDecoder, pack
 
 pytestmark = pytest.mark.e2e
@@ -500,7 +500,7 @@ def test_silent_peer_on_master_port_is_closed_after_the_handshake_timeout(tmp_pa
             elapsed = time.monotonic() - t0
             writer.close()
             # A well-behaved tool is still let in afterwards.
-            from pydvm.runtime.auth import connect
+            from pydvm.runtime.shared.auth import connect
             ch, welcome = await connect(uri, m.secret, "tool", lambda c, msg: None, timeout=5)
             assert welcome["status"] == 0
             assert (await ch.call({"t": "info"}, timeout=5))["status"] == 0

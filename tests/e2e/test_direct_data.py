@@ -20,8 +20,8 @@ import pytest
 from dvmkit import LineReader, finish, job_script, lines, pid_alive, wait_for
 from pydvm.client import direct as _direct
 from pydvm.errors import PMIxError, Status
-from pydvm.runtime.auth import DvmUri
-from pydvm.runtime.credential import Credential, Voucher
+from pydvm.runtime.shared.auth import DvmUri
+from pydvm.runtime.shared.credential import Credential, Voucher
 
 pytestmark = pytest.mark.e2e
 
@@ -316,7 +316,7 @@ def test_a_daemon_node_on_the_masters_machine_reaches_it_over_a_unix_socket(make
 def test_the_direct_data_socket_admits_direct_clients_only(dvm):
     """A peer on the direct-data socket that answers the challenge as a tool
     (with the DVM's secret) is refused: that socket is for job processes."""
-    from pydvm.runtime.auth import mac
+    from pydvm.runtime.shared.auth import mac
     from pydvm.wire import BlockingChannel
 
     path = master_info(dvm)["direct_unix"]["path"]

@@ -61,8 +61,8 @@ from hypothesis import strategies as st
 from dvmkit import pid_alive, start_dvm, wait_for
 from rawpeers import CRASH_PATTERNS, HeldJob, Peer, master_uri
 from pydvm.enums import Range
-from pydvm.runtime import dataops
-from pydvm.runtime.auth import mac
+from pydvm.runtime.shared import dataops
+from pydvm.runtime.shared.auth import mac
 from pydvm.wire import HANDSHAKE_FRAME, HEADER, MAX_FRAME, FrameDecoder, FrameError, pack
 
 pytestmark = pytest.mark.e2e

@@ -25,7 +25,7 @@ import pytest
 
 from dvmkit import LineReader, pid_alive, start_dvm
 from rawpeers import Peer, daemon_sockets, master_uri
-from pydvm.runtime.auth import mac
+from pydvm.runtime.shared.auth import mac
 
 pytestmark = pytest.mark.e2e
 

@@ -342,7 +342,7 @@ def test_a_socket_directory_whose_owner_file_is_still_being_written_is_left_alon
     """Daemons a, b, c start together: one's sweep of stale directories must not
     take another's directory in the moment between creating its ``owner`` file
     and writing it (seen as a daemon failing with FileNotFoundError at start)."""
-    from pydvm.runtime.sockdir import remove_stale_socket_dirs
+    from pydvm.runtime.shared.sockdir import remove_stale_socket_dirs
 
     young = tmp_path / "cafe-a-young"
     young.mkdir()

@@ -27,7 +27,7 @@ TIMEOUT = 120
 
 
 #: A CPU-load registry of these tests' own: pydvm binds a new rank to the
-#: least-used cores of the machine (runtime/cpubind.py), so ranks of other
+#: least-used cores of the machine (runtime/node/cpubind.py), so ranks of other
 #: tests running at the same time would move ours off the cores mpirun takes.
 CPULOAD = ""
 

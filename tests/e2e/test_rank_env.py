@@ -1,5 +1,5 @@
 """The environment every rank gets, against Open MPI 4.1's ``mpirun``
-(runtime/ompienv.py; docs/runtime.md, "The rank environment").
+(runtime/node/ompienv.py; docs/runtime.md, "The rank environment").
 
 The same command -- a shell printing its ``OMPI_*`` variables -- runs under
 ``mpirun`` and under ``pydvm run`` (a one-shot DVM on this machine; a

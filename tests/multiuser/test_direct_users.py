@@ -18,8 +18,8 @@ PROBE = """
 import sys
 from pydvm.client import direct as _direct
 from pydvm.errors import PMIxError
-from pydvm.runtime.auth import DvmUri
-from pydvm.runtime.credential import Credential
+from pydvm.runtime.shared.auth import DvmUri
+from pydvm.runtime.shared.credential import Credential
 uri, token, nspace, rank, uid = sys.argv[1:6]
 unix = sys.argv[6] if len(sys.argv) > 6 else ""
 parts = token.split(":")

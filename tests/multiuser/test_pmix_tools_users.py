@@ -1,6 +1,6 @@
 """PMIx tools from outside any job on a multi-user DVM, with real uids.
 
-A tool's identity is its uid as the kernel knows it (runtime/pmixtools.py):
+A tool's identity is its uid as the kernel knows it (runtime/pmixhost/tools.py):
 a user's ``pps`` lists that user's jobs only, root's every job; a user's
 tool finds its own user's keys and not another's.  The tools attach to the
 head node's server (``pydvm_head_node`` names node ``a``).

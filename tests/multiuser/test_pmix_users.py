@@ -140,7 +140,7 @@ def _read_until(bg: subprocess.Popen, marker: str) -> str:
 
 
 def _agents(user: str) -> list[int]:
-    p = subprocess.run(["pgrep", "-u", user, "-f", "pydvm.runtime.pmixagent"],
+    p = subprocess.run(["pgrep", "-u", user, "-f", "pydvm.runtime.pmixhost.agent"],
                        capture_output=True, text=True)
     return [int(x) for x in p.stdout.split()]
 
@@ -247,7 +247,7 @@ def test_a_users_pmix_server_goes_when_idle_and_comes_back_with_the_next_job(
 def test_pmix_queries_answer_only_about_the_askers_jobs(mudvm, users):
     """``pps`` in B's job lists B's namespace and not A's running job; in
     root's job, both (libpmix 4.2 does not name the asker: the agent relaying
-    the query does, runtime/pmixquery.py)."""
+    the query does, runtime/pmixhost/query.py)."""
     if not shutil.which("pps"):
         pytest.skip("pps not installed (apt-get install libpmix-bin)")
     bg = mudvm.popen_as("pdvmtesta", "run", "--pmix", "--host", "a", "-n", "1", "sh", "-c",
@@ -275,7 +275,7 @@ def test_pmix_job_control_acts_only_on_the_askers_jobs_and_roots_on_all(mudvm, u
     runs on); B's own rank 0 signals its rank 1 through B's PMIx servers on
     both nodes, and its statements and allocation requests are answered through
     them as through the owner's; a process of root's job kills A's job
-    (runtime/pmixjobctl.py)."""
+    (runtime/pmixhost/jobctl.py)."""
     bg = mudvm.popen_as("pdvmtesta", "run", "--pmix", "--host", "a", "-n", "1", "sh", "-c",
                         'echo "NS=$PMIX_NAMESPACE"; exec sleep 600')
     a_ns = _read_until(bg, "NS=").split("NS=", 1)[1].split()[0]

@@ -254,7 +254,7 @@ def test_another_users_job_gets_a_logins_basics_never_the_daemons_variables(monk
     starts from PATH and that user's own HOME, USER, LOGNAME, SHELL."""
     import pwd
 
-    from pydvm.runtime.nodelaunch import node_environment
+    from pydvm.runtime.node.launch import node_environment
 
     monkeypatch.setenv("OWNERS_SECRET", "s3cret")
     monkeypatch.setenv("PYDVM_STATE_DIR", "/owner/state")

@@ -1,4 +1,4 @@
-"""The store guard's discipline (runtime/storeguard.py), thread by thread.
+"""The store guard's discipline (runtime/shared/storeguard.py), thread by thread.
 
 A PMIx request answered on libpmix's thread reaches the same stores as the
 event loop; these tests pin the rules that make that safe, each with real
@@ -18,11 +18,11 @@ import types
 import pytest
 
 from pydvm.pmix import Proc
-from pydvm.runtime import storeguard as G
-from pydvm.runtime.node import NodeServer
-from pydvm.runtime.peers import route_answer
-from pydvm.runtime.pmixhost import PmixSession
-from pydvm.runtime.dataservice import MasterRouter
+from pydvm.runtime.shared import storeguard as G
+from pydvm.runtime.node.server import NodeServer
+from pydvm.runtime.shared.peers import route_answer
+from pydvm.runtime.pmixhost.host import PmixSession
+from pydvm.runtime.master.dataservice import MasterRouter
 from pydvm.store import Caller, DataStore, MonotonicClock, StoreParams
 
 NS = "pydvm-t@1"

@@ -87,8 +87,8 @@ def test_an_event_a_tool_sent_just_before_it_left_is_still_that_tools(monkeypatc
     (uid and namespace) for a while; a nameless tool's never (ambiguous)."""
     from types import SimpleNamespace
 
-    from pydvm.runtime import pmixtools
-    from pydvm.runtime.pmixtools import ToolConn, ToolHost
+    from pydvm.runtime.pmixhost import tools as pmixtools
+    from pydvm.runtime.pmixhost.tools import ToolConn, ToolHost
 
     closed = []
     session = SimpleNamespace(channel=SimpleNamespace(close=closed.append))

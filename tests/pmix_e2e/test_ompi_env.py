@@ -1,5 +1,5 @@
 """What Open MPI 4.1 programs are told by the environment pydvm gives each
-rank, against Open MPI's own ``mpirun`` (runtime/ompienv.py; docs/runtime.md,
+rank, against Open MPI's own ``mpirun`` (runtime/node/ompienv.py; docs/runtime.md,
 "The rank environment"): MPI_INFO_ENV and MPI_UNIVERSE_SIZE, a spawned job's
 own shared-memory directories on each node, oversubscription.
 """

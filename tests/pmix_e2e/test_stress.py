@@ -2,7 +2,7 @@
 
 A PMIx publish, lookup or unpublish that a store of the node's process can
 answer at once is answered on libpmix's progress thread, under the
-process's store guard (runtime/storeguard.py); everything else -- a lookup
+process's store guard (runtime/shared/storeguard.py); everything else -- a lookup
 that waits, a daemon's requests to the master, purges, timers, tool
 requests -- runs on the event loop under the same guard.  This drives both
 at once on a real DVM (the head node, whose PMIx server is the master's,

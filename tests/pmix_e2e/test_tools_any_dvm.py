@@ -4,7 +4,7 @@ A DVM whose nodes are all daemons -- named local nodes (``--hosts n1:2,n2:2``,
 the README's quick start), or a login node's master with ``--launcher ssh``
 onto compute nodes -- has no node in the master's process; its tools attach
 to a tool server beside the master all the same, as PRRTE's ``prte`` serves
-tools whatever its hosts (runtime/pmixtools.py, "Where").  Each check runs
+tools whatever its hosts (runtime/pmixhost/tools.py, "Where").  Each check runs
 against both kinds of DVM: what a tool sees must not depend on it.
 
 Like tests/pmix_e2e/test_tools.py, each DVM has a private ``TMPDIR``, so the

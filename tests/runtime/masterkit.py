@@ -1,6 +1,6 @@
 """A master's components, wired as the master wires them, with stand-in links instead of sockets.
 
-:func:`master_with` builds a real :class:`~pydvm.runtime.master.Master`
+:func:`master_with` builds a real :class:`~pydvm.runtime.master.server.Master`
 (its constructor opens nothing), makes its store, and marks nodes up with
 :class:`StandIn` links: no daemon, no socket, no process.  A stand-in
 records what it is sent and answers every call with success (or what the
@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable
 
-from pydvm.runtime.jobs import HostSpec
-from pydvm.runtime.master import Master
-from pydvm.runtime.peers import DaemonSession, ToolSession
+from pydvm.runtime.shared.jobs import HostSpec
+from pydvm.runtime.master.server import Master
+from pydvm.runtime.shared.peers import DaemonSession, ToolSession
 
 
 class StandIn:

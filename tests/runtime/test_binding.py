@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pydvm.runtime import binding as B
-from pydvm.runtime import topology as T
+from pydvm.runtime.node import binding as B
+from pydvm.runtime.node import topology as T
 
 
 def fake_sysfs(root: Path, sockets: int, cores: int, threads: int) -> Path:

@@ -1,6 +1,6 @@
 """The master's components through their interfaces, without processes or sockets.
 
-A real :class:`~pydvm.runtime.master.Master` is built (its constructor
+A real :class:`~pydvm.runtime.master.server.Master` is built (its constructor
 opens nothing) and its nodes are marked up with stand-in links
 (``masterkit.py``): every message goes through the master's dispatch tables
 to the component that owns it, and every fan-out through the listeners the
@@ -32,15 +32,15 @@ from masterkit import exited, master_with, run_job, settle, tool
 
 from pydvm.enums import Persistence, Range
 from pydvm.errors import Status
-from pydvm.runtime import master as master_mod
-from pydvm.runtime import toolreqs
-from pydvm.runtime.collectives import PMIX_REQUESTS
-from pydvm.runtime.core import DEFAULT_SESSION, LOST_STATUS
-from pydvm.runtime.dataops import DATA_OPS
-from pydvm.runtime.jobio import STDIN_WINDOW
-from pydvm.runtime.peers import ClaimRefused, process_caller
+from pydvm.runtime.master import server as master_mod
+from pydvm.runtime.master import toolreqs
+from pydvm.runtime.master.collectives import PMIX_REQUESTS
+from pydvm.runtime.master.core import DEFAULT_SESSION, LOST_STATUS
+from pydvm.runtime.shared.dataops import DATA_OPS
+from pydvm.runtime.node.jobio import STDIN_WINDOW
+from pydvm.runtime.shared.peers import ClaimRefused, process_caller
 
-DESIGN = Path(master_mod.__file__).with_name("DESIGN.md")
+DESIGN = Path(master_mod.__file__).parents[1] / "DESIGN.md"
 TABLES = {"daemon": master_mod.DAEMON_MESSAGES, "tool": master_mod.TOOL_MESSAGES,
           "direct": master_mod.DIRECT_MESSAGES}
 
@@ -419,7 +419,7 @@ def test_a_direct_client_is_admitted_while_its_process_runs_and_closed_when_it_e
     requests are served as the vouched-for process meanwhile."""
     from masterkit import StandIn
 
-    from pydvm.runtime import credential as C
+    from pydvm.runtime.shared import credential as C
 
     async def scenario():
         m, d = master_with("a", "b")

@@ -1,4 +1,4 @@
-"""The runtime's pure core (:mod:`pydvm.runtime.core`) without processes.
+"""The runtime's pure core (:mod:`pydvm.runtime.master.core`) without processes.
 
 Unit tests feed it the events a real run produces and compare the effects
 it returns.  The state machine drives it through random job submissions
@@ -32,14 +32,14 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from pydvm.enums import Persistence as P
-from pydvm.runtime.core import (
+from pydvm.runtime.master.core import (
     DEFAULT_SESSION, LOST_STATUS, AnnounceFailure, AppPurged, EndRequested, FailureAnnounced,
     JobEnded,
     JobSubmitted, KillRequested, LaunchAnswered, LifetimeCore, NamespacePurged, NodeLost,
     ProcExited, ProcGone, PurgeNodes, PurgeStore, SendKill, SessionEnded, SessionEndRequested,
     SessionPurged,
 )
-from pydvm.runtime.jobs import HostSpec, ProcState, build_job
+from pydvm.runtime.shared.jobs import HostSpec, ProcState, build_job
 
 NODES = ("a", "b", "c")
 LIFETIMES = (P.PROC, P.APP, P.NSPACE, P.SESSION)

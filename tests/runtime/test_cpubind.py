@@ -1,4 +1,4 @@
-"""The machine-wide registry of bound CPUs (runtime/cpubind.py ``SharedLoad``)
+"""The machine-wide registry of bound CPUs (runtime/node/cpubind.py ``SharedLoad``)
 with real files: what one node process publishes the others read, however
 quickly it changes, and nothing is left of a process that is gone."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from pydvm.runtime.cpubind import SharedLoad
+from pydvm.runtime.node.cpubind import SharedLoad
 
 
 def _load(tmp_path, monkeypatch, tag):

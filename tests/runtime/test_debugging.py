@@ -1,4 +1,4 @@
-"""Debugger bookkeeping (runtime/debugging.py) and the job-level items it
+"""Debugger bookkeeping (runtime/master/debugging.py) and the job-level items it
 registers (pmix/jobinfo.py): pure units, real job records, no libpmix."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from pydvm.pmix import constants as C
 from pydvm.pmix.jobinfo import JobLayout, job_info
 from pydvm.pmix.values import Proc, Value
-from pydvm.runtime import debugging as D
-from pydvm.runtime.jobs import AppRecord, JobRecord, ProcRecord, ProcState
-from pydvm.runtime.pmixcodec import job_layout
+from pydvm.runtime.master import debugging as D
+from pydvm.runtime.shared.jobs import AppRecord, JobRecord, ProcRecord, ProcState
+from pydvm.runtime.pmixhost.codec import job_layout
 
 W = C.RANK_WILDCARD
 

@@ -1,4 +1,4 @@
-"""Starting and reaping job processes (pydvm.runtime.jobproc), with real processes."""
+"""Starting and reaping job processes (pydvm.runtime.shared.jobproc), with real processes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from pydvm.runtime import jobproc
+from pydvm.runtime.shared import jobproc
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The log handler that degrades to a counter (runtime/logs.py), on a stream
+"""The log handler that degrades to a counter (runtime/shared/logs.py), on a stream
 whose writes fail on demand: no traceback per failed record, one stderr line,
 one line in the log once writing works again."""
 
@@ -8,7 +8,7 @@ import errno
 import io
 import logging
 
-from pydvm.runtime import logs
+from pydvm.runtime.shared import logs
 
 
 class Disk(io.StringIO):

@@ -1,9 +1,9 @@
-"""runtime/ompienv.py: the Open MPI variables of each rank, from a job layout
+"""runtime/node/ompienv.py: the Open MPI variables of each rank, from a job layout
 (pure; the same against mpirun end to end: tests/e2e/test_rank_env.py)."""
 
 from __future__ import annotations
 
-from pydvm.runtime import ompienv
+from pydvm.runtime.node import ompienv
 
 LAYOUT = {"nodes": {"a": [0, 1, 4], "b": [2, 3]}, "apps": [3, 2], "univ_size": 8,
           "slots": {"a": 2, "b": 2}, "argv": [["./prog", "x", "y z"], ["/bin/other"]],

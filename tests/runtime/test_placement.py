@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pydvm import placement as PL
 from pydvm.placement import Host, map_job
-from pydvm.runtime import topology
+from pydvm.runtime.node import topology
 
 MPIRUN = shutil.which("mpirun")
 

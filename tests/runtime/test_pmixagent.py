@@ -1,4 +1,4 @@
-"""The user's PMIx agent's side of its link to the node (runtime/pmixagent.py):
+"""The user's PMIx agent's side of its link to the node (runtime/pmixhost/agent.py):
 frames written from another thread (libpmix's, in the agent) and from the
 loop share one socket without ever interleaving, in the order they were
 written, and nothing is written once the link is closed.  Real sockets,
@@ -12,7 +12,7 @@ import socket
 import threading
 
 from pydvm.errors import Status
-from pydvm.runtime.pmixagent import LinkChannel, UpcallLink
+from pydvm.runtime.pmixhost.agent import LinkChannel, UpcallLink
 from pydvm.wire import FrameDecoder
 
 
@@ -175,7 +175,7 @@ def test_an_answer_is_matched_to_its_upcall_once_and_a_closed_link_writes_nothin
 def test_when_the_node_goes_the_agent_answers_every_waiting_upcall_unreach():
     """The agent's loop side (pmixagent.Agent.main): the node's end closes,
     every upcall still waiting gets PMIX_ERR_UNREACH and the agent ends."""
-    from pydvm.runtime.pmixagent import Agent
+    from pydvm.runtime.pmixhost.agent import Agent
 
     class Reply:
         notification = False
@@ -215,7 +215,7 @@ class _Sent:
 
 def test_an_unknown_command_from_the_node_is_answered_not_supported():
     from pydvm.pmix import constants as C
-    from pydvm.runtime.pmixagent import Agent
+    from pydvm.runtime.pmixhost.agent import Agent
     ch = _Sent()
     Agent().on_message(ch, {"t": "no-such-command", "id": 3})
     assert [(m.get("id"), m.get("status")) for m in ch.sent] == [(3, C.ERR_NOT_SUPPORTED)]
@@ -224,7 +224,7 @@ def test_an_unknown_command_from_the_node_is_answered_not_supported():
 def test_a_node_without_pmix_answers_an_event_not_supported():
     from types import SimpleNamespace
     from pydvm.pmix import constants as C
-    from pydvm.runtime.pmixhost import PmixHost
+    from pydvm.runtime.pmixhost.host import PmixHost
     host = PmixHost(SimpleNamespace(name="n"))
     assert asyncio.run(host.deliver_event({"source": ["ns", 0], "code": -1, "range": 0})) \
         == C.ERR_NOT_SUPPORTED
@@ -235,8 +235,8 @@ def test_an_event_reaches_the_tool_server_only_while_a_tool_is_connected_to_it()
     server has no client but its tools, so it is passed over while none is
     connected (0.15 ms of its CPU per job in a bulk of one-rank jobs)."""
     from types import SimpleNamespace
-    from pydvm.runtime.pmixhost import PmixHost
-    from pydvm.runtime.pmixtools import ToolConn
+    from pydvm.runtime.pmixhost.host import PmixHost
+    from pydvm.runtime.pmixhost.tools import ToolConn
 
     class Server:
         def __init__(self, tools):
@@ -265,7 +265,7 @@ def test_a_job_end_reaches_a_server_process_only_while_one_of_its_processes_is_c
     for later clients still goes to every server."""
     from types import SimpleNamespace
     from pydvm.pmix import constants as C
-    from pydvm.runtime.pmixhost import PmixHost, PmixSession
+    from pydvm.runtime.pmixhost.host import PmixHost, PmixSession
     from pydvm.store import Caller
 
     class Server:
@@ -299,7 +299,7 @@ def test_a_job_end_reaches_a_server_process_only_while_one_of_its_processes_is_c
     asyncio.run(host.deliver_event(end))
     assert agent.got == [-7, C.EVENT_JOB_END]
     # an isolated node (no libpmix server in the node process) asks its agents only
-    from pydvm.runtime.pmixhost import NoServerHere
+    from pydvm.runtime.pmixhost.host import NoServerHere
     host.server = NoServerHere("/nonexistent", "dvm-n")
     assert asyncio.run(host.deliver_event(end)) == Status.SUCCESS
     host.mark_connected(("job-1", 0))

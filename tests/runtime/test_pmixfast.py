@@ -1,4 +1,4 @@
-"""The fast lane (runtime/pmixfast.py) over a real socket pair: the asking
+"""The fast lane (runtime/pmixhost/fast.py) over a real socket pair: the asking
 thread gets the node's answer, or ``later`` (declined, nothing done); a
 broken or lying lane is an
 OSError for the asker, and nonsense never leaves it waiting."""
@@ -13,7 +13,7 @@ import pytest
 
 from pydvm.protocol import HEADER, pack
 from pydvm.pmix.constants import ERROR as PMIX_ERROR
-from pydvm.runtime.pmixfast import Asker, Lane, read_frame
+from pydvm.runtime.pmixhost.fast import Asker, Lane, read_frame
 
 
 class _Node:
@@ -128,7 +128,7 @@ def test_the_node_closes_a_lane_that_sends_nonsense(junk):
 
 
 def test_no_polling_where_one_cpu_is_all_there_is(monkeypatch):
-    from pydvm.runtime import pmixfast
+    from pydvm.runtime.pmixhost import fast as pmixfast
     assert pmixfast.spin_ns(0) == 0
     monkeypatch.setattr(pmixfast.os, "sched_getaffinity", lambda pid: {0})
     assert pmixfast.spin_ns(200) == 0

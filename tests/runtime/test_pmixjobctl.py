@@ -1,5 +1,5 @@
 """PMIx job control: what directives ask for (pmix/jobctl.py), the master's
-checks and actions (runtime/pmixjobctl.py) from real job records and a
+checks and actions (runtime/pmixhost/jobctl.py) from real job records and a
 stand-in node table, and the requests crossing a user's agent link."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pydvm.pmix import constants as C
 from pydvm.pmix import jobctl as J
 from pydvm.pmix.requests import Allocate, JobControl
 from pydvm.pmix.values import DataArray, Proc, Value
-from pydvm.runtime import pmixjobctl as PJ
-from pydvm.runtime.jobs import AppRecord, JobRecord, ProcRecord, ProcState
-from pydvm.runtime.pmixcodec import decode_request, encode_request
+from pydvm.runtime.pmixhost import jobctl as PJ
+from pydvm.runtime.shared.jobs import AppRecord, JobRecord, ProcRecord, ProcState
+from pydvm.runtime.pmixhost.codec import decode_request, encode_request
 
 W = C.RANK_WILDCARD
 

@@ -1,4 +1,4 @@
-"""The master's answers to PMIx queries (runtime/pmixquery.py), from real job
+"""The master's answers to PMIx queries (runtime/pmixhost/query.py), from real job
 records and a stand-in node table: which jobs each user sees, each key's
 form, the statuses of refused and partly answered queries; and that a
 process table crosses a user's agent link (the agents' codec)."""
@@ -10,9 +10,9 @@ import asyncio
 from pydvm.errors import Status
 from pydvm.pmix import constants as C
 from pydvm.pmix.values import DataArray, ProcInfo, Proc, Value
-from pydvm.runtime import pmixquery as PQ
-from pydvm.runtime.jobs import AppRecord, JobRecord, ProcRecord, ProcState
-from pydvm.runtime.pmixcodec import decode, encode
+from pydvm.runtime.pmixhost import query as PQ
+from pydvm.runtime.shared.jobs import AppRecord, JobRecord, ProcRecord, ProcState
+from pydvm.runtime.pmixhost.codec import decode, encode
 
 
 def job(ns: str, uid: int, states=(ProcState.RUNNING, ProcState.RUNNING)) -> JobRecord:

@@ -1,4 +1,4 @@
-"""Unit tests of the per-user PMIx server's relay (runtime/pmixusers.py):
+"""Unit tests of the per-user PMIx server's relay (runtime/pmixhost/users.py):
 the codec that carries upcalls and answers between an agent and its node,
 and what the node does with what an agent sends (no libpmix, no processes;
 tests/multiuser/test_pmix_users.py runs the real thing with real uids)."""
@@ -15,9 +15,9 @@ from pydvm.errors import Status
 from pydvm.pmix import DataArray, Proc, Value
 from pydvm.pmix import constants as C
 from pydvm.pmix import requests as R
-from pydvm.runtime.pmixcodec import decode, decode_request, encode, encode_request
-from pydvm.runtime.pmixremote import RemoteReply, UserServer
-from pydvm.runtime.pmixusers import UserServers
+from pydvm.runtime.pmixhost.codec import decode, decode_request, encode, encode_request
+from pydvm.runtime.pmixhost.remote import RemoteReply, UserServer
+from pydvm.runtime.pmixhost.users import UserServers
 
 P = Proc("ns-a", 3)
 INFO = DataArray(C.INFO, (("k1", Value("x", C.STRING)), ("k2", Value(7, C.UINT32))))
@@ -227,7 +227,7 @@ def test_the_tool_server_speaks_for_its_tools_and_known_processes_only():
 def test_a_tool_connection_crosses_from_the_tool_server_and_nothing_else_does():
     import msgpack
     from pydvm.pmix.tools import ToolConnected
-    from pydvm.runtime.pmixcodec import decode_tool, encode_tool
+    from pydvm.runtime.pmixhost.codec import decode_tool, encode_tool
     req = ToolConnected(1000, "", 1000, 1000, 4242, "pps", 7, {"pmix.nspace": Value("x", C.STRING)},
                         9, False)
     back = decode_tool(msgpack.unpackb(msgpack.packb(encode_tool(req))))
@@ -397,7 +397,7 @@ def test_processes_whose_server_process_cannot_start_get_the_nodes_own_server_or
 
 def test_only_the_tool_server_may_pass_on_a_tools_connection_and_its_end():
     from pydvm.pmix.tools import ToolConnected
-    from pydvm.runtime.pmixcodec import encode_tool
+    from pydvm.runtime.pmixhost.codec import encode_tool
     seen, gone = [], []
 
     def handler(req):
@@ -432,7 +432,7 @@ def test_registrations_wait_at_the_node_not_inside_the_server_process():
     with their timeout starting when they are sent."""
     import asyncio
     from pydvm.pmix import Proc
-    from pydvm.runtime.pmixremote import REGISTRATIONS_IN_FLIGHT
+    from pydvm.runtime.pmixhost.remote import REGISTRATIONS_IN_FLIGHT
 
     class Slow:
         closed = False

@@ -1,7 +1,7 @@
 """What the Slurm launcher relies on, checked against real Slurm.
 
 The daemons of a DVM run as one srun step built by
-``pydvm.runtime.slurm.srun_argv``; here each such step runs ``sigtask.py``
+``pydvm.runtime.master.slurm.srun_argv``; here each such step runs ``sigtask.py``
 (a stand-in daemon that logs what happens to it) so these tests pin down:
 the allocation as the environment describes it, the secret reaching every
 task on stdin, the step not holding the allocation's CPUs, ``squeue`` and
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from cluster import SlurmCluster
 
-from pydvm.runtime.jobs import HostSpec
-from pydvm.runtime.slurm import (
+from pydvm.runtime.shared.jobs import HostSpec
+from pydvm.runtime.master.slurm import (
     SlurmEnvError,
     allocation_from_env,
     node_from_env,

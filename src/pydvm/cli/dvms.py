@@ -1,7 +1,7 @@
 """Finding DVMs and not losing data: ``pydvm dvms``, stale URIs, second starts, one-shot runs.
 
 Every DVM this user runs on this machine has a record in the state
-directory (:mod:`pydvm.runtime.registry`); a record is trusted only while
+directory (:mod:`pydvm.runtime.shared.registry`); a record is trusted only while
 its DVM holds its lock, so a DVM that died however it died never shows.
 That registry answers three questions here:
 
@@ -63,7 +63,7 @@ async def running_dvms() -> list[dict]:
     answer within :data:`INFO_TIMEOUT`."""
     import asyncio
 
-    from ..runtime import registry
+    from ..runtime.shared import registry
 
     records = registry.running()
     counts = await asyncio.gather(*[_jobs_of(str(r.get("uri"))) for r in records])
@@ -104,7 +104,7 @@ def unreachable_lines(uri: DvmUri, why: str, from_env: bool) -> list[str]:
     ``from_env``: the URI came from ``PYDVM_URI`` (not ``--dvm``), so the
     message names the variable and how to clear or reset it.
     """
-    from ..runtime import registry
+    from ..runtime.shared import registry
 
     running = registry.is_running(uri.dvmid)
     if running is False:  # it ran here and ended: the reason adds nothing
@@ -143,7 +143,7 @@ def warn_before_second_start(a) -> None:
         return
     if getattr(a, "data_server_uri", None) or getattr(a, "dvm_id", None) == uri.dvmid:
         return
-    from ..runtime import registry
+    from ..runtime.shared import registry
 
     rec = next((r for r in registry.running() if r.get("dvm") == uri.dvmid), None)
     if rec is None:

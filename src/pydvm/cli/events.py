@@ -3,7 +3,7 @@
 It subscribes (``subscribe``: to one job with ``--job``, a session's jobs
 with ``--session``, else every job this user may see -- every user's for
 root and the DVM's owner) and prints each ``job_event`` the master pushes
-(:mod:`pydvm.runtime.jobevents` describes them), until Ctrl-C -- or, with
+(:mod:`pydvm.runtime.master.jobevents` describes them), until Ctrl-C -- or, with
 ``--job``, until that job has ended.  ``--json`` prints each event as one
 JSON object.
 """

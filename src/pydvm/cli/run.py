@@ -170,9 +170,9 @@ def _one_shot_hosts(named: dict[str, int], env):
     nodes (each must be allocated), else on every allocated node.
     """
     from .start import _hosts
-    from ..runtime.jobs import HostSpec
-    from ..runtime.launch import make_launcher
-    from ..runtime.slurm import allocation_from_env, in_allocation, select_hosts
+    from ..runtime.shared.jobs import HostSpec
+    from ..runtime.master.launchers import make_launcher
+    from ..runtime.master.slurm import allocation_from_env, in_allocation, select_hosts
 
     if not in_allocation(env):
         hosts = [HostSpec(n, max(1, slots)) for n, slots in sorted(named.items())] \
@@ -191,8 +191,8 @@ async def _one_shot(opts: dict, resolved) -> int:
     """Run one job on a private DVM on this machine, then take it down."""
     from .dvms import one_shot_warning
     from .start import _bind
-    from ..runtime.logs import setup_logging
-    from ..runtime.master import Master, StartError
+    from ..runtime.shared.logs import setup_logging
+    from ..runtime.master.server import Master, StartError
     from .tool import ToolError, run_job
 
     setup_logging("pydvm-run", None, resolved["prte_data_server_verbose"].value)

@@ -60,7 +60,7 @@ def run_async(coro, profile_name: str = "") -> Any:
 
 
 def _hosts(text: str | None):
-    from ..runtime.jobs import HostSpec, parse_hosts
+    from ..runtime.shared.jobs import HostSpec, parse_hosts
 
     if text:
         return parse_hosts(text)
@@ -104,9 +104,9 @@ def _start_hosts(text: str | None, launcher: str | None, env):
     ``--hosts`` then picks some of them (one refused if not allocated).
     Elsewhere: ``local``, this machine.  Raises ValueError with the reason.
     """
-    from ..runtime.jobs import parse_hosts
-    from ..runtime.launch import LAUNCHERS, make_launcher
-    from ..runtime.slurm import allocation_from_env, in_allocation, select_hosts
+    from ..runtime.shared.jobs import parse_hosts
+    from ..runtime.master.launchers import LAUNCHERS, make_launcher
+    from ..runtime.master.slurm import allocation_from_env, in_allocation, select_hosts
 
     if launcher is None:
         launcher = "slurm" if in_allocation(env) else "local"
@@ -150,11 +150,11 @@ def cmd_start(a) -> int:
 async def _serve(a, hosts, launcher, resolved, ready_fd: int | None) -> int:
     import signal
 
-    from ..runtime.logs import setup_logging
-    from ..runtime.master import Master, StartError
+    from ..runtime.shared.logs import setup_logging
+    from ..runtime.master.server import Master, StartError
 
     setup_logging("master", a.log_dir, resolved["prte_data_server_verbose"].value)
-    from ..runtime.auth import DvmUri, UriError
+    from ..runtime.shared.auth import DvmUri, UriError
 
     try:
         ds = DvmUri.parse(a.data_server_uri) if a.data_server_uri else None
@@ -197,7 +197,7 @@ def _write_private(path: str, text: str) -> None:
 def _daemonize(a, hosts, launcher, resolved) -> int:
     import secrets
 
-    from ..runtime.launch import default_log_dir
+    from ..runtime.master.launchers import default_log_dir
 
     if not a.log_dir:  # a detached DVM has no terminal: it logs to its own directory
         a.dvm_id = a.dvm_id or secrets.token_hex(4)
@@ -234,10 +234,10 @@ def _daemonize(a, hosts, launcher, resolved) -> int:
 
 
 def cmd_daemon(a) -> int:
-    from ..runtime.daemon import run_daemon
-    from ..runtime.logs import setup_logging
+    from ..runtime.node.daemon import run_daemon
+    from ..runtime.shared.logs import setup_logging
 
-    from ..runtime.guard import Guardian
+    from ..runtime.shared.guard import Guardian
 
     # Under the slurm launcher every task runs the same command: the node
     # name is the one slurmstepd gives the task.

@@ -71,7 +71,7 @@ BOUNDED = (_signal.SIGTERM, _signal.SIGHUP)
 #: it).  Left to autotuning, a ``pydvm run`` whose reader is slow lets its
 #: receive buffer grow to megabytes of a job's output, on top of the output
 #: window -- still to be written after a Ctrl-C.  The master caps its side
-#: too (``runtime/toolreqs.py``, OUTPUT_SEND_BUFFER).
+#: too (``runtime/master/toolreqs.py``, OUTPUT_SEND_BUFFER).
 RECV_BUFFER = 256 * 1024
 
 #: Request ids of the two requests a run makes.

@@ -15,7 +15,7 @@ import asyncio
 import signal
 from typing import Any
 
-from ..runtime.auth import DvmUri, UriError, connect, read_secret, tool_socket_path
+from ..runtime.shared.auth import DvmUri, UriError, connect, read_secret, tool_socket_path
 from .toolcommon import (DvmUnreachable, JobOutput, StdinSource, ToolError,  # noqa: F401
                           gave_up, job_exit, resolve_uri, run_request, stdin_kind, tag_lines)
 from .toolcommon import SIGNAL_EXIT

@@ -1,9 +1,9 @@
-"""The client's side of the direct data path (see :mod:`pydvm.runtime.direct`).
+"""The client's side of the direct data path (see :mod:`pydvm.runtime.master.direct`).
 
 A client on a daemon's node whose daemon handed it a credential
 (``PYDVM_DIRECT_CRED``, put there at launch) and named the master in its
 hello reply (``direct``) sends the requests the routing table
-(:func:`pydvm.runtime.dataops.stores_for`) gives to the master store
+(:func:`pydvm.runtime.shared.dataops.stores_for`) gives to the master store
 straight to the master, on one connection opened on the first such
 request: the master's direct-data Unix socket when the daemon offered one
 (the master runs on this machine), else its TCP port.  Everything else

@@ -11,7 +11,7 @@ package is its pure part:
   requests in, effects out, no I/O;
 * :mod:`~pydvm.pmi1.detect` -- which interface a program needs.
 
-The node's I/O shell around it is :mod:`pydvm.runtime.pmi1host`.
+The node's I/O shell around it is :mod:`pydvm.runtime.node.pmi1host`.
 """
 
 from .job import Pmi1Job, process_mapping

@@ -19,7 +19,7 @@ the program, as the dynamic loader would see it:
 * anything else -- an executable that links no MPI (it may run one: a
   shell, ``env``, ``time``, ``numactl``, a debugger), a shell script, an
   interpreter with no MPI beside it: **None**, unknown.  The node then
-  offers PMIx and watches for a PMI-1 client (:mod:`pydvm.runtime.pmi1host`),
+  offers PMIx and watches for a PMI-1 client (:mod:`pydvm.runtime.node.pmi1host`),
   so a program that turns out to speak PMI-1 ends the job with advice
   rather than run as singletons.
 

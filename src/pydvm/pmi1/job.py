@@ -4,7 +4,7 @@ Every process of a PMI-1 job on a node talks to :class:`Pmi1Job` through
 its own connection; :meth:`Pmi1Job.handle` takes one request of one rank
 and returns what to do -- replies to send, a fence to contribute, an abort,
 a name-service or spawn request -- as plain effect objects the node's I/O
-shell carries out (:mod:`pydvm.runtime.pmi1host`).  The answers to those
+shell carries out (:mod:`pydvm.runtime.node.pmi1host`).  The answers to those
 requests come back through :meth:`fence_done`, :meth:`data_done` and
 :meth:`spawn_done`.
 
@@ -15,7 +15,7 @@ every process of the job on every node -- PMI-1's only promise.  A node
 keeps the puts of its own processes since the last barrier (``puts``);
 when every local process of the job has entered a barrier, the node sends
 them to the master as its contribution to a fence over the whole job
-(:class:`~pydvm.runtime.collectives.Collectives`: the same collective a
+(:class:`~pydvm.runtime.master.collectives.Collectives`: the same collective a
 PMIx fence is); the master answers every node with all the contributions,
 which each node adds to its ``kvs``, and only then is each waiting process
 let out of the barrier.  A ``get`` is answered at once: the value, or

@@ -18,12 +18,12 @@ there and then (libpmix 4.2.2 allows that: these callbacks only pack the
 answer and queue it for the client) and the request never reaches the loop
 -- two thread wake-ups saved.  ``answer_now`` must not block either; the
 pydvm host takes its store lock without waiting and leaves the request to
-the loop when the loop holds it (:mod:`pydvm.runtime.storeguard`).
+the loop when the loop holds it (:mod:`pydvm.runtime.shared.storeguard`).
 
 Another choice, for a host that only relays: ``take_now``
 (:meth:`PmixServer.start`) is offered every upcall on the progress thread
 before it would be handed to the loop; taking it means the host has sent it
-on (a user's agent writes it to its node: :mod:`pydvm.runtime.pmixagent`)
+on (a user's agent writes it to its node: :mod:`pydvm.runtime.pmixhost.agent`)
 and answers it later through its reply object, from whatever thread -- the
 loop's wake-up saved.  ``take_now`` must not block either.
 
@@ -398,7 +398,7 @@ class PmixServer:
         ``PMIx_Init`` (tens to a few hundred jobs; sooner when the call is
         made right after the exit).  Without it, 300 such jobs ran clean:
         ``deregister_nspace`` at the job's end releases its clients.  The
-        pydvm host therefore does not call it (runtime/pmixhost.py)."""
+        pydvm host therefore does not call it (runtime/pmixhost/host.py)."""
         lib = self._need()
         p = L.pmix_proc_t()
         proc_to_c(proc, p)

@@ -106,7 +106,7 @@ class DataStore(StoreLifetimes, StoreViews):
         Called as ``on_holder(uid, True)`` when a uid's first live item is
         stored and ``on_holder(uid, False)`` when its last one leaves,
         whatever removed it (a daemon tells the master which uids its node
-        store holds: see :mod:`pydvm.runtime.direct`).  Never called for a
+        store holds: see :mod:`pydvm.runtime.master.direct`).  Never called for a
         uid whose holding did not change.
     """
 
