@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
+from .seal import MODES as SEAL_MODES
+
 
 class ParamError(ValueError):
     """A parameter is unknown or its value malformed."""
@@ -123,6 +125,7 @@ def _one_of(*words: str):
 
 
 _mpi_interface = _one_of(*MPI_INTERFACES)
+_seal_mode = _one_of(*SEAL_MODES)  # which TCP links are sealed (pydvm_seal)
 _pmi1_wire = _one_of("fd", "port")
 
 
@@ -297,6 +300,14 @@ REGISTRY: dict[str, Param] = {
               "clients on daemon nodes send their master-store requests straight to the "
               "master (one connection per client process, vouched for by its daemon); "
               "'off': every request goes through the daemon", "on|off"),
+        Param("pydvm_seal", _seal_mode, "network",
+              "which TCP links carry sealed frames (AES-256-GCM, keys per connection from "
+              "the DVM secret and an X25519 exchange; a frame altered, replayed, reordered "
+              "or dropped closes its link): 'network', every link whose peer is not on "
+              "loopback -- between machines, or network namespaces; 'all', loopback too; "
+              "'off', none: clear frames anyone on the path can read and forge (for "
+              "measuring, or a network already encrypted below the DVM).  Unix sockets "
+              "are never sealed: the kernel names their peer", "network|all|off"),
         Param("pydvm_queue", _on_off, "off",
               "'on': a job that does not fit the slots free now waits at the master for "
               "them (as 'pydvm run --queue' asks per job) instead of oversubscribing its "

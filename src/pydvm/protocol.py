@@ -305,18 +305,34 @@ class FrameDecoder:
         #: has authenticated (:data:`HANDSHAKE_FRAME`).  The server sets it
         #: to None once the peer is in.
         self.handshake = handshake
+        #: While not None, every frame is sealed (:mod:`pydvm.seal`):
+        #: ``opener(length field, frame body)`` returns the body to decode,
+        #: or raises FrameError.  Set by :meth:`open_with`.
+        self.opener: Callable[[bytes, bytes], bytes] | None = None
         self._buf = bytearray()
+
+    def open_with(self, opener: Callable[[bytes, bytes], bytes], overhead: int) -> None:
+        """Read every frame from now on -- those already buffered too -- as a
+        sealed one, opened by ``opener``; each may be ``overhead`` bytes
+        longer than a clear one (its tag)."""
+        self.opener = opener
+        self.max_frame += overhead
+        if self.handshake is not None:
+            self.handshake += overhead
 
     def feed(self, data: bytes) -> list[Message]:
         """Add ``data``; return every complete message.  Raises FrameError."""
         buf = self._buf
         gate = self.handshake
         limit = self.max_frame if gate is None else gate
+        opener = self.opener
         if not buf and len(data) >= 4:
             # Fast path: exactly one whole frame, the common case of a request.
             (size,) = HEADER.unpack_from(data, 0)
             if size == len(data) - 4 and size <= limit:
-                return [unpack_body(data[4:])]
+                if opener is None:
+                    return [unpack_body(data[4:])]
+                return [unpack_body(opener(data[:4], data[4:]))]
         buf += data
         out: list[Message] = []
         pos = 0
@@ -331,11 +347,16 @@ class FrameDecoder:
             if n - pos - 4 < size:
                 break
             body = bytes(buf[pos + 4 : pos + 4 + size])
-            pos += 4 + size
             try:
+                if opener is not None:
+                    body = opener(bytes(buf[pos:pos + 4]), body)
+                pos += 4 + size
                 out.append(unpack_body(body))
             except FrameError as exc:
-                raise FrameError(str(exc), out) from None
+                if opener is not None:
+                    del buf[:]  # a sealed stream that failed once is read no further
+                exc.messages = out
+                raise
             if gate is not None:
                 break  # one at a time until the peer is in
         if pos:

@@ -181,6 +181,13 @@ class Channel(Requests, asyncio.Protocol):
         self._decoder = FrameDecoder(max_frame)
         #: the listening side's door while this connection is a stranger's (see gate).
         self.door: Any = None
+        #: the link's keys once it is sealed (:meth:`seal`; None: clear frames).
+        self.box: Any = None
+        #: "HOST:PORT" of a TCP peer ("" for a Unix socket), for log lines.
+        self.address = ""
+        #: True once a sealed frame from the peer failed to open (the link
+        #: closed for it): what ``pydvm info`` counts.
+        self.seal_failed = False
         self._init_requests()
         self._closed_waiter: asyncio.Future | None = None
         #: time.monotonic() of the last bytes received (for heartbeats).
@@ -191,6 +198,28 @@ class Channel(Requests, asyncio.Protocol):
     def connection_made(self, transport) -> None:  # type: ignore[override]
         self.transport = transport
         self._tcp_option(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            self.address = f"[{peer[0]}]:{peer[1]}" if ":" in str(peer[0]) else \
+                f"{peer[0]}:{peer[1]}"
+
+    @property
+    def peer_host(self) -> str:
+        """The TCP peer's address ("" on a Unix socket)."""
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        return str(peer[0]) if isinstance(peer, tuple) and peer else ""
+
+    @property
+    def sealed(self) -> bool:
+        return self.box is not None
+
+    def seal(self, box: Any) -> None:
+        """Seal the link from here on (:mod:`pydvm.seal`): every frame sent
+        after this call, and every frame received after the one being
+        handled -- those already buffered too --, is sealed with ``box``."""
+        from .seal import TAG
+        self.box = box
+        self._decoder.open_with(box.opener.open, TAG)
 
     def _tcp_option(self, level: int, name: int, value: int) -> None:
         """Set a socket option if this connection is TCP (best effort)."""
@@ -209,6 +238,7 @@ class Channel(Requests, asyncio.Protocol):
         self.last_rx = time.monotonic()
         decoder = self._decoder
         while True:
+            gated = decoder.handshake is not None
             try:
                 messages = decoder.feed(data)
                 bad = None
@@ -216,19 +246,34 @@ class Channel(Requests, asyncio.Protocol):
                 messages, bad = exc.messages, exc
             self._dispatch(messages)
             if bad is not None and not self.closed:
-                self.send_error(Status.ERR_BAD_PARAM, str(bad))
-                self.close(f"protocol error: {bad}", error=True)
+                self._bad_stream(bad)
                 return
-            if decoder.handshake is None or not messages or self.closed:
+            if not gated or not messages or self.closed:
                 return
-            # Gated (a stranger's connection): one frame at a time, until the
-            # handshake gave the peer its session.
-            if self.session is not None:
+            # Gated (a stranger's connection, or ours before the challenge is
+            # answered): one frame at a time, until the handshake gave the
+            # peer its session -- so that a frame after the one that seals
+            # the link is read sealed.
+            if self.session is not None and decoder.handshake is not None:
                 decoder.handshake = None
                 if self.door is not None:
                     door, self.door = self.door, None
                     door.admitted(self)
             data = b""
+
+    def _bad_stream(self, bad: FrameError) -> None:
+        """The peer's bytes cannot be read as frames any more: close, with
+        one log line naming the peer."""
+        from .seal import SealError
+        if isinstance(bad, SealError):
+            self.seal_failed = True
+            where = f" from {self.address}" if self.address else ""
+            # No answer: the stream is not the peer's any more (an answer
+            # would go, sealed, to whoever tampered with it too).
+            self.close(f"sealed link broken{where}: {bad}", error=True)
+            return
+        self.send_error(Status.ERR_BAD_PARAM, str(bad))
+        self.close(f"protocol error: {bad}", error=True)
 
     def gate(self, limit: int, door: Any = None) -> None:
         """Read at most ``limit`` bytes a frame, one frame at a time, until
@@ -305,7 +350,14 @@ class Channel(Requests, asyncio.Protocol):
     def send(self, msg: Message) -> None:
         if self.closed or self.transport is None:
             return
-        if BODY in msg:
+        box = self.box
+        if box is not None:
+            if BODY in msg:
+                body = b"".join(pack_parts(msg)[1:])
+            else:
+                body = packb(msg)
+            self._send_sealed(box, body)
+        elif BODY in msg:
             self.transport.writelines(pack_parts(msg))
         else:
             self.transport.write(pack(msg))
@@ -314,7 +366,19 @@ class Channel(Requests, asyncio.Protocol):
         """Send an already-encoded frame body (an answer a router passes on)."""
         if self.closed or self.transport is None:
             return
-        self.transport.writelines([HEADER.pack(len(body)), body])
+        if self.box is not None:
+            self._send_sealed(self.box, body)
+        else:
+            self.transport.writelines([HEADER.pack(len(body)), body])
+
+    def _send_sealed(self, box: Any, body) -> None:
+        from .seal import SealError
+        try:
+            header, sealed = box.sealer.seal(body)
+        except SealError as exc:  # 2^64 frames: the link must end
+            self.close(str(exc), error=True)
+            return
+        self.transport.writelines([header, sealed])
 
     def send_error(self, status: Status, text: str) -> None:
         self.send({"t": "error", "status": int(status), "msg": text})

@@ -102,9 +102,30 @@ class DirectGate(ProcessListener):
         self._dir: Path | None = None
         self._server: Any = None
 
+    #: The fields of a direct client's auth that name its process and key,
+    #: in the order its seal message's ``cred`` lists them (seal.py).
+    CRED_FIELDS = ("nspace", "rank", "node", "uid", "gid", "app", "session", "nonce")
+
     @property
     def enabled(self) -> bool:
         return self.values["pydvm_direct_data"] == "on"
+
+    def psk(self, cred: Any) -> tuple[bytes | None, str]:
+        """The key a direct client's sealed link is sealed with -- its
+        process key, from the credential fields its seal message lists
+        (:data:`CRED_FIELDS`) -- or (None, why not).  A client that does not
+        hold that key cannot open the link: its auth is never read."""
+        if not self.enabled:
+            return None, "direct data is off in this DVM (pydvm_direct_data)"
+        if not isinstance(cred, list) or len(cred) != len(self.CRED_FIELDS):
+            return None, "malformed direct-data credential fields"
+        ns, rank, node, uid, gid, app, session, nonce = cred
+        if not (isinstance(ns, str) and isinstance(node, str) and isinstance(nonce, bytes)
+                and all(isinstance(v, int) and not isinstance(v, bool)
+                        for v in (rank, uid, gid, app, session))):
+            return None, "malformed direct-data credential fields"
+        return credential.process_key(self._key, self.dvmid, node, ns, rank, uid, gid, app,
+                                      session, nonce), ""
 
     def count(self) -> int:
         """Processes with an open direct connection (``pydvm info``'s records)."""

@@ -71,6 +71,7 @@ from ...store import DataStore
 from ...wire import Channel, Message, peer_credentials, poll_after_messages, refuse, reply, \
     stop_polling
 from ..shared import registry
+from ...seal import Offer, SealError, is_loopback, must_seal
 from ..shared.auth import HANDSHAKE_TIMEOUT, DvmUri, check_auth, tool_socket_path
 from .collectives import PMIX_REQUESTS, Collectives
 from ..shared.credential import ROLE as DIRECT_ROLE
@@ -163,6 +164,10 @@ class _PeerChannel(Channel):
         self.creds: tuple[int, int] | None = None
         self.nonce = b""
         self.auth_timer: asyncio.TimerHandle | None = None
+        #: this connection's side of the handshake (its challenge; seal.py).
+        self.offer: Offer | None = None
+        #: the peer's seal message, once its link is sealed.
+        self.seal_hello: Message | None = None
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -216,6 +221,11 @@ class Master:
         #: (addr, port) to serve Prometheus metrics on; the server once started.
         self.metrics_address = metrics
         self.metrics: MetricsServer | None = None
+        #: which TCP links are sealed (pydvm_seal; seal.py).
+        self.seal_mode: str = self.values["pydvm_seal"]
+        #: sealed links accepted, handshakes refused for their sealing, and
+        #: links closed for a sealed frame that did not open, since start.
+        self.seal_counts = {"accepted": 0, "refused": 0, "broken": 0}
 
         # -- the components, and who hears what ---------------------------
         self.tasks = Tasks()
@@ -327,6 +337,9 @@ class Master:
                                      % (*self.metrics_address, exc)) from None
                 log.info("serving metrics at %s", self.metrics.url)
             log.info("DVM %s listening at %s", self.dvmid, self.uri)
+            if self.seal_mode == "off":
+                log.warning("pydvm_seal is off: links between machines carry clear frames "
+                            "that anyone on the network path can read and forge")
             relay = self.data.relay
             if relay is not None:
                 try:
@@ -448,6 +461,7 @@ class Master:
             "direct_unix": self.direct.socket_info(),
             "metrics": self.metrics.url if self.metrics is not None else None,
             "descriptors": self.door.info() if self.door is not None else None,
+            "seal": self.seal_info(),
             "pmix": {"master": list(pmix_status()), "nodes": self.nodes.pmix_report(),
                      "tools": self._pmix_tools()},
         }
@@ -468,17 +482,47 @@ class Master:
     # connections
     # ------------------------------------------------------------------
 
+    def seal_info(self) -> dict[str, Any]:
+        """``pydvm info``'s ``seal``: the mode, the open links by kind, the counts."""
+        tcp = [ch for ch in self._peers if not getattr(ch, "unix", "")]
+        return {"mode": self.seal_mode, "sealed_open": sum(ch.sealed for ch in tcp),
+                "clear_tcp_open": sum(not ch.sealed for ch in tcp), **self.seal_counts}
+
     def _greet(self, ch: _PeerChannel) -> None:
-        ch.nonce = secrets.token_bytes(32)
+        sealed = not ch.unix and must_seal(self.seal_mode, is_loopback(ch.peer_host))
+        ch.offer = Offer(self.dvmid, self.secret, sealed)
+        ch.nonce = ch.offer.nonce
         self._peers.add(ch)
-        ch.send({"t": "challenge", "nonce": ch.nonce, "dvm": self.dvmid})
+        ch.send(ch.offer.challenge)
         loop = asyncio.get_running_loop()
         ch.auth_timer = loop.call_later(
             HANDSHAKE_TIMEOUT, lambda: ch.session is None and
             ch.close(f"no handshake within {HANDSHAKE_TIMEOUT:.0f}s", error=True))
 
+    def _refuse(self, ch: _PeerChannel, msg: Message, problem: str) -> None:
+        """Refuse a handshake: answered (if the peer can read it), closed, logged."""
+        ch.send(reply(msg.get("id"), Status.ERR_NO_PERMISSIONS, problem))
+        ch.close(f"handshake refused: {problem}", error=True)
+
     def _on_unauthenticated(self, ch: _PeerChannel, msg: Message) -> None:
-        """The first message on a connection: it decides the peer's session."""
+        """The first messages on a connection: they decide the peer's session.
+
+        On a link to be sealed the first is the peer's ``seal`` (its key
+        share: the link is sealed from the next frame on), the second its
+        auth; on a clear link the first is the auth."""
+        offer = ch.offer
+        if offer is not None and offer.sealed and ch.box is None:
+            self._seal_link(ch, msg)
+            return
+        if msg.get("t") == "seal":
+            self._refuse(ch, msg, "this link is not sealed (a Unix socket or loopback, "
+                                  f"pydvm_seal {self.seal_mode}): no seal message expected")
+            return
+        if ch.seal_hello is not None:
+            problem = self._seal_mismatch(ch.seal_hello, msg)
+            if problem:
+                self._refuse(ch, msg, problem)
+                return
         if ch.unix != "tool" and msg.get("t") == "auth" and msg.get("role") == DIRECT_ROLE:
             # a daemon-node client: identity by the credential its daemon gave it
             if ch.auth_timer is not None:
@@ -493,11 +537,12 @@ class Master:
         else:
             problem = check_auth(self.secret, ch.nonce, msg)
         if problem:
-            ch.send(reply(msg.get("id"), Status.ERR_NO_PERMISSIONS, problem))
-            ch.close(f"handshake refused: {problem}", error=True)
+            self._refuse(ch, msg, problem)
             return
         if ch.auth_timer is not None:
             ch.auth_timer.cancel()
+        if ch.sealed:
+            self.seal_counts["accepted"] += 1
         if msg["role"] == "daemon":
             self.nodes.register(ch, msg)
             return
@@ -515,8 +560,51 @@ class Master:
         ch.on_message = self._on_tool
         ch.send(reply(msg.get("id"), Status.SUCCESS, dvm=self.dvmid))
 
+    def _seal_link(self, ch: _PeerChannel, msg: Message) -> None:
+        """The first message of a link that must be sealed: the peer's key
+        share, with which the link is sealed -- or a refusal."""
+        assert ch.offer is not None
+        if msg.get("t") != "seal":
+            self.seal_counts["refused"] += 1
+            self._refuse(ch, msg, f"this link must be sealed (pydvm_seal {self.seal_mode}; "
+                                  f"peer {ch.address or '?'}), and the peer sent "
+                                  f"{msg.get('t')!r} in clear")
+            return
+        role = msg.get("role")
+        if role in ("daemon", "tool"):
+            psk, why = self.secret, ""
+        elif role == DIRECT_ROLE and ch.unix != "tool":
+            psk, why = self.direct.psk(msg.get("cred"))
+        else:
+            psk, why = None, f"unknown role {role!r}"
+        try:
+            if why:
+                raise SealError(why)
+            box = ch.offer.accept(msg, psk)
+        except SealError as exc:
+            self.seal_counts["refused"] += 1
+            self._refuse(ch, msg, f"cannot seal the link: {exc}")
+            return
+        ch.seal(box)
+        ch.seal_hello = msg
+
+    @staticmethod
+    def _seal_mismatch(hello: Message, auth: Message) -> str:
+        """Why the auth of a sealed link contradicts its seal message ("" if
+        it does not): another role, or a direct client naming another process."""
+        if auth.get("role") != hello.get("role"):
+            return (f"the auth's role {auth.get('role')!r} is not the seal message's "
+                    f"{hello.get('role')!r}")
+        if hello.get("role") == DIRECT_ROLE:
+            named = [auth.get(f) for f in DirectGate.CRED_FIELDS]
+            if named != hello.get("cred"):
+                return "the auth names another process than the seal message"
+        return ""
+
     def _on_peer_closed(self, ch: Channel, reason: str) -> None:
         self._peers.discard(ch)
+        if ch.seal_failed:
+            self.seal_counts["broken"] += 1
         peer = ch.session
         if peer is None:
             return

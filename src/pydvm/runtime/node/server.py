@@ -535,6 +535,9 @@ class NodeServer:
         extra = {}
         if self.voucher is not None:
             extra["direct"] = self.voucher.master_uri
+            # which of the client's TCP links to the master must be sealed: it
+            # has no secret to check the master's word on that with.
+            extra["direct_seal"] = self.values["pydvm_seal"]
             if self.voucher.master_unix:
                 extra["direct_unix"] = self.voucher.master_unix
         ch.send(reply(rid, Status.SUCCESS, node=self.name, **extra))

@@ -8,15 +8,21 @@ reaches daemons on their standard input -- never in argv, the environment
 or a log line.
 
 Handshake on the master's TCP port: the master sends
-``{"t": "challenge", "nonce": <32 bytes>, "dvm": DVMID}``; the peer answers
-``{"t": "auth", "role": "daemon"|"tool", "mac": HMAC-SHA256(secret, nonce +
-role)}`` plus role fields.  A wrong MAC, a wrong first message or silence
-for :data:`HANDSHAKE_TIMEOUT` seconds closes the connection with a logged
-reason; nothing of such a peer reaches a store.  The master reads a
-connection's messages in order and a refusal closes it before anything
-after the auth is read, so a tool may send its first request right behind
-its auth without waiting for the welcome (``pydvm run`` does:
-:mod:`pydvm.cli.submit`).
+``{"t": "challenge", "nonce": <32 bytes>, "dvm": DVMID, "seal": bool,
+"sig": ...}`` (``sig``: the challenge signed with the secret,
+:func:`pydvm.seal.challenge_sig`); the peer answers ``{"t": "auth", "role":
+"daemon"|"tool", "mac": HMAC-SHA256(secret, nonce + role)}`` plus role
+fields.  On a *sealed* link (``seal`` true: ``pydvm_seal``, see
+:mod:`pydvm.seal`) the peer first sends its key share (``seal``) and its
+auth goes sealed, as does everything after it both ways.  A peer holding
+the secret refuses a challenge not signed with it (not its DVM's master, or
+a challenge altered to strip the seal).  A wrong MAC, a seal that does not
+open, a wrong first message or silence for :data:`HANDSHAKE_TIMEOUT`
+seconds closes the connection with a logged reason; nothing of such a
+peer reaches a store.  The master reads a connection's messages in order
+and a refusal closes it before anything after the auth is read, so a tool
+may send its first request right behind its auth without waiting for the
+welcome (``pydvm run`` does: :mod:`pydvm.cli.submit`).
 
 What a tool needs to reach a DVM -- the secret's file, the multi-user tool
 socket, the MAC -- is :mod:`pydvm.protocol`'s (re-exported here), so that
@@ -34,7 +40,8 @@ from pathlib import Path
 # What a tool needs too lives in the protocol module (the blocking pydvm run
 # loads no runtime): re-exported here for the runtime.
 from ...protocol import HANDSHAKE_TIMEOUT, DvmUri, UriError, mac, read_secret  # noqa: F401
-from ...protocol import state_dir_name, tool_socket_name
+from ...protocol import HANDSHAKE_FRAME, state_dir_name, tool_socket_name
+from ...seal import Answer, SealError
 from ...wire import Channel, Message
 
 
@@ -120,36 +127,51 @@ async def connect(
     """
     loop = asyncio.get_running_loop()
     first: asyncio.Future = loop.create_future()
+    where = f"master {uri.host}:{uri.port}"
 
     def on_first(ch: Channel, msg: Message) -> None:
-        if not first.done():
-            first.set_result(msg)
-        else:
+        if first.done():
             on_message(ch, msg)
+            return
+        # The challenge: answered here, before another frame is read, so
+        # that everything after it is read sealed when the link is.
+        try:
+            hello = Answer(msg, dvm=uri.dvmid, role=role, secret=secret, where=where)
+            if hello.sealed:
+                if secret is None:
+                    raise SealError(f"{where} offered a sealed link to a peer without "
+                                    "the DVM's secret")
+                ch.send(hello.message)
+                ch.seal(hello.box(secret))
+        except SealError as exc:
+            first.set_exception(ConnectionError(str(exc)))
+            ch.close(f"handshake refused: {exc}")
+            return
+        ch._decoder.handshake = None  # the rest of the stream as it comes
+        first.set_result(msg)
 
     def closed(ch: Channel, reason: str) -> None:
         if not first.done():
-            first.set_exception(ConnectionError(f"master {uri.host}:{uri.port} closed: {reason}"))
+            first.set_exception(ConnectionError(f"{where} closed: {reason}"))
         if on_close is not None:
             on_close(ch, reason)
 
+    def factory() -> Channel:
+        ch = Channel(on_first, closed, name=where)
+        ch.gate(HANDSHAKE_FRAME)  # one frame, the challenge, before we answer it
+        return ch
+
     try:
-        factory = lambda: Channel(on_first, closed, name=f"master {uri.host}:{uri.port}")  # noqa
         if unix_path:
             conn = loop.create_unix_connection(factory, unix_path)
         else:
             conn = loop.create_connection(factory, uri.host, uri.port)
         _, ch = await asyncio.wait_for(conn, timeout)
     except (OSError, asyncio.TimeoutError) as exc:
-        where = unix_path or f"{uri.host}:{uri.port}"
-        raise ConnectionError(f"cannot reach DVM master at {where}: {exc}") from None
+        place = unix_path or f"{uri.host}:{uri.port}"
+        raise ConnectionError(f"cannot reach DVM master at {place}: {exc}") from None
     try:
         challenge = await asyncio.wait_for(first, timeout)
-        if challenge.get("t") != "challenge" or not isinstance(challenge.get("nonce"), bytes):
-            raise ConnectionError("master sent no challenge")
-        if challenge.get("dvm") != uri.dvmid:
-            raise ConnectionError(f"{uri.host}:{uri.port} is DVM {challenge.get('dvm')}, "
-                                  f"not {uri.dvmid}")
         auth = {"t": "auth", "role": role}
         if secret is not None:
             auth["mac"] = mac(secret, challenge["nonce"], role)
