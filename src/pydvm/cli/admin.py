@@ -176,6 +176,12 @@ def cmd_info(a) -> int:
             if u:
                 print(f"  direct data socket (same-host nodes): {u['path']}; "
                       f"{u['accepted']} connections accepted there")
+        seal = r.get("seal")
+        if seal:
+            print(f"  links: {seal['sealed_open']} sealed, {seal['clear_tcp_open']} clear over "
+                  f"TCP (pydvm_seal {seal['mode']}); {seal['accepted']} sealed links accepted, "
+                  f"{seal['refused']} refused, {seal['broken']} broken by a frame that did not "
+                  "open")
         fds = r.get("descriptors")
         if fds:
             print(f"  descriptors: {fds['open']} open of {fds['limit']} (hard limit "
