@@ -346,10 +346,17 @@ class FrameDecoder:
                                  out)
             if n - pos - 4 < size:
                 break
-            body = bytes(buf[pos + 4 : pos + 4 + size])
             try:
-                if opener is not None:
-                    body = opener(bytes(buf[pos:pos + 4]), body)
+                if opener is None:
+                    body = bytes(buf[pos + 4 : pos + 4 + size])
+                else:
+                    # opened straight from the buffer: the body is a new object
+                    with memoryview(buf) as view:
+                        part = view[pos + 4 : pos + 4 + size]
+                        try:
+                            body = opener(bytes(buf[pos:pos + 4]), part)
+                        finally:
+                            part.release()
                 pos += 4 + size
                 out.append(unpack_body(body))
             except FrameError as exc:

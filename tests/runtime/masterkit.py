@@ -36,6 +36,11 @@ class StandIn:
         self.answer: Callable[[dict], dict] = lambda msg: {"t": "reply", "status": 0}
         #: the send-buffer cap asked for (Channel.cap_send_buffer), if any.
         self.send_cap: int | None = None
+        #: a clear link (Channel.box, .sealed, .seal_failed, .address)
+        self.box = None
+        self.sealed = False
+        self.seal_failed = False
+        self.address = ""
 
     def send(self, msg: dict) -> None:
         self.sent.append(msg)

@@ -431,6 +431,7 @@ def test_a_direct_client_is_admitted_while_its_process_runs_and_closed_when_it_e
         def handshake():
             ch = StandIn("direct peer")
             ch.nonce, ch.creds, ch.unix, ch.auth_timer = os.urandom(32), None, "", None
+            ch.offer, ch.seal_hello = None, None  # a clear link (seal.py)
             m._on_unauthenticated(ch, {"t": "auth", "id": 1, **cred.answer(ch.nonce, ns, 1)})
             return ch
 
