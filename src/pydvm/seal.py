@@ -127,6 +127,14 @@ def must_seal(mode: str, loopback: bool) -> bool:
 # ----------------------------------------------------------------------
 
 
+def preload() -> None:
+    """Import what sealing needs now (a server that will seal links: not
+    in the middle of its first handshake)."""
+    from cryptography.hazmat.primitives.asymmetric import x25519  # noqa: F401
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: F401
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF  # noqa: F401
+
+
 def _aead(key: bytes):
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
     return AESGCM(key)

@@ -72,6 +72,7 @@ from ...wire import Channel, Message, peer_credentials, poll_after_messages, ref
     stop_polling
 from ..shared import registry
 from ...seal import Offer, SealError, is_loopback, must_seal
+from ...seal import preload as preload_sealing
 from ..shared.auth import HANDSHAKE_TIMEOUT, DvmUri, check_auth, tool_socket_path
 from .collectives import PMIX_REQUESTS, Collectives
 from ..shared.credential import ROLE as DIRECT_ROLE
@@ -337,7 +338,9 @@ class Master:
                                      % (*self.metrics_address, exc)) from None
                 log.info("serving metrics at %s", self.metrics.url)
             log.info("DVM %s listening at %s", self.dvmid, self.uri)
-            if self.seal_mode == "off":
+            if self.seal_mode != "off":
+                preload_sealing()
+            else:
                 log.warning("pydvm_seal is off: links between machines carry clear frames "
                             "that anyone on the network path can read and forge")
             relay = self.data.relay
