@@ -171,8 +171,8 @@ def _one_shot_hosts(named: dict[str, int], env):
     """
     from .start import _hosts
     from ..runtime.shared.jobs import HostSpec
-    from ..runtime.master.launchers import make_launcher
-    from ..runtime.master.slurm import allocation_from_env, in_allocation, select_hosts
+    from ..runtime.master import make_launcher
+    from ..runtime.master import allocation_from_env, in_allocation, select_hosts
 
     if not in_allocation(env):
         hosts = [HostSpec(n, max(1, slots)) for n, slots in sorted(named.items())] \
@@ -192,7 +192,7 @@ async def _one_shot(opts: dict, resolved) -> int:
     from .dvms import one_shot_warning
     from .start import _bind
     from ..runtime.shared.logs import setup_logging
-    from ..runtime.master.server import Master, StartError
+    from ..runtime.master import Master, StartError
     from .tool import ToolError, run_job
 
     setup_logging("pydvm-run", None, resolved["prte_data_server_verbose"].value)

@@ -42,7 +42,7 @@ from ...wire import Message, reply
 from . import core
 from ..shared import dataops
 from ..shared.auth import DvmUri
-from .metrics import RequestStats
+from ..shared.stats import RequestStats
 from ..shared.peers import ClaimRefused, DaemonSession, PeerSession, ToolSession, process_caller, \
     route_answer
 from .processes import ProcessListener, ProcessTable
@@ -242,6 +242,9 @@ class MasterRouter:
     master in place -- one hop, no re-encoding, the answer written straight
     to the client's connection.  (A daemon's clients go through an
     :class:`~pydvm.runtime.shared.dataops.UplinkRouter` instead.)"""
+
+    #: this node is the head node, served in the master's process
+    at_master = True
 
     def __init__(self, data: DataService) -> None:
         self.data = data

@@ -32,7 +32,7 @@ from ..shared.auth import host_identity
 from ..shared.guard import Guardian
 from ..shared.jobs import HostSpec
 from .launchers import DaemonCommand, LaunchError, Launcher, stderr_sink
-from ..node.server import NodeServer
+from ..node import NodeServer
 from ..shared.peers import DaemonSession
 from .tasks import Tasks
 

@@ -63,7 +63,7 @@ from ...pmix import constants as PC
 from ...store import Caller
 from ...wire import Message, reply
 from . import core
-from .core import DEFAULT_SESSION
+from ..shared.jobs import DEFAULT_SESSION
 from ..shared.jobs import HostSpec, JobRecord, ProcState, SessionRecord, build_job
 from .nodes import EVENT_GRACE, NodeListener, NodeTable
 from ..shared.peers import ClaimRefused, DaemonSession, PeerSession, ToolSession, process_caller

@@ -84,10 +84,11 @@ from .jobqueue import JobQueue
 from ..shared.jobs import HostSpec, JobRecord, SessionRecord
 from .jobstreams import JobStreams
 from .launchers import Launcher, make_launcher
-from .metrics import MetricsServer, MetricsUnavailable, RequestStats, require_prometheus
+from ..shared.stats import RequestStats
+from .metrics import MetricsServer, MetricsUnavailable, require_prometheus
 from .nodes import NodeRecord, NodeTable, StartError
 from ..shared.peers import DaemonSession, DirectSession, PeerSession, ToolSession
-from ..pmixhost.host import pmix_status
+from ..pmixhost import pmix_status
 from .processes import ProcessTable
 from .tasks import Tasks
 from .toolreqs import ADMIN_ONLY, ToolService
@@ -459,7 +460,7 @@ class Master:
         tools = server.pmix.tools if server is not None else None
         if tools is None or tools.uri is None:
             return None
-        from ..pmixhost.tools import URI_FILE
+        from ..pmixhost import URI_FILE
         return {"uri": tools.uri, "file": str(server.socket_dir / URI_FILE),
                 "node": None if server.tools_only else server.name,
                 "connected": tools.describe(), **tools.system_info()}

@@ -25,7 +25,7 @@ from typing import Any, Awaitable, Callable
 from ... import _trace
 from ...errors import Status
 from ...wire import Message, reply
-from .core import DEFAULT_SESSION
+from ..shared.jobs import DEFAULT_SESSION
 from .dataservice import DataService
 from .jobqueue import QUEUED_KILL_EXIT, JobQueue, pmix_refusal
 from ..shared.jobs import HostSpec, JobRecord, ProcState

@@ -40,7 +40,7 @@ from . import ompienv
 from ..shared.credential import ENV as credential_env
 from .jobio import PumpState, drain_output, pump_output
 from ..shared.peers import ClientSession
-from ..pmixhost.host import FOREIGN_LAUNCH_PREFIXES, OMPI_JOB_DIRS
+from ..pmixhost import FOREIGN_LAUNCH_PREFIXES, OMPI_JOB_DIRS
 
 if TYPE_CHECKING:
     from .server import NodeServer

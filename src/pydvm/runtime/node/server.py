@@ -86,6 +86,7 @@ from ...store import DataStore, MonotonicClock, StoreParams
 from ...wire import Channel, Message, peer_credentials, refuse, reply
 from ..shared import dataops
 from ..shared import jobproc
+from ..shared.jobproc import KILL_GRACE
 from .cpubind import NodeBinding
 from .heap import IdleTrim, tune as tune_heap
 from ..shared.door import Door, Listener
@@ -93,21 +94,15 @@ from ..shared.credential import Voucher
 from ..shared.auth import host_identity
 from ..shared.guard import Guardian, group_alive
 from .jobio import StdinFeed
-from ..master.metrics import RequestStats, store_sample
+from ..shared.stats import RequestStats, store_sample
 from .launch import LocalJob, LocalProc, start_share
 from ..shared.peers import ClientSession, process_caller, route_answer
-from ..pmixhost import jobctl as pmixjobctl
-from ..pmixhost import query as pmixquery
 from .pmi1host import Pmi1Host
-from ..pmixhost.host import PmixHost
+from ..pmixhost import PmixHost, jobctl_on_master, pids_of
 from ..shared.sockdir import make_socket_dir, same_host_socket
 from ..shared.storeguard import GuardedStats, StoreGuard, guard_for, guarded_store
 
 log = logging.getLogger("pydvm.node")
-
-#: Seconds between SIGTERM and SIGKILL when killing a job's processes.
-KILL_GRACE = 3.0
-
 
 class NodeServer:
     """Serves one node (see the module docstring).
@@ -338,9 +333,9 @@ class NodeServer:
                 ch.send(await self.pmix.dmodex(msg))
             self.spawn(dmodex(), rid)
         elif t == "jobctl":
-            pmixjobctl.on_master(self, ch, msg)
+            jobctl_on_master(self, ch, msg)
         elif t == "pids":
-            ch.send(reply(rid, Status.SUCCESS, pids=pmixquery.pids_of(self, msg.get("nspace"))))
+            ch.send(reply(rid, Status.SUCCESS, pids=pids_of(self, msg.get("nspace"))))
         elif t == "signal":  # signal_job: one signal to each live process's group
             n = jobproc.signal_all(self.jobs.get(msg.get("nspace")), msg.get("signal"))
             if rid is not None:

@@ -102,8 +102,7 @@ from . import events as pmixevents
 from .session import NoServerHere, PmixSession
 
 if TYPE_CHECKING:
-    from ..node.server import NodeServer
-    from ..node.launch import LocalJob
+    from .contract import HostJob, HostNode
 
 log = logging.getLogger("pydvm.pmix")
 
@@ -162,7 +161,7 @@ class PmixHost:
     and for jobs that require PMIx.
     """
 
-    def __init__(self, node: "NodeServer") -> None:
+    def __init__(self, node: "HostNode") -> None:
         self.node = node
         self.server = None
         #: (available, version or reason, library path) -- what `pydvm info` shows.
@@ -334,7 +333,7 @@ class PmixHost:
     # jobs and processes
     # ------------------------------------------------------------------
 
-    async def register_job(self, job: "LocalJob", layout: dict, uid: int, gid: int,
+    async def register_job(self, job: "HostJob", layout: dict, uid: int, gid: int,
                            proc_extra: dict | None, procs: list[tuple[int, int]]
                            ) -> list[dict[str, str]]:
         """Register a job's share of this node with libpmix: its namespace
@@ -373,7 +372,7 @@ class PmixHost:
         return [self._registered(job, server, rank, app_idx, uid, gid)
                 for rank, app_idx in procs]
 
-    def _registered(self, job: "LocalJob", server, rank: int, app_idx: int, uid: int,
+    def _registered(self, job: "HostJob", server, rank: int, app_idx: int, uid: int,
                     gid: int) -> dict[str, str]:
         """A process libpmix now knows: its session here, and its environment."""
         from ...pmix import Proc
@@ -720,7 +719,7 @@ class PmixHost:
         def answered(r: Message) -> None:
             ok = r.get("status") == Status.SUCCESS
             req.reply(r.get("status", Status.ERR_UNREACH), r.get("nspace") if ok else None)
-        from ..master.debugging import spawn_directives
+        from .debugger import spawn_directives
         msg = {"t": "spawn", "parent": [req.proc.nspace, req.proc.rank], "apps": apps,
                **spawn_directives(req.job_info)}
         tool = self.tools.tools.get(req.proc.nspace)
