@@ -1,6 +1,6 @@
 """Fault runs: what a DVM does when the world misbehaves (issue 34, item 7).
 
-``python bench/faults.py`` (as root) runs each case against real DVMs and
+``python bench/faults/faults.py`` (as root) runs each case against real DVMs and
 prints a table -- case, what was done, what was measured, verdict -- and a
 last line ``faults N of M held``; it exits 0 only when every case held.
 ``--quick`` runs the quick cases only (frozen daemon, big-frame stranger,
@@ -47,7 +47,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 sys.path.insert(0, str(ROOT / "tests" / "multinode"))
 
@@ -525,7 +525,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=20, help="jobs over the lossy link (20)")
     args = ap.parse_args()
     if os.geteuid() != 0:
-        print("bench/faults.py must run as root (namespaces, TAP devices)", file=sys.stderr)
+        print("bench/faults/faults.py must run as root (namespaces, TAP devices)", file=sys.stderr)
         return 2
     cases = [("frozen-daemon", case_frozen_daemon), ("big-frame", case_big_frame),
              ("sigterm-run", case_sigterm_run)]

@@ -1,4 +1,4 @@
-"""The job program of bench/torch_store.py (run by it under ``pydvm run``).
+"""The job program of bench/integrations/torch_store.py (run by it under ``pydvm run``).
 
     _torch_probe.py latency PROBES OUT.json    (2 ranks)
     _torch_probe.py init REPS OUT.json         (4 ranks)

@@ -1,6 +1,6 @@
 """Parsl on a DVM: HTEX with pydvm's provider against Parsl's LocalProvider, and MPI apps.
 
-    python bench/parsl.py [--tasks 1000] [--mpi 20] [--workers 2]
+    python bench/integrations/parsl.py [--tasks 1000] [--mpi 20] [--workers 2]
 
 Side by side in one run (needs ``pip install 'pydvm[parsl]'``; Parsl's
 ``interchange.py`` and ``process_worker_pool.py`` are found next to this

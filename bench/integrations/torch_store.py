@@ -1,7 +1,7 @@
 """PydvmStore against TCPStore, side by side in one run.
 
-    python bench/torch_store.py            # 2,000 probes per operation, 7 init rounds
-    python bench/torch_store.py --quick    # 400 probes, 3 rounds
+    python bench/integrations/torch_store.py            # 2,000 probes per operation, 7 init rounds
+    python bench/integrations/torch_store.py --quick    # 400 probes, 3 rounds
 
 Latency: a 2-rank job on a daemon node of a persistent DVM.  Rank 0 hosts a
 TCPStore, as torchrun's rank 0 does; rank 1 is a client of both it and a

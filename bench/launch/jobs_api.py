@@ -1,6 +1,6 @@
 """Jobs per second through the job API (``pydvm.jobs``), and what each costs the client.
 
-    python bench/jobs_api.py [--jobs 500] [--hosts a] [--batch] [--rounds 3]
+    python bench/launch/jobs_api.py [--jobs 500] [--hosts a] [--batch] [--rounds 3]
 
 Starts a DVM of local daemons (``pydvm.jobs.start``), submits ``--jobs``
 one-rank ``true`` jobs on one connection (one ``submit`` each, or one

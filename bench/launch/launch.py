@@ -1,6 +1,6 @@
 """Launching jobs: a persistent DVM's ``pydvm run`` against a fresh ``mpirun``.
 
-    python bench/launch.py [--reps 7] [--seq 100]
+    python bench/launch/launch.py [--reps 7] [--seq 100]
 
 Side by side in one run, alternating pydvm and mpirun, whole-process wall
 times, medians (one-node DVM, already running, started here):
@@ -88,7 +88,7 @@ exec ip netns exec "$h" unshare --uts sh -c "hostname $h; $*"
 
 def over_test_hosts(hello: Path, tmp: Path, mpirun: list[str], mpi_env: dict, reps: int):
     """(pydvm, mpirun) medians of the MPI hello over 3 test hosts, or (None, why)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "multinode"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "multinode"))
     from hostnet import HostNet, unavailable_reason
 
     why = unavailable_reason()

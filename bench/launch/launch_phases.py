@@ -1,6 +1,6 @@
 """Where the time of an MPI job's launch goes: ``pydvm run --pmix -n N ./hello``, phase by phase.
 
-    python bench/launch_phases.py [--reps 5] [--ranks 4,16]
+    python bench/launch/launch_phases.py [--reps 5] [--ranks 4,16]
 
 Two persistent DVMs are started with ``PYDVM_LAUNCH_TRACE`` set -- one of
 one node (the head node, in the master's process), one of two local daemons
@@ -8,7 +8,7 @@ one node (the head node, in the master's process), one of two local daemons
 the master, the nodes and their PMIx servers each append a timestamp at
 every point a job passes (``pydvm/_trace.py`` lists them).  For each rank
 count and DVM, ``pydvm run --pmix -n N ./hello`` (C: MPI_Init,
-MPI_Allreduce, MPI_Finalize, as in bench/launch.py) runs ``--reps`` times,
+MPI_Allreduce, MPI_Finalize, as in bench/launch/launch.py) runs ``--reps`` times,
 alternating with ``mpirun -n N ./hello`` (one node); the table gives, per
 phase, the median over the runs in milliseconds, then the totals and their
 ratio.  The last line is ``phases total R``: the worst column's ratio.

@@ -1,6 +1,6 @@
 """Job throughput of a persistent DVM: the job API against ``mpirun``, ``pydvm run`` and PSI/J.
 
-    python bench/throughput.py [--jobs 2000] [--jobs4 500] [--seq 100] [--psij 500]
+    python bench/launch/throughput.py [--jobs 2000] [--jobs4 500] [--seq 100] [--psij 500]
                                [--hosts HOSTS] [--soak 0]
 
 Side by side in one run, on one DVM started here (``pydvm.jobs.start``;

@@ -1,7 +1,7 @@
 """What a stalled reader costs the master: its memory growth per stalled job.
 
-    python bench/output_stall.py                 # 1 and 8 jobs, head node and daemon node
-    python bench/output_stall.py --jobs 1,4 --seconds 20
+    python bench/memory/output_stall.py                 # 1 and 8 jobs, head node and daemon node
+    python bench/memory/output_stall.py --jobs 1,4 --seconds 20
 
 For each kind of node -- the head node (served inside the master process)
 and a daemon node -- and each number of jobs, a fresh persistent DVM (nodes

@@ -1,7 +1,7 @@
 """Soak: a DVM that runs many jobs ends holding only what the retention rules keep.
 
-    python bench/soak.py              # 1,000 jobs (a few minutes)
-    python bench/soak.py --jobs 150   # the size the test suite runs
+    python bench/memory/soak.py              # 1,000 jobs (a few minutes)
+    python bench/memory/soak.py --jobs 150   # the size the test suite runs
 
 One persistent DVM (daemons ``a`` and ``b``) runs the jobs one after
 another (see ``soak_job.py`` for what each job publishes): items of every

@@ -1,4 +1,4 @@
-"""One job of the soak benchmark (bench/soak.py); argv: INDEX [SESSION_ITEM].
+"""One job of the soak benchmark (bench/memory/soak.py); argv: INDEX [SESSION_ITEM].
 
 Every job publishes items of each lifetime that ends with it (PROC, APP,
 NSPACE, and a LOCAL one in its node store), hands a first-read token to the

@@ -8,7 +8,7 @@ job with the MPI's own ``mpiexec``::
 
 Each launch is timed from the launcher's start to its exit (wall clock);
 with ``timing=True`` the program also reports how long MPI_Init took (the
-slowest rank's, ``init_s=`` in its output).  ``python bench/mpiexec_kit.py
+slowest rank's, ``init_s=`` in its output).  ``python bench/mpi/mpiexec_kit.py
 [NAME ...]`` prints a table for the named MPIs (default: all of them).
 """
 
@@ -19,7 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from mpifamily import kit  # noqa: E402
 

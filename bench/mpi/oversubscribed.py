@@ -1,6 +1,6 @@
 """MPI_Barrier with more ranks than a node has slots: pydvm against ``mpirun``.
 
-    python bench/oversubscribed.py [--rounds 5] [--barriers 5000]
+    python bench/mpi/oversubscribed.py [--rounds 5] [--barriers 5000]
 
 On one node of C cores (C = this machine's CPUs) a job of C+1 ranks
 oversubscribes it.  ``mpirun --oversubscribe`` then tells Open MPI so
@@ -37,7 +37,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCE = HERE.parent / "tests" / "pmix_e2e" / "clients" / "mpi_barrier_loop.c"
+SOURCE = HERE.parents[1] / "tests" / "pmix_e2e" / "clients" / "mpi_barrier_loop.c"
 PYDVM = [sys.executable, "-m", "pydvm"]
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl_tcp_if_include",
           "lo", "--mca", "oob_tcp_if_include", "lo"]

@@ -1,6 +1,6 @@
 """A PMI-1 job's launch and MPI_Init under pydvm, beside mpiexec.hydra, in one run.
 
-    python bench/pmi1.py [--runs 10] [--mpi mpich-deb,mpich]
+    python bench/mpi/pmi1.py [--runs 10] [--mpi mpich-deb,mpich]
 
 For each MPICH build (Debian's 4.0.2, ``mpich-deb``; PyPI's 5.0.2,
 ``mpich``: tests/mpifamily/kit.py makes its venv on first use) and each
@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parents[1] / "tests"))
 
 from mpifamily import kit  # noqa: E402
 

@@ -1,4 +1,4 @@
-/* Open MPI side of bench/pmix.py: holds HELD names with MPI_Publish_name,
+/* Open MPI side of bench/pmix/pmix.py: holds HELD names with MPI_Publish_name,
  * then times ITERS MPI_Publish_name calls (fresh names) and ITERS
  * MPI_Lookup_name calls (held names), printing every sample in
  * microseconds, one line per operation kind (as pmix_bench_client.c). */

@@ -1,15 +1,15 @@
 """PMIx_Publish / PMIx_Lookup through pydvm against Open MPI 4.1's own name service.
 
-    python bench/pmix.py                 # 2,000 samples per op, 10 and 5,000 names held
-    python bench/pmix.py --iters 500     # quicker
-    python bench/pmix.py --rounds 1      # one run per side and level (as before 2026-12-03)
+    python bench/pmix/pmix.py                 # 2,000 samples per op, 10 and 5,000 names held
+    python bench/pmix/pmix.py --iters 500     # quicker
+    python bench/pmix/pmix.py --rounds 1      # one run per side and level (as before 2026-12-03)
 
-pydvm: a C client (bench/pmix_bench_client.c, gcc -lpmix) run by ``pydvm
+pydvm: a C client (bench/pmix/pmix_bench_client.c, gcc -lpmix) run by ``pydvm
 run`` on the head node of a persistent DVM -- its PMIx server lives in the
 master process, so a publish or lookup goes client -> libpmix -> the
 master's store, answered inside libpmix's upcall on its progress thread
 (docs/pmix.md, "Answered in the upcall").  Open MPI: the same measurements with MPI_Publish_name /
-MPI_Lookup_name (bench/ompi_ns_client.c, mpicc) under ``mpirun`` (loopback
+MPI_Lookup_name (bench/pmix/ompi_ns_client.c, mpicc) under ``mpirun`` (loopback
 only, ``--allow-run-as-root``), whose data server lives in ``mpirun``.
 Each client first holds N names, then times ITERS publishes of fresh names
 and ITERS lookups of held ones; medians are compared.  The two sides run

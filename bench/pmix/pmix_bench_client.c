@@ -1,4 +1,4 @@
-/* PMIx client for bench/pmix_host.py: holds HELD names, then times ITERS
+/* PMIx client for bench/pmix/pmix_host.py: holds HELD names, then times ITERS
  * PMIx_Publish calls (fresh keys) and ITERS PMIx_Lookup calls (held keys),
  * printing one line per operation kind with every sample in microseconds. */
 #include <stdio.h>

@@ -1,19 +1,19 @@
 """PMIx_Publish / PMIx_Lookup latency through the pydvm.pmix binding.
 
-A C client (bench/pmix_bench_client.c, built here with gcc -lpmix) talks to
+A C client (bench/pmix/pmix_bench_client.c, built here with gcc -lpmix) talks to
 the test host of tests/pmix/harness.py: a PmixServer whose in-memory store
 answers every request on its asyncio event loop.  The client first holds N
 names, then times ITERS publishes of fresh names and ITERS lookups of held
 ones.  Prints a table and a final summary line.
 
-    python bench/pmix_host.py [--iters 2000] [--held 10,5000]
+    python bench/pmix/pmix_host.py [--iters 2000] [--held 10,5000]
 
 Rows ``publish-now`` / ``lookup-now`` (at the first number of names held)
 are the same host answering inside libpmix's upcall, on its progress thread
 (the binding's ``answer_now``, under the host's lock: what pydvm's runtime
 does for requests a store of its process can answer at once).  A last row,
 ``floor``, times publishes answered inside the upcall with nothing done at
-all (bench/_pmix_floor.py: nothing stored, no Python beyond the upcall's
+all (bench/pmix/_pmix_floor.py: nothing stored, no Python beyond the upcall's
 entry): libpmix's client/server round trip alone.
 """
 
@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "tests" / "pmix" / "harness.py"
 CLIENT = Path(__file__).resolve().parent / "pmix_bench_client.c"
 

@@ -1,12 +1,12 @@
 """What ``pydvm_pmix_isolate=on`` costs the DVM owner's jobs: their PMIx server
 in a process of its own on each node, against the node process's own server.
 
-    python bench/pmix_isolate.py [--iters 2000] [--rounds 4] [--jobs 500]
+    python bench/pmix/pmix_isolate.py [--iters 2000] [--rounds 4] [--jobs 500]
 
 Two DVMs on this machine (one node each, the head node), started here side by
 side, one with each setting; measured alternately, in one run:
 
-* PMIx_Publish / PMIx_Lookup latency: the C client of bench/pmix.py
+* PMIx_Publish / PMIx_Lookup latency: the C client of bench/pmix/pmix.py
   (``pmix_bench_client``: holds 10 names, then times publishes of fresh names
   and lookups of held ones), ``--rounds`` runs per side, samples pooled;
 * one-rank ``true`` jobs through the job API (``submit_many``, output

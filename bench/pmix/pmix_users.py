@@ -1,9 +1,9 @@
 """PMIx requests of another user on a multi-user DVM: through that user's own PMIx server.
 
-    sudo python bench/pmix_users.py [--iters 2000] [--rounds 4]
+    sudo python bench/pmix/pmix_users.py [--iters 2000] [--rounds 4]
 
 On a root-started ``pydvm start --multi-user`` DVM (one node, the head
-node), the C client of bench/pmix.py (``pmix_bench_client``: holds 10
+node), the C client of bench/pmix/pmix.py (``pmix_bench_client``: holds 10
 names, then times PMIx_Publish of fresh names and PMIx_Lookup of held ones)
 runs as root -- served by the node's own libpmix server, inside the master
 process, answered in libpmix's upcall -- and as a throw-away user, whose
@@ -55,7 +55,7 @@ def main() -> int:
         venv = base / "venv"
         subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(venv)], check=True, timeout=300)
         src = base / "src"
-        shutil.copytree(HERE.parent, src, ignore=shutil.ignore_patterns(
+        shutil.copytree(HERE.parents[1], src, ignore=shutil.ignore_patterns(
             ".venv", ".git", "__pycache__", "*.egg-info", "build"))
         subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(src)], check=True,
                        timeout=600)

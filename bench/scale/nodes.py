@@ -1,8 +1,8 @@
 """How a DVM scales with its number of nodes.
 
-    sudo python bench/nodes.py          # test hosts (network namespaces) when root
-    python bench/nodes.py --local       # local daemons only
-    python bench/nodes.py --sizes 2,4   # fewer sizes
+    sudo python bench/scale/nodes.py          # test hosts (network namespaces) when root
+    python bench/scale/nodes.py --local       # local daemons only
+    python bench/scale/nodes.py --sizes 2,4   # fewer sizes
 
 For DVMs of 2, 4, 8 and 16 daemons it measures:
 
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests" / "multinode"))
+sys.path.insert(0, str(HERE.parents[1] / "tests" / "multinode"))
 PYDVM = [sys.executable, "-m", "pydvm"]
 
 LOOKUP_CODE = """

@@ -20,7 +20,7 @@ Each is printed per node; the last line is ``scale ratio R``: the worst,
 over the measures, of (cost per node at 10,000 nodes) / (cost per node at
 1,000 nodes).  The runtime scales linearly while R stays near 1.
 
-    python bench/scale.py [--nodes 1000,2000,5000,10000] [--reps 5]
+    python bench/scale/scale.py [--nodes 1000,2000,5000,10000] [--reps 5]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from pydvm.runtime.core import (  # noqa: E402
     DEFAULT_SESSION, JobSubmitted, LaunchAnswered, LifetimeCore, NamespacePurged, ProcExited,

@@ -1,4 +1,4 @@
-"""Probe program of bench/vs_openmpi.py: one side's name service, timed from inside a job.
+"""Probe program of bench/store/vs_openmpi.py: one side's name service, timed from inside a job.
 
     _ns_probe.py ompi|pydvm latency HELD PROBES OUT
     _ns_probe.py ompi|pydvm throughput SECONDS OUT

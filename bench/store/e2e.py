@@ -1,7 +1,7 @@
 """End-to-end latency and throughput of the data store through a real DVM.
 
-    python bench/e2e.py            # full run (~1 minute)
-    python bench/e2e.py --quick    # fewer samples
+    python bench/store/e2e.py            # full run (~1 minute)
+    python bench/store/e2e.py --quick    # fewer samples
 
 What it measures, in one run:
 
@@ -237,7 +237,7 @@ def main() -> int:
     env["PYDVM_STATE_DIR"] = tempfile.mkdtemp(prefix="pydvm-bench-state-")
     env.pop("PYDVM_URI", None)
     # The floor is two hops (Unix socket, then TCP), so the client takes the
-    # two-hop path too: the direct path (one TCP hop) is bench/vs_openmpi.py's.
+    # two-hop path too: the direct path (one TCP hop) is bench/store/vs_openmpi.py's.
     uri = subprocess.run(PYDVM + ["start", "--daemonize", "--hosts", "a,b,c",
                                   "--mca", "pydvm_direct_data", "off"], env=env,
                          capture_output=True, text=True, timeout=120, check=True).stdout.strip()

@@ -1,7 +1,7 @@
 """Instructions per data request, counted by valgrind: a figure that noise cannot move.
 
-    python bench/instructions.py            # ~2 minutes
-    python bench/instructions.py --quick    # fewer calls (~1 minute)
+    python bench/store/instructions.py            # ~2 minutes
+    python bench/store/instructions.py --quick    # fewer calls (~1 minute)
 
 Timings on a shared VM drift by tens of percent from one run to the next;
 instruction counts do not.  Two sides of a head-node request are counted,

@@ -1,6 +1,6 @@
 """Bare round trip over a Unix socket pair and over TCP loopback, two processes.
 
-    python bench/pingpong.py [ROUNDS]
+    python bench/store/pingpong.py [ROUNDS]
 
 The floor under a head-node client (Unix socket to the master) and a daemon
 node's direct client (TCP to the master): a 60-byte message echoed back by a

@@ -48,9 +48,9 @@ Run
 ---
 From the project root, with the package installed::
 
-    python bench/store_scaling.py              # the default run (~20 s)
-    python bench/store_scaling.py --quick      # 1k and 10k, few rounds: a smoke test
-    python bench/store_scaling.py --sizes 1000 10000 --rounds 31
+    python bench/store/store_scaling.py              # the default run (~20 s)
+    python bench/store/store_scaling.py --quick      # 1k and 10k, few rounds: a smoke test
+    python bench/store/store_scaling.py --sizes 1000 10000 --rounds 31
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """pydvm's data store against Open MPI 4.1's name service, side by side in one run.
 
-    python bench/vs_openmpi.py            # 1,000 probes per level (a few minutes)
-    python bench/vs_openmpi.py --quick    # 200 probes, smaller levels
+    python bench/store/vs_openmpi.py            # 1,000 probes per level (a few minutes)
+    python bench/store/vs_openmpi.py --quick    # 200 probes, smaller levels
 
 Open MPI: mpi4py's ``MPI.Publish_name`` / ``Lookup_name`` /
 ``Unpublish_name`` in a 2-rank job under ``mpirun`` (loopback only), whose
