@@ -34,7 +34,7 @@ namespaces: :func:`~pydvm.runtime.shared.auth.host_identity`; the ``local``
 launcher's nodes) hand their clients the path of the master's direct-data
 Unix socket as well, and the client connects there rather than to the TCP
 port: a Unix socket's round trip costs less than a loopback TCP one
-(``bench/pingpong.py``).  The
+(``bench/store/pingpong.py``).  The
 handshake is the same; on that socket the peer's SO_PEERCRED uid and gid
 must also be the credential's.  The socket lives in a directory like a
 node's client socket (:func:`~pydvm.runtime.shared.sockdir.make_socket_dir`), open to
