@@ -59,8 +59,8 @@ from ...pmix.constants import RANK_WILDCARD
 from ...wire import Message, reply
 from ..shared.jobs import DEFAULT_SESSION
 from ..shared.jobs import JobRecord, ProcState
-from .nodes import NodeListener, NodeTable
 from ..shared.peers import DaemonSession
+from .nodes import NodeListener, NodeTable
 from .processes import ProcessListener, ProcessTable
 from .tasks import Tasks
 

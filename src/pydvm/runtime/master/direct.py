@@ -61,11 +61,11 @@ from ...wire import Channel, Message, refuse, reply
 from ..shared import credential
 from ..shared import dataops
 from ..shared.auth import host_identity
-from .dataservice import DataService
 from ..shared.guard import Guardian
-from ..shared.sockdir import make_socket_dir
-from .nodes import NodeTable
 from ..shared.peers import DirectSession
+from ..shared.sockdir import make_socket_dir
+from .dataservice import DataService
+from .nodes import NodeTable
 from .processes import ProcessListener, ProcessTable
 
 log = logging.getLogger("pydvm.master")

@@ -43,8 +43,8 @@ from typing import Any
 from ...wire import Message
 from ..node import STDIN_WINDOW, output_cost
 from ..shared.jobs import JobRecord
-from .nodes import NodeTable
 from ..shared.peers import DaemonSession, PeerSession, ToolSession
+from .nodes import NodeTable
 from .processes import ProcessListener, ProcessTable
 
 log = logging.getLogger("pydvm.master")

@@ -62,11 +62,11 @@ from ...placement import display_allocation_lines, display_map_lines
 from ...pmix import constants as PC
 from ...store import Caller
 from ...wire import Message, reply
-from . import core
 from ..shared.jobs import DEFAULT_SESSION
 from ..shared.jobs import HostSpec, JobRecord, ProcState, SessionRecord, build_job
-from .nodes import EVENT_GRACE, NodeListener, NodeTable
 from ..shared.peers import ClaimRefused, DaemonSession, PeerSession, ToolSession, process_caller
+from . import core
+from .nodes import EVENT_GRACE, NodeListener, NodeTable
 from .tasks import Tasks
 
 log = logging.getLogger("pydvm.master")

@@ -70,25 +70,25 @@ from ...errors import Status
 from ...store import DataStore
 from ...wire import Channel, Message, peer_credentials, poll_after_messages, refuse, reply, \
     stop_polling
+from ..pmixhost import pmix_status
 from ..shared import registry
 from ..shared.auth import HANDSHAKE_TIMEOUT, DvmUri, check_auth, tool_socket_path
-from .collectives import PMIX_REQUESTS, Collectives
 from ..shared.credential import ROLE as DIRECT_ROLE
 from ..shared.dataops import DATA_OPS
-from .dataservice import DataService, MasterRouter
-from .direct import DirectGate
 from ..shared.door import Door, Listener
 from ..shared.guard import Guardian
+from ..shared.jobs import HostSpec, JobRecord, SessionRecord
+from ..shared.peers import DaemonSession, DirectSession, PeerSession, ToolSession
+from ..shared.stats import RequestStats
+from .collectives import PMIX_REQUESTS, Collectives
+from .dataservice import DataService, MasterRouter
+from .direct import DirectGate
 from .jobevents import JobEvents
 from .jobqueue import JobQueue
-from ..shared.jobs import HostSpec, JobRecord, SessionRecord
 from .jobstreams import JobStreams
 from .launchers import Launcher, make_launcher
-from ..shared.stats import RequestStats
 from .metrics import MetricsServer, MetricsUnavailable, require_prometheus
 from .nodes import NodeRecord, NodeTable, StartError
-from ..shared.peers import DaemonSession, DirectSession, PeerSession, ToolSession
-from ..pmixhost import pmix_status
 from .processes import ProcessTable
 from .tasks import Tasks
 from .toolreqs import ADMIN_ONLY, ToolService

@@ -26,11 +26,11 @@ from ... import _trace
 from ...errors import Status
 from ...wire import Message, reply
 from ..shared.jobs import DEFAULT_SESSION
+from ..shared.jobs import HostSpec, JobRecord, ProcState
+from ..shared.peers import ToolSession
 from .dataservice import DataService
 from .jobqueue import QUEUED_KILL_EXIT, JobQueue, pmix_refusal
-from ..shared.jobs import HostSpec, JobRecord, ProcState
 from .nodes import NodeTable
-from ..shared.peers import ToolSession
 from .processes import ProcessTable
 from .tasks import Tasks
 

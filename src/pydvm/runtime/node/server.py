@@ -78,29 +78,29 @@ import shutil
 import signal
 from pathlib import Path
 
+from ... import _trace
 from ... import params as P
 from ...enums import Persistence
-from ... import _trace
 from ...errors import Status
 from ...store import DataStore, MonotonicClock, StoreParams
 from ...wire import Channel, Message, peer_credentials, refuse, reply
+from ..pmixhost import PmixHost, jobctl_on_master, pids_of
 from ..shared import dataops
 from ..shared import jobproc
+from ..shared.auth import host_identity
+from ..shared.credential import Voucher
+from ..shared.door import Door, Listener
+from ..shared.guard import Guardian, group_alive
 from ..shared.jobproc import KILL_GRACE
+from ..shared.peers import ClientSession, process_caller, route_answer
+from ..shared.sockdir import make_socket_dir, same_host_socket
+from ..shared.stats import RequestStats, store_sample
+from ..shared.storeguard import GuardedStats, StoreGuard, guard_for, guarded_store
 from .cpubind import NodeBinding
 from .heap import IdleTrim, tune as tune_heap
-from ..shared.door import Door, Listener
-from ..shared.credential import Voucher
-from ..shared.auth import host_identity
-from ..shared.guard import Guardian, group_alive
 from .jobio import StdinFeed
-from ..shared.stats import RequestStats, store_sample
 from .launch import LocalJob, LocalProc, start_share
-from ..shared.peers import ClientSession, process_caller, route_answer
 from .pmi1host import Pmi1Host
-from ..pmixhost import PmixHost, jobctl_on_master, pids_of
-from ..shared.sockdir import make_socket_dir, same_host_socket
-from ..shared.storeguard import GuardedStats, StoreGuard, guard_for, guarded_store
 
 log = logging.getLogger("pydvm.node")
 

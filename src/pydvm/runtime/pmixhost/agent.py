@@ -71,8 +71,8 @@ from typing import Any
 from ...errors import Status
 from ...pmix import constants as C
 from ...wire import Channel, Message, pack, reply
-from .data import DATA_KINDS, answer, data_request
 from .codec import decode, encode_request
+from .data import DATA_KINDS, answer, data_request
 
 log = logging.getLogger("pydvm.pmix")
 

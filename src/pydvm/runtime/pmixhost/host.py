@@ -95,10 +95,10 @@ from typing import TYPE_CHECKING, Any, Callable
 from ... import _trace
 from ...errors import Status
 from ...wire import MAX_FRAME, Message
-from .data import BAD as _BAD, REFUSED as _REFUSED, RelayedData, answer_reply, \
-    data_request
 from ..shared.peers import process_caller
 from . import events as pmixevents
+from .data import BAD as _BAD, REFUSED as _REFUSED, RelayedData, answer_reply, \
+    data_request
 from .session import NoServerHere, PmixSession
 
 if TYPE_CHECKING:

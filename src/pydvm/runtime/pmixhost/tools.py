@@ -90,10 +90,10 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-from ...errors import Status
 from ...enums import Persistence
-from ..shared.peers import process_caller
+from ...errors import Status
 from ..shared.guard import pid_alive
+from ..shared.peers import process_caller
 
 if TYPE_CHECKING:
     from .host import PmixHost
