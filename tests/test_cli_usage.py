@@ -228,17 +228,17 @@ def test_run_with_nothing_to_run_says_so_before_the_usage(tmp_path):
 
 
 # ----------------------------------------------------------------------
-# the README's synopsis against the parsers
+# the command line page's synopsis against the parsers
 # ----------------------------------------------------------------------
 
 
-def _readme_synopsis() -> dict[str, str]:
-    """The README's "Command line" synopsis: each subcommand's entry (its line and
+def _cli_synopsis() -> dict[str, str]:
+    """docs/cli.md's "Command line" synopsis: each subcommand's entry (its line and
     continuation lines), by the names it covers (``stop | store ...`` covers four)."""
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
     block = text.split("## Command line", 1)[1].split("```", 2)[1]
     entries: list[str] = []
     for ln in block.splitlines():
@@ -257,15 +257,15 @@ def _readme_synopsis() -> dict[str, str]:
     return out
 
 
-def test_the_readme_synopsis_shows_every_option_of_every_command():
-    """Each subcommand's options (long or short form) appear in its README entry."""
-    syn = _readme_synopsis()
+def test_the_cli_synopsis_shows_every_option_of_every_command():
+    """Each subcommand's options (long or short form) appear in its docs/cli.md entry."""
+    syn = _cli_synopsis()
     missing = []
     for path, sub in _subparsers(build_parser()):
         name = " ".join(path)
         if name in ("run", "session"):
             continue  # run: below; session: its two actions have entries
-        assert name in syn, f"no README synopsis entry for pydvm {name}"
+        assert name in syn, f"no docs/cli.md synopsis entry for pydvm {name}"
         for action in sub._actions:
             if isinstance(action, argparse._HelpAction) or not action.option_strings:
                 continue
@@ -276,10 +276,10 @@ def test_the_readme_synopsis_shows_every_option_of_every_command():
 
 
 def test_run_synopsis_shows_every_option_and_n_as_optional():
-    """`-n` defaults to 1: the README and `pydvm run --help` show it in brackets."""
+    """`-n` defaults to 1: docs/cli.md and `pydvm run --help` show it in brackets."""
     import re
 
-    run = _readme_synopsis()["run"]
+    run = _cli_synopsis()["run"]
     for opt in ("--dvm", "--session", "--mca", "--tag-output", "--abort-on-failure", "--pmix",
                 "--host"):
         assert f"[{opt}" in run, opt
