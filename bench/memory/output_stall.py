@@ -10,7 +10,7 @@ yes`` at once, each writing into a FIFO that is open but never read.  `yes`
 writes 2-byte lines as fast as it may, the worst case for per-message
 overheads.  The master's RSS (from /proc) is sampled for ``--seconds``
 after a warm-up job; the table gives its peak growth over the baseline, per
-job, against the bound the README states (``pydvm_output_window`` per job
+job, against the bound docs/cli.md states (``pydvm_output_window`` per job
 and node, 1 MiB by default).  Prints a table and, last,
 ``worst per stalled job: X MiB (window W MiB)``.
 """
