@@ -90,7 +90,7 @@ class DirectGate(ProcessListener):
         self.multi_user = multi_user
         self._on_message = on_message
         self._guardian = guardian
-        #: the key direct-data credentials are checked with (credential.py).
+        #: the key direct-data credentials are checked with (shared/credential.py).
         self._key = credential.domain_key(secret)
         #: (nspace, rank) -> that process's open direct sessions.
         self._sessions: dict[tuple[str, int], set[DirectSession]] = {}

@@ -12,7 +12,7 @@ callers it has vouched for.
 Who acts on the master store (SPEC 5)::
 
     daemon reports "exited"  -> PROC purge of that process
-    last process of an app   -> APP purge (per-app termination count, jobs.py),
+    last process of an app   -> APP purge (per-app termination count, shared/jobs.py),
                                 and the application notice to the nodes that
                                 ran it (an APP purge there), acknowledged
     last process of the job  -> NSPACE purge, then a purge broadcast to every

@@ -99,7 +99,7 @@ __all__ = ["Master", "StartError", "DAEMON_MESSAGES", "TOOL_MESSAGES", "DIRECT_M
 
 # ----------------------------------------------------------------------
 # message -> handler: (component, method); every handler takes
-# (peer session, message).  runtime/DESIGN.md has the same table.
+# (peer session, message).  master/DESIGN.md has the same table.
 # ----------------------------------------------------------------------
 
 #: What a daemon (or the head node's in-process link) sends the master.
@@ -204,7 +204,7 @@ class Master:
         self.bind = bind
         self.log_dir = log_dir
         self.uri: DvmUri | None = None
-        #: the front door (door.py): every listening socket, the strangers on them.
+        #: the front door (shared/door.py): every listening socket, the strangers on them.
         self.door: Door | None = None
         self._server: Listener | None = None
         self._tool_server: Listener | None = None

@@ -215,7 +215,7 @@ class NodeServer:
                  # what ppr:N:socket and --map-by core:SPAN count (placement.py)
                  "topo": self.binding.topology.counts(),
                  # which process this is, where: a PMIx tool that sees what the
-                 # master sees may name it (--pid) to reach the DVM (pmixtools.py)
+                 # master sees may name it (--pid) to reach the DVM (pmixhost/tools.py)
                  "pid": os.getpid(), "where": host_identity()}
         if self.voucher is not None:
             ready["holders"] = []  # from now on announced (see _holder_changed)
@@ -436,7 +436,7 @@ class NodeServer:
     # ------------------------------------------------------------------
 
     async def _launch(self, msg: Message) -> None:
-        """A job's ``launch``: its share here started, answered (see :func:`.nodelaunch.start_share`)."""
+        """A job's ``launch``: its share here started, answered (see :func:`.launch.start_share`)."""
         self._expect_stdin(msg)
         self.uplink.send({**await start_share(self, msg), "id": msg.get("id")})
 

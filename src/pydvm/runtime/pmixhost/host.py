@@ -534,7 +534,7 @@ class PmixHost:
 
     async def deliver_event(self, msg: Message) -> int:
         """The master's ``event``: deliver it to this node's clients in range
-        (:func:`.pmixevents.deliver`)."""
+        (:func:`.events.deliver`)."""
         return await pmixevents.deliver(self, msg)
 
     # -- groups --------------------------------------------------------------
@@ -723,7 +723,7 @@ class PmixHost:
         msg = {"t": "spawn", "parent": [req.proc.nspace, req.proc.rank], "apps": apps,
                **spawn_directives(req.job_info)}
         tool = self.tools.tools.get(req.proc.nspace)
-        if tool is not None:  # a tool's spawn: its kernel-checked identity (pmixtools.py)
+        if tool is not None:  # a tool's spawn: its kernel-checked identity (tools.py)
             msg["tool_uid"], msg["tool_gid"] = tool.uid, tool.gid
         self.ask_master(msg, answered)
 
