@@ -1,0 +1,98 @@
+"""What a ``python_app`` of :class:`~pydvm.parsl.executor.PydvmExecutor` runs.
+
+Each such app is a DVM job of its own: ``python -m pydvm.parsl.task IN
+OUT`` on each of its ranks.  ``IN`` holds the function and its arguments
+as Parsl's ``pack_apply_message`` packed them; every rank calls it, and
+rank 0 writes ``OUT``: Parsl's ``serialize((True, value))``, or ``(False,
+exception)`` when the call raised (a ``python_app``'s own exceptions come
+back as the ``RemoteExceptionWrapper`` Parsl wraps them in, as from any
+executor).  The file appears whole (written beside, then renamed) or not
+at all; the executor reads it when the job's end is pushed to it.
+
+Parsl's serializer is loaded without running ``parsl/__init__.py``, which
+imports the DataFlowKernel and every executor -- seconds on a busy node,
+paid by every app here, where HTEX's workers pay it once.  The package is
+put in ``sys.modules`` bare (:func:`bare_parsl`), its submodules imported
+as usual; the first use of a name of ``parsl`` itself (a function that
+does ``import parsl; parsl.python_app``) runs ``__init__.py`` then, in
+the same module object.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+
+def bare_parsl() -> None:
+    """Make ``import parsl.X`` load X without ``parsl/__init__.py`` (see the
+    module docstring); nothing if ``parsl`` is imported already."""
+    if "parsl" in sys.modules:
+        return
+    spec = importlib.util.find_spec("parsl")
+    if spec is None or spec.loader is None or not spec.submodule_search_locations:
+        return  # not a package we know how to load: import it the usual way
+    mod = importlib.util.module_from_spec(spec)
+
+    def __getattr__(name: str):
+        sub = sys.modules.get(f"parsl.{name}")
+        if sub is not None:  # a submodule being imported (its attribute is set after)
+            return sub
+        # a name of parsl's own: run its __init__ now, once
+        mod.__dict__.pop("__getattr__", None)
+        spec.loader.exec_module(mod)
+        return getattr(mod, name)
+
+    mod.__getattr__ = __getattr__  # type: ignore[attr-defined]
+    sys.modules["parsl"] = mod
+
+
+def run(packed: bytes) -> tuple[bool, object]:
+    """Call the packed function: ``(True, its value)`` or ``(False, what it raised)``."""
+    from parsl.serialize import unpack_apply_message
+
+    try:
+        fn, args, kwargs = unpack_apply_message(packed)
+        return True, fn(*args, **kwargs)
+    except BaseException as exc:  # SystemExit too: the app's outcome, not ours
+        return False, exc
+
+
+def encode(outcome: tuple[bool, object]) -> bytes:
+    """``outcome`` serialized by Parsl; a value that cannot be becomes the
+    error saying so."""
+    from parsl.serialize import serialize
+
+    try:
+        return serialize(outcome)
+    except Exception as exc:
+        what = "result" if outcome[0] else "exception"
+        return serialize((False, RuntimeError(
+            f"the app's {what} ({type(outcome[1]).__name__}) could not be serialized "
+            f"to be sent back: {exc!r}")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m pydvm.parsl.task IN OUT (a rank of a PydvmExecutor app)",
+              file=sys.stderr)
+        return 2
+    inp, out = argv
+    bare_parsl()
+    with open(inp, "rb") as f:
+        packed = f.read()
+    outcome = run(packed)
+    if int(os.environ.get("PYDVM_RANK", "0")) != 0:
+        return 0
+    data = encode(outcome)
+    tmp = f"{out}.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
