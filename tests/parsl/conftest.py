@@ -7,7 +7,6 @@ with the package to install; CI installs them all and sets
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ sys.path.insert(0, str(HERE.parent / "pmix"))
 sys.path.insert(0, str(HERE))
 
 from dvmkit import start_dvm  # noqa: E402
-from parslkit import build_or_skip  # noqa: E402
+from parslkit import apps_env, build_or_skip  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -48,16 +47,9 @@ def dvm2(tmp_path_factory):
 
 @pytest.fixture
 def on_dvm(dvm2, monkeypatch, tmp_path):
-    """The test runs against ``dvm2`` (``$PYDVM_URI``), in ``tmp_path``, with
-    Parsl's scripts on ``PATH`` and this directory importable by the apps'
-    processes (they import this test module's apps by name)."""
+    """The test runs against ``dvm2`` (``$PYDVM_URI``), as :func:`apps_env` says."""
     monkeypatch.setenv("PYDVM_STATE_DIR", dvm2.env["PYDVM_STATE_DIR"])
     monkeypatch.setenv("PYDVM_URI", dvm2.uri)
-    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep
-                       + os.environ.get("PATH", ""))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(HERE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    # Open MPI between local nodes over loopback only
-    monkeypatch.setenv("OMPI_MCA_btl_tcp_if_include", "lo")
-    monkeypatch.chdir(tmp_path)
+    apps_env(monkeypatch, tmp_path)
     return dvm2
+

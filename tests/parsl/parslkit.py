@@ -4,8 +4,11 @@ where one is missing)."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,3 +40,24 @@ def build_or_skip(family: str, out: Path) -> str:
                        capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr
     return str(exe)
+
+
+LINE = re.compile(r"^rank (\d+) of (\d+) on (\S+) sum (-?\d+) via (\w+)$")
+
+
+def ranks_printed(text: str) -> list[tuple[int, int, str, int, str]]:
+    """``(rank, size, node, sum, interface)`` of each line mpi_sum printed, by rank."""
+    rows = [LINE.match(ln) for ln in text.splitlines()]
+    return sorted((int(m[1]), int(m[2]), m[3], int(m[4]), m[5]) for m in rows if m)
+
+
+def apps_env(monkeypatch, tmp_path) -> None:
+    """What the apps' processes need: Parsl's scripts on ``PATH``, this
+    directory importable (they import the apps' module by name), Open MPI
+    between local nodes over loopback only; the test runs in ``tmp_path``."""
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep
+                       + os.environ.get("PATH", ""))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(HERE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    monkeypatch.setenv("OMPI_MCA_btl_tcp_if_include", "lo")
+    monkeypatch.chdir(tmp_path)

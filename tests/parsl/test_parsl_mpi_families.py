@@ -11,7 +11,6 @@ allreduce right, each given only its family's interface."""
 
 from __future__ import annotations
 
-import re
 import shutil
 
 import pytest
@@ -24,18 +23,10 @@ from parsl.config import Config  # noqa: E402
 from parsl.executors import MPIExecutor  # noqa: E402
 from parsl.launchers import SimpleLauncher  # noqa: E402
 
-from parslkit import FAMILIES  # noqa: E402
+from parslkit import FAMILIES, ranks_printed  # noqa: E402
 from pydvm.parsl import PydvmProvider  # noqa: E402
 
 pytestmark = pytest.mark.e2e
-
-LINE = re.compile(r"^rank (\d+) of (\d+) on (\S+) sum (-?\d+) via (\w+)$")
-
-
-def ranks_printed(text: str) -> list[tuple[int, int, str, int, str]]:
-    """``(rank, size, node, sum, interface)`` of each line mpi_sum printed, by rank."""
-    rows = [LINE.match(ln) for ln in text.splitlines()]
-    return sorted((int(m[1]), int(m[2]), m[3], int(m[4]), m[5]) for m in rows if m)
 
 
 @bash_app
