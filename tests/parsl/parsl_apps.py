@@ -31,3 +31,10 @@ def where(stdout=None):
 def shell(command, stdout=None, stderr=None, walltime=None, outputs=(),
           parsl_resource_specification={}):
     return command
+
+
+def runner_context():
+    """Whether the process has imported pydvm, and its sys.path[0]."""
+    import sys
+
+    return "pydvm" in sys.modules, sys.path[0]

@@ -20,6 +20,7 @@ from parsl.app.app import bash_app, python_app  # noqa: E402
 from parsl.executors.errors import InvalidResourceSpecification  # noqa: E402
 from parsl.serialize import deserialize, pack_apply_message  # noqa: E402
 
+from pydvm.parsl import task  # noqa: E402
 from pydvm.parsl.executor import (_TaskFuture, bash_function, job_env, job_shape,  # noqa: E402
                                   plain_argv, shell_mpi)
 
@@ -154,12 +155,12 @@ RUNNER_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
 
 
 def run_task(tmp_path, func, *args, rank=0, **kwargs):
-    """Run ``func`` packed as the executor packs it through ``python -m
-    pydvm.parsl.task``; what it sent back, or None when it wrote nothing."""
+    """Run ``func`` packed as the executor packs it through the task runner,
+    as the executor runs it; what it sent back, or None when it wrote nothing."""
     inp, out = tmp_path / "in.pkl", tmp_path / "out.pkl"
     inp.write_bytes(pack_apply_message(func, args, kwargs))
     out.unlink(missing_ok=True)
-    p = subprocess.run([sys.executable, "-m", "pydvm.parsl.task", str(inp), str(out)],
+    p = subprocess.run([sys.executable, task.__file__, str(inp), str(out)],
                        env={**RUNNER_ENV, "PYDVM_RANK": str(rank)}, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 0, p.stderr
@@ -218,5 +219,10 @@ def test_the_runner_sends_back_a_value_an_exception_or_what_went_wrong(tmp_path)
     assert not ok and isinstance(exc, SystemExit)
     ok, exc = run_task(tmp_path, _unpicklable)
     assert not ok and "could not be serialized" in str(exc)
+    # run by its path: no pydvm, and its own directory not first on sys.path
+    from parsl_apps import runner_context
+
+    ok, (pydvm_loaded, first) = run_task(tmp_path, runner_context)
+    assert ok and not pydvm_loaded and first != os.path.dirname(task.__file__)
     # ranks other than 0 run the function and send nothing back
     assert run_task(tmp_path, _whole_parsl, rank=1) is None

@@ -20,7 +20,8 @@ taken, and its Parsl future completes when the DVM pushes the job's end.
   else under ``/bin/bash -c``.  Its ``stdout``/``stderr`` files are written
   as Parsl's bash apps write them; ``walltime`` is the job's time limit.
   An exit status other than 0 is Parsl's ``BashExitFailure``.
-* A ``@python_app`` is a job running :mod:`pydvm.parsl.task`, which calls
+* A ``@python_app`` is a job running :mod:`pydvm.parsl.task` (by its
+  path), which calls
   the function Parsl packed (its serializer) and sends back its value or
   exception in a file under :attr:`PydvmExecutor.task_dir`.
 
@@ -55,6 +56,8 @@ from typing import Any
 from parsl.executors.base import ParslExecutor
 from parsl.executors.errors import InvalidResourceSpecification
 from parsl.utils import RepresentationMixin
+
+from . import task as _task
 
 logger = logging.getLogger(__name__)
 
@@ -486,7 +489,7 @@ class PydvmExecutor(ParslExecutor, RepresentationMixin):
         task.out = os.path.join(self.task_dir, f"{tid}.out.pkl")
         with open(task.inp, "wb") as f:
             f.write(packed)
-        return ([sys.executable, "-m", "pydvm.parsl.task", task.inp, task.out],
+        return ([sys.executable, _task.__file__, task.inp, task.out],
                 "capture", "capture", self.mpi)
 
     # -- ends ---------------------------------------------------------------------

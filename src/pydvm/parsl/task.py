@@ -1,7 +1,8 @@
 """What a ``python_app`` of :class:`~pydvm.parsl.executor.PydvmExecutor` runs.
 
-Each such app is a DVM job of its own: ``python -m pydvm.parsl.task IN
-OUT`` on each of its ranks.  ``IN`` holds the function and its arguments
+Each such app is a DVM job of its own: ``python .../pydvm/parsl/task.py
+IN OUT`` on each of its ranks (by its path: the ``pydvm`` package is not
+imported).  ``IN`` holds the function and its arguments
 as Parsl's ``pack_apply_message`` packed them; every rank calls it, and
 rank 0 writes ``OUT``: Parsl's ``serialize((True, value))``, or ``(False,
 exception)`` when the call raised (a ``python_app``'s own exceptions come
@@ -139,8 +140,13 @@ def encode(outcome: tuple[bool, object]) -> bytes:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # run by its path (not -m: pydvm's own __init__ is not needed here), its
+    # directory came first on sys.path: its modules must not hide the app's
+    here = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or os.curdir) == here:
+        del sys.path[0]
     if len(argv) != 2:
-        print("usage: python -m pydvm.parsl.task IN OUT (a rank of a PydvmExecutor app)",
+        print("usage: python task.py IN OUT (a rank of a PydvmExecutor app)",
               file=sys.stderr)
         return 2
     inp, out = argv
