@@ -38,3 +38,21 @@ def runner_context():
     import sys
 
     return "pydvm" in sys.modules, sys.path[0]
+
+
+def chatty():
+    """Prints on both streams, returns 1."""
+    import sys
+
+    print("to stdout")
+    print("to stderr", file=sys.stderr)
+    return 1
+
+
+@python_app
+def dies(code):
+    import os
+    import sys
+
+    print("going down", file=sys.stderr, flush=True)
+    os._exit(code)

@@ -25,7 +25,7 @@ from parsl.executors.errors import InvalidResourceSpecification  # noqa: E402
 
 import pydvm.jobs  # noqa: E402
 from dvmkit import wait_for  # noqa: E402
-from parsl_apps import divide, parsl_version, shell, square, where  # noqa: E402
+from parsl_apps import dies, divide, parsl_version, shell, square, where  # noqa: E402
 from parslkit import FAMILIES, apps_env, ranks_printed  # noqa: E402
 from pydvm.errors import UnreachableError  # noqa: E402
 from pydvm.parsl import PydvmExecutor, cancel_app  # noqa: E402
@@ -93,6 +93,13 @@ def test_what_apps_end_with(dfk, tmp_path):
     # a python_app's own exception, as from any executor
     with pytest.raises(ZeroDivisionError):
         divide(1, 0).result(120)
+    # a python_app's process that ends without a result: its status, its stderr,
+    # which is kept under the run directory
+    e = dies(5).exception(120)
+    assert isinstance(e, pe.AppException) and "exit status 5" in str(e) and \
+        "going down" in str(e)
+    kept = tmp_path / "runinfo" / "000" / "pydvm"
+    assert [p.read_text() for p in kept.glob("*.err")] == ["going down\n"]
     # a bash_app's exit status; its stderr file as Parsl's bash apps write it
     e = shell("echo oops >&2; exit 3", stderr="three.err").exception(120)
     assert isinstance(e, pe.BashExitFailure) and e.exitcode == 3

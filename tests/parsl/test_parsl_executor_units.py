@@ -160,7 +160,8 @@ def run_task(tmp_path, func, *args, rank=0, **kwargs):
     inp, out = tmp_path / "in.pkl", tmp_path / "out.pkl"
     inp.write_bytes(pack_apply_message(func, args, kwargs))
     out.unlink(missing_ok=True)
-    p = subprocess.run([sys.executable, task.__file__, str(inp), str(out)],
+    p = subprocess.run([sys.executable, task.__file__, str(inp), str(out),
+                        str(tmp_path / "log")],
                        env={**RUNNER_ENV, "PYDVM_RANK": str(rank)}, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 0, p.stderr
@@ -224,5 +225,11 @@ def test_the_runner_sends_back_a_value_an_exception_or_what_went_wrong(tmp_path)
 
     ok, (pydvm_loaded, first) = run_task(tmp_path, runner_context)
     assert ok and not pydvm_loaded and first != os.path.dirname(task.__file__)
+    # what it prints goes to LOG.out and LOG.err, appended to
+    from parsl_apps import chatty
+
+    assert run_task(tmp_path, chatty) == (True, 1)
+    assert (tmp_path / "log.out").read_text().endswith("to stdout\n")
+    assert (tmp_path / "log.err").read_text().endswith("to stderr\n")
     # ranks other than 0 run the function and send nothing back
     assert run_task(tmp_path, _whole_parsl, rank=1) is None

@@ -489,8 +489,9 @@ class PydvmExecutor(ParslExecutor, RepresentationMixin):
         task.out = os.path.join(self.task_dir, f"{tid}.out.pkl")
         with open(task.inp, "wb") as f:
             f.write(packed)
-        return ([sys.executable, _task.__file__, task.inp, task.out],
-                "capture", "capture", self.mpi)
+        # its output is written by the runner, on the node (see pydvm.parsl.task)
+        return ([sys.executable, _task.__file__, task.inp, task.out,
+                 os.path.join(self.task_dir, str(tid))], None, None, self.mpi)
 
     # -- ends ---------------------------------------------------------------------
 
@@ -547,10 +548,17 @@ class PydvmExecutor(ParslExecutor, RepresentationMixin):
         from parsl.serialize import deserialize
 
         base = os.path.join(self.task_dir or ".", str(task.future.parsl_executor_task_id))
-        for data, ext in ((r.stdout, "out"), (r.stderr, "err")):
-            if data:
-                with open(f"{base}.{ext}", "wb") as f:
-                    f.write(data)
+        err = b""
+        for ext in ("out", "err"):  # kept if the app printed anything
+            try:
+                if os.path.getsize(f"{base}.{ext}") == 0:
+                    os.unlink(f"{base}.{ext}")
+                elif ext == "err":
+                    with open(f"{base}.err", "rb") as f:
+                        f.seek(max(0, os.path.getsize(f"{base}.err") - 2000))
+                        err = f.read()
+            except OSError:
+                pass
         outcome = None
         if r.returncode == 0 and task.out is not None:
             try:
@@ -559,7 +567,7 @@ class PydvmExecutor(ParslExecutor, RepresentationMixin):
             except FileNotFoundError:
                 pass
         if outcome is None:
-            tail = (r.stderr or b"").decode("utf-8", "replace").strip()[-2000:]
+            tail = err.decode("utf-8", "replace").strip()
             why = r.reason or (f"exit status {r.returncode}" if r.returncode else
                                "no result written")
             return None, AppException(f"app {task.name} (DVM job {r.nspace}) ended without "

@@ -1,14 +1,17 @@
 """What a ``python_app`` of :class:`~pydvm.parsl.executor.PydvmExecutor` runs.
 
 Each such app is a DVM job of its own: ``python .../pydvm/parsl/task.py
-IN OUT`` on each of its ranks (by its path: the ``pydvm`` package is not
-imported).  ``IN`` holds the function and its arguments
-as Parsl's ``pack_apply_message`` packed them; every rank calls it, and
-rank 0 writes ``OUT``: Parsl's ``serialize((True, value))``, or ``(False,
+IN OUT LOG`` on each of its ranks (by its path: the ``pydvm`` package is
+not imported).  ``IN`` holds the function and its arguments as Parsl's
+``pack_apply_message`` packed them; every rank calls it, and rank 0
+writes ``OUT``: Parsl's ``serialize((True, value))``, or ``(False,
 exception)`` when the call raised (a ``python_app``'s own exceptions come
 back as the ``RemoteExceptionWrapper`` Parsl wraps them in, as from any
 executor).  The file appears whole (written beside, then renamed) or not
-at all; the executor reads it when the job's end is pushed to it.
+at all; the executor reads it when the job's end is pushed to it.  What
+the ranks print goes to ``LOG.out`` and ``LOG.err`` (appended to, every
+rank's), written here on the node: the job's own output is not forwarded,
+which would cost each app a round of output handling at the DVM.
 
 Parsl's serializer is loaded without running ``parsl/__init__.py``, which
 imports the DataFlowKernel and every executor -- seconds on a busy node,
@@ -145,11 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     here = os.path.dirname(os.path.abspath(__file__))
     if sys.path and os.path.abspath(sys.path[0] or os.curdir) == here:
         del sys.path[0]
-    if len(argv) != 2:
-        print("usage: python task.py IN OUT (a rank of a PydvmExecutor app)",
+    if len(argv) != 3:
+        print("usage: python task.py IN OUT LOG (a rank of a PydvmExecutor app)",
               file=sys.stderr)
         return 2
-    inp, out = argv
+    inp, out, log = argv
+    for fd, ext in ((1, "out"), (2, "err")):
+        f = os.open(f"{log}.{ext}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
     bare_parsl()
     with open(inp, "rb") as f:
         packed = f.read()
