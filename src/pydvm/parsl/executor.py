@@ -452,7 +452,7 @@ class PydvmExecutor(ParslExecutor, RepresentationMixin):
             try:
                 if os.path.dirname(fname):
                     os.makedirs(os.path.dirname(fname), exist_ok=True)
-                f = open(fname, ("a" if "a" in mode else "w") + "b")
+                f = open(fname, mode)  # as Parsl opens it: its mode, a bad one refused
             except Exception as e:
                 raise pe.BadStdStreamFile(str(fname)) from e
             task.files.append((f, key))
@@ -461,8 +461,8 @@ class PydvmExecutor(ParslExecutor, RepresentationMixin):
         stdout = open_std("stdout")
         stderr = open_std("stderr")
         if stderr is not None:
-            stderr.write(f"--> executable follows <--\n{command}\n--> end executable <--\n"
-                         .encode())
+            header = f"--> executable follows <--\n{command}\n--> end executable <--\n"
+            stderr.write(header if hasattr(stderr, "encoding") else header.encode())
             stderr.flush()
         task.walltime = kwargs.get("walltime")
         task.outputs = list(kwargs.get("outputs") or [])
