@@ -21,15 +21,18 @@ taken, and its Parsl future completes when the DVM pushes the job's end.
   as Parsl's bash apps write them; ``walltime`` is the job's time limit.
   An exit status other than 0 is Parsl's ``BashExitFailure``.
 * A ``@python_app`` is a job running :mod:`pydvm.parsl.task` (by its
-  path), which calls
-  the function Parsl packed (its serializer) and sends back its value or
-  exception in a file under :attr:`PydvmExecutor.task_dir`.
+  path), which calls the function Parsl packed (its serializer) and sends
+  back its value or exception in a file under
+  :attr:`PydvmExecutor.task_dir`.  Bash apps wrapped by Parsl's monitoring
+  run this way too, their command run by Parsl's own code in the job.
 
 The ranks of an app come from its ``parsl_resource_specification``
 (:func:`job_shape`): ``num_ranks``, ``ranks_per_node``, ``num_nodes``;
 the DVM places them, and gives them the MPI interface ``mpi`` says
 (``"auto"``: read off the program, PMIx for Open MPI, PMI-1 for the MPICH
-family).  ``$PARSL_MPI_PREFIX`` is empty in the job -- the job *is* the
+family).  Any other key is refused (Parsl's ``InvalidResourceSpecification``,
+as HTEX refuses what it cannot honour).  ``$PARSL_MPI_PREFIX`` is empty in
+the job -- the job *is* the
 ranks -- so an app written for ``MPIExecutor`` (``"$PARSL_MPI_PREFIX
 ./prog"``) runs unchanged.
 
