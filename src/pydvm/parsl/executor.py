@@ -23,8 +23,10 @@ taken, and its Parsl future completes when the DVM pushes the job's end.
 * A ``@python_app`` is a job running :mod:`pydvm.parsl.task` (by its
   path), which calls the function Parsl packed (its serializer) and sends
   back its value or exception in a file under
-  :attr:`PydvmExecutor.task_dir`.  Bash apps wrapped by Parsl's monitoring
-  run this way too, their command run by Parsl's own code in the job.
+  :attr:`PydvmExecutor.task_dir`.  (A bash app wrapped further, by a
+  wrapper of Parsl's or a user's, is run this way too: Parsl's own bash
+  code then runs its command in the job.  Parsl's resource monitoring has
+  no radio here: a config that turns it on cannot launch apps.)
 
 The ranks of an app come from its ``parsl_resource_specification``
 (:func:`job_shape`): ``num_ranks``, ``ranks_per_node``, ``num_nodes``;
