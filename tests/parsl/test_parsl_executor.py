@@ -127,12 +127,22 @@ def test_what_apps_end_with(dfk, tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_a_cancelled_app_has_its_job_killed(dfk):
-    f = shell("exec sleep 600")
+def test_a_cancelled_app_has_its_job_killed_running_or_queued(dfk):
+    # the DVM's 4 slots taken by one app, a second queued behind it
+    f = shell("exec sleep 600", parsl_resource_specification={"num_ranks": 4})
     exec_fu = running(f)
     nspace = exec_fu.job.nspace
+    waiting = shell("echo never")
+    wait_for(lambda: (waiting.task_record.get("exec_fu") is not None and
+                      waiting.task_record["exec_fu"].job.state == "queued"), 60,
+             what="the second app to be queued")
     with pydvm.jobs.connect() as d:
-        assert [j.nspace for j in d.jobs()] == [nspace]
+        assert sorted(j.state for j in d.jobs()) == ["queued", "running"]
+        assert cancel_app(waiting) is True
+        with pytest.raises(CancelledError):
+            waiting.result(60)
+        wait_for(lambda: [j.nspace for j in d.jobs()] == [nspace], 60,
+                 what="the queued app's job to go")
         assert cancel_app(f) is True
         with pytest.raises(CancelledError):
             f.result(60)
@@ -140,6 +150,20 @@ def test_a_cancelled_app_has_its_job_killed(dfk):
     r = exec_fu.job.result(60)
     assert r.killed and r.returncode != 0
     assert cancel_app(f) is True  # cancelled already: stays so
+
+
+@pytest.mark.timeout(300)
+def test_a_bash_app_wrapped_further_runs_in_its_job_as_python(dfk, tmp_path):
+    """A wrapper hides the bash app (as Parsl's monitoring wrapper would): the
+    executor cannot make its command here, so Parsl's own bash code runs it
+    in the job."""
+    import functools
+
+    ex = dfk.executors["pydvm"]
+    fut = ex.submit(functools.partial(shell.wrapped_remote_function), {},
+                    'echo "$PYDVM_NODE" > wrapped.out')
+    assert fut.result(120) == 0
+    assert (tmp_path / "wrapped.out").read_text() in ("a\n", "b\n")
 
 
 @pytest.mark.timeout(300)
