@@ -2,10 +2,11 @@
 
 The tool connects to the master (TCP, proving it holds the DVM's secret;
 else a multi-user DVM's tool socket, where the master reads who it is from
-the socket), submits the job, forwards its output and our stdin until the
-job ends, and exits with its status.  It loads the protocol module and
-nothing of the runtime, the store or asyncio: a ``pydvm run`` starts as
-fast as the interpreter allows.
+the socket: the library's :mod:`pydvm.client.connect`, as the job API's),
+submits the job, forwards its output and our stdin until the job ends, and
+exits with its status.  It loads the protocol module, the library's
+connecting and blocking channel, and nothing of the runtime, the store or
+asyncio: a ``pydvm run`` starts as fast as the interpreter allows.
 
 The exchange, and what is pipelined::
 
