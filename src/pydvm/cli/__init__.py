@@ -19,8 +19,8 @@ One module per command or concern:
 ========================  ==================================================
 ``run.py``                ``pydvm run``: its arguments, which tool runs the job
 ``runopts.py``            ``pydvm run``'s argv read into the library's job options, its ``--help``
-``mpirunopts.py``         the ``mpirun`` options refused, with what to use instead; docs/mpirun.md's table
-``hydraopts.py``          the same for MPICH's ``mpiexec`` (Hydra); docs/mpiexec.md's table
+``mpirunopts.py``         ``mpirun``'s options refused, with advice; docs/mpirun.md's table
+``hydraopts.py``          the same of MPICH's ``mpiexec`` (Hydra); docs/mpiexec.md's table
 ``submit.py``             a persistent DVM's ``pydvm run``: one socket, one poll loop, no asyncio
 ``tool.py``               the asyncio tool: the other commands' requests, a one-shot DVM's run
 ``toolcommon.py``         what both runs share: output, stdin to the ranks, the job's end

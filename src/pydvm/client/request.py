@@ -53,7 +53,6 @@ def new_app(argv: list[str], n: int | None = None) -> dict[str, Any]:
     return app
 
 
-
 def empty_app() -> dict[str, Any]:
     """One app context before any of its options is given (its ``argv`` is the caller's)."""
     return {"n": None, "hosts": None, "env": {}, "cwd": None, "path": None, "env_from": None}
