@@ -604,6 +604,6 @@ def stop_polling() -> None:
     _loop_poll = None
 
 
-from .client.channel import (  # noqa: E402,F401 (the blocking client channel)
+from .channel import (  # noqa: E402,F401 (the blocking channel, re-exported)
     CLIENT_SPIN_US_DEFAULT, SPIN_BACKOFF_MAX, BlockingChannel, _client_spin,
 )
