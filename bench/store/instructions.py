@@ -44,7 +44,8 @@ from pydvm.client import direct as _direct
 from pydvm.client.mux import Mux
 from pydvm.client.data import Client
 from pydvm.errors import UnreachableError
-from pydvm.wire import BlockingChannel, pack
+from pydvm.channel import BlockingChannel
+from pydvm.wire import pack
 
 op, n = sys.argv[1], int(sys.argv[2])
 a, b = socket.socketpair()

@@ -2,9 +2,9 @@
 
 Below both sides that talk blocking: the client (:mod:`pydvm.client`: the
 data-store client, the job API) and ``pydvm run``'s tool
-(:mod:`pydvm.cli.submit`); :mod:`pydvm.wire`, the runtime's asyncio
-channel, re-exports it.  It imports :mod:`pydvm.protocol` alone, so that
-neither the client nor the wire module needs the other for it.
+(:mod:`pydvm.cli.submit`); the runtime's asyncio channel is
+:mod:`pydvm.wire`.  It imports :mod:`pydvm.protocol` alone, so that neither
+the client nor the wire module needs the other.
 """
 
 from __future__ import annotations

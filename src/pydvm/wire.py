@@ -603,7 +603,3 @@ def stop_polling() -> None:
     global _loop_poll
     _loop_poll = None
 
-
-from .channel import (  # noqa: E402,F401 (the blocking channel, re-exported)
-    CLIENT_SPIN_US_DEFAULT, SPIN_BACKOFF_MAX, BlockingChannel, _client_spin,
-)
