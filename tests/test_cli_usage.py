@@ -295,12 +295,13 @@ def test_the_mpirun_page_lists_every_mpirun_option_as_declared():
     or refuses; no spelling is both accepted and refused."""
     from pathlib import Path
 
-    from pydvm.cli.runopts import BY_NAME, NOT_SUPPORTED, OPTIONS, mpirun_table
+    from pydvm.cli.mpirunopts import NOT_SUPPORTED, mpirun_table
+    from pydvm.client.options import BY_NAME, OPTIONS
 
     doc = (Path(__file__).parent.parent / "docs" / "mpirun.md").read_text()
-    start = "<!-- table: pydvm.cli.runopts.mpirun_table() -->\n"
+    start = "<!-- table: pydvm.cli.mpirunopts.mpirun_table() -->\n"
     body = doc[doc.index(start) + len(start):doc.index("<!-- end of table -->")]
-    assert body == mpirun_table(), "regenerate the table: python -c 'from pydvm.cli.runopts " \
+    assert body == mpirun_table(), "regenerate the table: python -c 'from pydvm.cli.mpirunopts " \
                                    "import mpirun_table; print(mpirun_table())'"
     assert not set(BY_NAME) & set(NOT_SUPPORTED)
     for o in OPTIONS:
@@ -349,12 +350,14 @@ def test_the_mpiexec_page_lists_every_mpiexec_option_as_declared():
     spelling is both."""
     from pathlib import Path
 
-    from pydvm.cli.runopts import BY_NAME, HYDRA_NOT_SUPPORTED, NOT_SUPPORTED, mpiexec_table
+    from pydvm.cli.hydraopts import HYDRA_NOT_SUPPORTED, mpiexec_table
+    from pydvm.cli.mpirunopts import NOT_SUPPORTED
+    from pydvm.client.options import BY_NAME
 
     doc = (Path(__file__).parent.parent / "docs" / "mpiexec.md").read_text()
-    start = "<!-- table: pydvm.cli.runopts.mpiexec_table() -->\n"
+    start = "<!-- table: pydvm.cli.hydraopts.mpiexec_table() -->\n"
     body = doc[doc.index(start) + len(start):doc.index("<!-- end of table -->")]
-    assert body == mpiexec_table(), "regenerate the table: python -c 'from pydvm.cli.runopts " \
+    assert body == mpiexec_table(), "regenerate the table: python -c 'from pydvm.cli.hydraopts " \
                                     "import mpiexec_table; print(mpiexec_table())'"
     assert "\n## Command line\n" in doc
     assert not set(BY_NAME) & set(HYDRA_NOT_SUPPORTED)

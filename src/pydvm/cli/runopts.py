@@ -32,21 +32,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-#: Names that live in the modules of refused options (loaded when asked for):
-#: ``from pydvm.cli.runopts import NOT_SUPPORTED`` still works.
-_REFUSED = {"NOT_SUPPORTED": "mpirunopts", "mpirun_table": "mpirunopts",
-            "HYDRA_NOT_SUPPORTED": "hydraopts", "mpiexec_table": "hydraopts"}
-
-
-def __getattr__(name: str):
-    module = _REFUSED.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
-
-
 # ----------------------------------------------------------------------
 # parsing
 # ----------------------------------------------------------------------

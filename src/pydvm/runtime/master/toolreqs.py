@@ -43,7 +43,7 @@ MAX_BATCH = 10_000
 #: doubles it).  TCP's autotuning lets a slow reader's backlog grow to
 #: 4 MiB there, on top of the output windows; this keeps what is in flight
 #: to about the windows (``pydvm run`` caps its receive buffer too:
-#: cli/submit.py, RECV_BUFFER), and output still flows at loopback's pace.
+#: client/connect.py, RECV_BUFFER), and output still flows at loopback's pace.
 OUTPUT_SEND_BUFFER = 128 * 1024
 
 
