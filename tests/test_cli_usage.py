@@ -228,17 +228,17 @@ def test_run_with_nothing_to_run_says_so_before_the_usage(tmp_path):
 
 
 # ----------------------------------------------------------------------
-# the README's synopsis against the parsers
+# the command line page's synopsis against the parsers
 # ----------------------------------------------------------------------
 
 
-def _readme_synopsis() -> dict[str, str]:
-    """The README's "Command line" synopsis: each subcommand's entry (its line and
+def _cli_synopsis() -> dict[str, str]:
+    """docs/cli.md's "Command line" synopsis: each subcommand's entry (its line and
     continuation lines), by the names it covers (``stop | store ...`` covers four)."""
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
     block = text.split("## Command line", 1)[1].split("```", 2)[1]
     entries: list[str] = []
     for ln in block.splitlines():
@@ -257,15 +257,15 @@ def _readme_synopsis() -> dict[str, str]:
     return out
 
 
-def test_the_readme_synopsis_shows_every_option_of_every_command():
-    """Each subcommand's options (long or short form) appear in its README entry."""
-    syn = _readme_synopsis()
+def test_the_cli_synopsis_shows_every_option_of_every_command():
+    """Each subcommand's options (long or short form) appear in its docs/cli.md entry."""
+    syn = _cli_synopsis()
     missing = []
     for path, sub in _subparsers(build_parser()):
         name = " ".join(path)
         if name in ("run", "session"):
             continue  # run: below; session: its two actions have entries
-        assert name in syn, f"no README synopsis entry for pydvm {name}"
+        assert name in syn, f"no docs/cli.md synopsis entry for pydvm {name}"
         for action in sub._actions:
             if isinstance(action, argparse._HelpAction) or not action.option_strings:
                 continue
@@ -276,10 +276,10 @@ def test_the_readme_synopsis_shows_every_option_of_every_command():
 
 
 def test_run_synopsis_shows_every_option_and_n_as_optional():
-    """`-n` defaults to 1: the README and `pydvm run --help` show it in brackets."""
+    """`-n` defaults to 1: docs/cli.md and `pydvm run --help` show it in brackets."""
     import re
 
-    run = _readme_synopsis()["run"]
+    run = _cli_synopsis()["run"]
     for opt in ("--dvm", "--session", "--mca", "--tag-output", "--abort-on-failure", "--pmix",
                 "--host"):
         assert f"[{opt}" in run, opt
@@ -295,12 +295,13 @@ def test_the_mpirun_page_lists_every_mpirun_option_as_declared():
     or refuses; no spelling is both accepted and refused."""
     from pathlib import Path
 
-    from pydvm.cli.runopts import BY_NAME, NOT_SUPPORTED, OPTIONS, mpirun_table
+    from pydvm.cli.mpirunopts import NOT_SUPPORTED, mpirun_table
+    from pydvm.client.options import BY_NAME, OPTIONS
 
     doc = (Path(__file__).parent.parent / "docs" / "mpirun.md").read_text()
-    start = "<!-- table: pydvm.cli.runopts.mpirun_table() -->\n"
+    start = "<!-- table: pydvm.cli.mpirunopts.mpirun_table() -->\n"
     body = doc[doc.index(start) + len(start):doc.index("<!-- end of table -->")]
-    assert body == mpirun_table(), "regenerate the table: python -c 'from pydvm.cli.runopts " \
+    assert body == mpirun_table(), "regenerate the table: python -c 'from pydvm.cli.mpirunopts " \
                                    "import mpirun_table; print(mpirun_table())'"
     assert not set(BY_NAME) & set(NOT_SUPPORTED)
     for o in OPTIONS:
@@ -349,12 +350,14 @@ def test_the_mpiexec_page_lists_every_mpiexec_option_as_declared():
     spelling is both."""
     from pathlib import Path
 
-    from pydvm.cli.runopts import BY_NAME, HYDRA_NOT_SUPPORTED, NOT_SUPPORTED, mpiexec_table
+    from pydvm.cli.hydraopts import HYDRA_NOT_SUPPORTED, mpiexec_table
+    from pydvm.cli.mpirunopts import NOT_SUPPORTED
+    from pydvm.client.options import BY_NAME
 
     doc = (Path(__file__).parent.parent / "docs" / "mpiexec.md").read_text()
-    start = "<!-- table: pydvm.cli.runopts.mpiexec_table() -->\n"
+    start = "<!-- table: pydvm.cli.hydraopts.mpiexec_table() -->\n"
     body = doc[doc.index(start) + len(start):doc.index("<!-- end of table -->")]
-    assert body == mpiexec_table(), "regenerate the table: python -c 'from pydvm.cli.runopts " \
+    assert body == mpiexec_table(), "regenerate the table: python -c 'from pydvm.cli.hydraopts " \
                                     "import mpiexec_table; print(mpiexec_table())'"
     assert "\n## Command line\n" in doc
     assert not set(BY_NAME) & set(HYDRA_NOT_SUPPORTED)

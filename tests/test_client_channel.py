@@ -7,7 +7,7 @@ import os
 import select
 import socket
 
-from pydvm.client.channel import BlockingChannel
+from pydvm.channel import BlockingChannel
 from pydvm.protocol import pack
 
 FRAMES = 4096

@@ -192,19 +192,68 @@ def test_every_package_pydvm_imports_is_an_ordinary_dependency():
         assert {_requirement_name(r) for r in extras[name]} <= base, name
 
 
+#: The README and the pages that hold what the README used to (the command
+#: line, clusters, MPI, PyTorch), the guide and the contributors' page.
+FRONT_DOCS = [REPO / "README.md", REPO / "CONTRIBUTING.md"] + [
+    REPO / "docs" / f"{name}.md" for name in ("guide", "cli", "clusters", "mpi", "torch")]
+
+
 def test_the_docs_name_only_extras_that_exist_and_files_that_exist():
-    """Every `pydvm[EXTRA]` the README, the guide or pyproject.toml mention is an
-    extra pyproject.toml defines, and every docs/*.md file they cite exists."""
+    """Every `pydvm[EXTRA]` the README, the pages it sends readers to or
+    pyproject.toml mention is an extra pyproject.toml defines, and every
+    docs/*.md file they cite exists."""
     import re
 
     extras = set(_pyproject()["project"]["optional-dependencies"])
-    for path in (REPO / "README.md", REPO / "docs" / "guide.md", REPO / "pyproject.toml"):
+    for path in (*FRONT_DOCS, REPO / "pyproject.toml"):
         text = path.read_text()
         for m in re.finditer(r"pydvm\[([^\]]*)\]", text):
             named = {e.strip() for e in m.group(1).split(",")}
             assert named <= extras, f"{path.name}: {m.group(0)} names an unknown extra"
         for m in re.finditer(r"(?<![\w/])docs/[\w.-]+\.md", text):
             assert (REPO / m.group(0)).exists(), f"{path.name} cites {m.group(0)}, which is missing"
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown page (outside code blocks)."""
+    import re
+
+    out: set[str] = set()
+    seen: dict[str, int] = {}
+    fenced = False
+    for ln in page.read_text().splitlines():
+        if ln.lstrip().startswith("```"):
+            fenced = not fenced
+        m = None if fenced else re.match(r"#{1,6}\s+(.*)", ln)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def test_every_link_between_the_docs_resolves():
+    """A relative link of the README, CONTRIBUTING.md or a docs/ page names a file
+    that exists and, with ``#anchor``, a heading of that page: moving a section
+    from one page to another must move the links to it too."""
+    import re
+
+    broken = []
+    for page in [REPO / "README.md", REPO / "CONTRIBUTING.md",
+                 *sorted((REPO / "docs").glob("*.md"))]:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for m in re.finditer(r"\]\(([^)\s]+)\)", text):
+            target = m.group(1)
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert not broken, broken
 
 
 def test_the_guide_says_where_a_daemonized_dvm_logs():

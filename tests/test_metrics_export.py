@@ -9,9 +9,8 @@ from __future__ import annotations
 import pytest
 
 from pydvm.runtime.shared.jobs import HostSpec, ProcState, build_job
-from pydvm.runtime.master.metrics import (
-    FAMILIES, LATENCY_BUCKETS, OPS, PARKED, RequestStats, families, parse_address,
-    store_sample)
+from pydvm.runtime.master.metrics import FAMILIES, families, parse_address
+from pydvm.runtime.shared.stats import LATENCY_BUCKETS, OPS, PARKED, RequestStats, store_sample
 from pydvm.store import Caller, DataStore, FakeScheduler, Reason, StoreParams
 
 prometheus_client = pytest.importorskip("prometheus_client")

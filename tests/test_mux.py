@@ -15,7 +15,8 @@ import pytest
 from pydvm.client import mux as _mux
 from pydvm.client.mux import Mux
 from pydvm.errors import DuplicateKeyError, UnreachableError
-from pydvm.wire import BlockingChannel, reply
+from pydvm.channel import BlockingChannel
+from pydvm.wire import reply
 
 
 class Server:

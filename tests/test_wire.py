@@ -532,14 +532,15 @@ import threading  # noqa: E402
 
 from pydvm import protocol as codec  # noqa: E402
 from pydvm import wire as wire_mod  # noqa: E402
-from pydvm.wire import SPIN_BACKOFF_MAX, BlockingChannel  # noqa: E402
+from pydvm import channel as channel_mod  # noqa: E402
+from pydvm.channel import SPIN_BACKOFF_MAX, BlockingChannel  # noqa: E402
 
 
 @pytest.mark.parametrize("text,us", [("", 100.0), ("0", 0.0), ("250", 250.0), ("junk", 100.0),
                                      ("-5", 0.0), ("1e9", 10_000.0)])
 def test_the_spin_window_comes_from_the_environment(monkeypatch, text, us):
     monkeypatch.setenv("PYDVM_CLIENT_SPIN_US", text)
-    assert wire_mod._client_spin() == pytest.approx(us / 1e6)
+    assert channel_mod._client_spin() == pytest.approx(us / 1e6)
 
 
 def _late(b, msg, after=0.03):

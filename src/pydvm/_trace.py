@@ -1,4 +1,4 @@
-"""Launch-phase timestamps, for ``bench/launch_phases.py``; off unless asked for.
+"""Launch-phase timestamps, for ``bench/launch/launch_phases.py``; off unless asked for.
 
 With ``PYDVM_LAUNCH_TRACE`` naming a file in the environment of the DVM and
 of ``pydvm run``, each process appends one line per point a job passes --

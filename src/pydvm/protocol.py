@@ -19,8 +19,10 @@ stays light: no asyncio, no dataclasses, no logging, nothing of the store or
 the runtime.  The runtime imports the same names from here (re-exported by
 :mod:`pydvm.wire`, :mod:`pydvm.runtime.shared.auth`, :mod:`pydvm.runtime.shared.credential`,
 :mod:`pydvm.runtime.shared.dataops`, :mod:`pydvm.runtime.node.jobio` and
-:mod:`pydvm.store.model`).  The blocking ``pydvm run``
-(:mod:`pydvm.cli.submit`) needs nothing else either.
+:mod:`pydvm.store.model`).  Reaching a DVM as a tool
+(:mod:`pydvm.client.connect`), the blocking channel (:mod:`pydvm.channel`)
+and the blocking ``pydvm run`` (:mod:`pydvm.cli.submit`) need nothing else
+either.
 """
 
 from __future__ import annotations

@@ -667,7 +667,3 @@ def stop_polling() -> None:
     global _loop_poll
     _loop_poll = None
 
-
-from .client.channel import (  # noqa: E402,F401 (the blocking client channel)
-    CLIENT_SPIN_US_DEFAULT, SPIN_BACKOFF_MAX, BlockingChannel, _client_spin,
-)

@@ -32,13 +32,13 @@ def _parked(dvm) -> int:
     return sum(s.get("parked", 0) for s in dvm.store().values())
 
 
-def test_lookup_timeout_0_means_no_limit_as_help_and_readme_say(dvm):
+def test_lookup_timeout_0_means_no_limit_as_help_and_cli_page_say(dvm):
     """`lookup --wait --timeout 0` waits until the key comes (PMIX_TIMEOUT 0: no
-    limit), and `lookup --help` and the README say so."""
+    limit), and `lookup --help` and the command line page (docs/cli.md) say so."""
     assert "0, as PMIx's PMIX_TIMEOUT 0, means no limit" in _flat(dvm.cmd("lookup",
                                                                          "--help").stdout)
     assert "`--timeout 0` waits as long as no `--timeout` does" in _flat(
-        (REPO / "README.md").read_text())
+        (REPO / "docs" / "cli.md").read_text())
     waiter = dvm.run_bg("-n", "1", "pydvm", "lookup", "late", "--wait", "--timeout", "0")
     try:
         wait_for(lambda: _parked(dvm) == 1 or waiter.poll() is not None, timeout=30,

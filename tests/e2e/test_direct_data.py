@@ -317,7 +317,7 @@ def test_the_direct_data_socket_admits_direct_clients_only(dvm):
     """A peer on the direct-data socket that answers the challenge as a tool
     (with the DVM's secret) is refused: that socket is for job processes."""
     from pydvm.runtime.shared.auth import mac
-    from pydvm.wire import BlockingChannel
+    from pydvm.channel import BlockingChannel
 
     path = master_info(dvm)["direct_unix"]["path"]
     secret = dvm.secret()

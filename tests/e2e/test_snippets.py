@@ -17,7 +17,8 @@ from snippets import REPO, Block, Scratch, blocks, no_test_markers, shown_output
 pytestmark = pytest.mark.e2e
 
 DOCS = [REPO / "README.md", REPO / "docs" / "guide.md", REPO / "docs" / "mpirun.md",
-        REPO / "docs" / "mpiexec.md", REPO / "docs" / "workflows.md"]
+        REPO / "docs" / "mpiexec.md", REPO / "docs" / "workflows.md",
+        REPO / "docs" / "clusters.md", REPO / "docs" / "mpi.md", REPO / "docs" / "torch.md"]
 ALL_BLOCKS = {doc: blocks(doc) for doc in DOCS}
 RUNNABLE = [b for doc in DOCS for b in ALL_BLOCKS[doc] if b.runnable and not b.filename]
 #: Programs a snippet may need that are system packages: without them here,

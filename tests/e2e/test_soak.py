@@ -1,6 +1,6 @@
 """A DVM running 150 jobs ends holding only what the retention rules keep (issue 8.11).
 
-The 1,000-job version is ``python bench/soak.py``; this runs the same driver
+The 1,000-job version is ``python bench/memory/soak.py``; this runs the same driver
 at the size the suite can afford and applies the same checks: every store
 holds exactly the INDEF items and the one unread first-read token, nothing
 is parked, the master's records are back to an idle DVM's (the default
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "memory"))
 
 import soak  # noqa: E402
 

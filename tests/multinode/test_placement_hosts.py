@@ -40,7 +40,7 @@ SLOTS = "a:2,b:2,c:2"
 SHOW = ["sh", "-c", 'echo "R ${OMPI_COMM_WORLD_RANK:-$PYDVM_RANK} ${PYDVM_NODE:-$(hostname)}"']
 
 #: mpirun's rsh agent: the daemon's command run in the host's namespace
-#: under the host's name, as ssh would run it there (as bench/launch.py).
+#: under the host's name, as ssh would run it there (as bench/launch/launch.py).
 AGENT = """#!/bin/sh
 h=$1; shift
 exec ip netns exec "$h" unshare --uts sh -c "hostname $h; $*"

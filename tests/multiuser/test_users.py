@@ -118,7 +118,7 @@ def test_a_user_cannot_pose_as_another_users_process(mudvm, users):
     probe = shared / "probe.py"
     probe.write_text(
         "import os, socket, sys\n"
-        "from pydvm.wire import BlockingChannel\n"
+        "from pydvm.channel import BlockingChannel\n"
         "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
         "ch = BlockingChannel(s)\n"
         "ch.send({'t': 'hello', 'id': 1, 'nspace': sys.argv[2], 'rank': 0})\n"

@@ -69,7 +69,7 @@ def test_mpi_info_env_and_universe_size_as_under_mpirun(core_dvm, mpicc, mpirun,
 def test_an_oversubscribed_node_tells_open_mpi_to_yield(core_dvm, mpicc):
     """One rank more than the node's slots: ``OMPI_MCA_mpi_oversubscribe=1``
     (Open MPI then yields while it waits) and a barrier loop completes; as
-    many as its slots: 0.  (The cost: bench/oversubscribed.py.)"""
+    many as its slots: 0.  (The cost: bench/mpi/oversubscribed.py.)"""
     exe = mpicc("mpi_barrier_loop")
     p = core_dvm.run("-n", str(CORES + 1), exe, "2000", timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr

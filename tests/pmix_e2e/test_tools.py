@@ -230,7 +230,7 @@ def _pevent_to_a_job_on_both_nodes(d, pmixcc) -> list[tuple[str, str]]:
         if job.poll() is None:
             job.terminate()
             finish(job)
-    out = "\n".join(reader.lines)
+    out = "\n".join(reader.join(60))  # the job has ended: read to EOF
     got = re.findall(rf"^\[\S+,(\d)\] EVENT code={code} source=(\S+):0 ", out, re.M)
     assert got, out
     return got

@@ -128,9 +128,10 @@ def test_pevent_reaches_a_jobs_processes_on_every_node(kdvm, pmixcc):
         if job.poll() is None:
             job.terminate()
             finish(job)
+    out = reader.join(60)  # the job has ended: every line it wrote, read to EOF
     got = re.findall(rf"^\[\S+,(\d)\] EVENT code={code} source=(pydvm-\w+-tool\.\d+):0 ",
-                     "\n".join(reader.lines), re.M)
-    assert sorted(r for r, _ in got) == ["0", "1"], reader.lines
+                     "\n".join(out), re.M)
+    assert sorted(r for r, _ in got) == ["0", "1"], out
 
 
 def test_a_debugger_spawns_a_stopped_job_and_releases_it(kdvm, pmixcc, tmp_path):

@@ -7,7 +7,7 @@ to the component that owns it, and every fan-out through the listeners the
 master wires.  What these tests pin down:
 
 * every message type is handled by a method of one component, and
-  runtime/DESIGN.md's message table says the same;
+  master/DESIGN.md's message table says the same;
 * one predicate answers "may anyone act for ns:rank (on node N)", in the
   same words wherever it is asked, and one builder makes a process's
   identity;
@@ -40,7 +40,7 @@ from pydvm.runtime.shared.dataops import DATA_OPS
 from pydvm.runtime.node.jobio import STDIN_WINDOW
 from pydvm.runtime.shared.peers import ClaimRefused, process_caller
 
-DESIGN = Path(master_mod.__file__).parents[1] / "DESIGN.md"
+DESIGN = Path(master_mod.__file__).parent / "DESIGN.md"
 TABLES = {"daemon": master_mod.DAEMON_MESSAGES, "tool": master_mod.TOOL_MESSAGES,
           "direct": master_mod.DIRECT_MESSAGES}
 

@@ -11,6 +11,7 @@ from pydvm.pmix import constants as C
 from pydvm.pmix.jobinfo import JobLayout, job_info
 from pydvm.pmix.values import Proc, Value
 from pydvm.runtime.master import debugging as D
+from pydvm.runtime.pmixhost.debugger import spawn_directives
 from pydvm.runtime.shared.jobs import AppRecord, JobRecord, ProcRecord, ProcState
 from pydvm.runtime.pmixhost.codec import job_layout
 
@@ -49,7 +50,7 @@ def test_stop_in_init_is_registered_only_for_jobs_that_stop():
      {"debug_target": ["t@2", W]}),                 # what examples/debugger.c sends
 ])
 def test_spawn_directives(info, want):
-    assert D.spawn_directives(info) == want
+    assert spawn_directives(info) == want
 
 
 @pytest.mark.parametrize("info, status", [
@@ -61,7 +62,7 @@ def test_spawn_directives(info, want):
       C.DEBUG_DAEMONS_PER_PROC: Value(0, C.UINT16)}, C.ERR_BAD_PARAM),
 ])
 def test_spawn_directives_refused(info, status):
-    assert D.spawn_directives(info)["refused"][0] == status
+    assert spawn_directives(info)["refused"][0] == status
 
 
 def test_daemons_go_next_to_the_target():

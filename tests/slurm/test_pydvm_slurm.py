@@ -293,7 +293,7 @@ def test_the_end_of_the_allocation_ends_the_dvm(slurm, tmp_path):
 # -- inside sbatch ----------------------------------------------------------------------
 
 def test_sbatch_script_runs_a_dvm_on_its_first_node(slurm, tmp_path):
-    """The README's sbatch script: the master runs on node a (no --bind: pydvm listens on
+    """docs/clusters.md's sbatch script: the master runs on node a (no --bind: pydvm listens on
     all of a's interfaces and names itself a) and serves node a itself (the head node);
     daemons on b and c as one step."""
     state = tmp_path / "state"

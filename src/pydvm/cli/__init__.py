@@ -17,8 +17,10 @@ usage error -- goes through the argparse tree (:mod:`pydvm.cli.parser`).
 One module per command or concern:
 
 ========================  ==================================================
-``run.py``                ``pydvm run``: its options (declared in ``runopts.py``), which tool runs the job
-``runopts.py``            every ``pydvm run`` option, declared once (name, aliases, help, the ``mpirun`` option it mirrors)
+``run.py``                ``pydvm run``: its arguments, which tool runs the job
+``runopts.py``            ``pydvm run``'s argv read into the library's job options, its ``--help``
+``mpirunopts.py``         ``mpirun``'s options refused, with advice; docs/mpirun.md's table
+``hydraopts.py``          the same of MPICH's ``mpiexec`` (Hydra); docs/mpiexec.md's table
 ``submit.py``             a persistent DVM's ``pydvm run``: one socket, one poll loop, no asyncio
 ``tool.py``               the asyncio tool: the other commands' requests, a one-shot DVM's run
 ``toolcommon.py``         what both runs share: output, stdin to the ranks, the job's end
@@ -33,8 +35,12 @@ One module per command or concern:
 ``common.py``             failing, whole writes, the quick exit
 ========================  ==================================================
 
-Modules import one another in one direction only (``tests/test_layers.py``
-checks that the package has no import cycle).
+What a job may ask, how its request is built and how a DVM is reached are
+the library's (:mod:`pydvm.client.options`, :mod:`pydvm.client.request`,
+:mod:`pydvm.client.connect`): the command line parses argv into that model
+and calls it; nothing of the library imports the command line.  Modules
+import one another in one direction only (``tests/test_layers.py`` checks
+that the package has no import cycle).
 """
 
 

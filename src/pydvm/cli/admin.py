@@ -201,7 +201,7 @@ def cmd_info(a) -> int:
         except ValueError as exc:
             return fail(str(exc))
         print("no DVM given; values this environment would start one with:")
-        from ..runtime.pmixhost.host import pmix_status
+        from ..runtime.pmixhost import pmix_status
         _print_pmix({"here": list(pmix_status())})
         rows = [(k, v.value, v.source, P.REGISTRY[k].help) for k, v in res.items()]
     width = max(len(r[0]) for r in rows)

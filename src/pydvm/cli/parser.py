@@ -46,7 +46,7 @@ def _parser(sub, name: str, help_: str, description: str = "", epilog: str = "")
 
 
 def _metrics_address(text: str) -> tuple[str, int]:
-    from ..runtime.master.metrics import parse_address
+    from ..runtime.master import parse_address
 
     try:
         return parse_address(text)

@@ -1,5 +1,9 @@
 """``pydvm run``: its arguments, and which tool runs the job.
 
+The argv is read into a job's options (:func:`pydvm.cli.runopts.parse_run`)
+and made the ``run`` request by the library (:mod:`pydvm.client.request`:
+the model the job API's keyword arguments go through too).
+
 With a persistent DVM (``--dvm URI`` or ``PYDVM_URI``) the job is submitted
 by the blocking tool (:mod:`pydvm.cli.submit`): this module, and everything
 that path loads, imports neither argparse nor asyncio nor anything of the
@@ -13,81 +17,13 @@ from __future__ import annotations
 import os
 import sys
 
+from ..client.request import build_request  # noqa: F401 (re-exported)
+from ..client.request import is_pydvm_param as _is_pydvm_param
 from .common import fail
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
-
-
-def _is_pydvm_param(name: str) -> bool:
-    """Whether ``--mca NAME`` sets pydvm (its parameters are all named
-    ``prte_*``, ``pydvm_*`` or ``plm_*`` -- the launcher, which no job process
-    reads) or is Open MPI's, for the job's processes."""
-    return name.startswith(("prte_", "pydvm_", "plm_"))
-
-
-def build_request(opts: dict[str, Any], environ: dict[str, str] | None = None,
-                  cwd: str | None = None) -> dict[str, Any]:
-    """The ``run`` request of the parsed command line ``opts`` (the job API's
-    keywords make the same ``opts``: :mod:`pydvm.client.jobspec`).  The
-    job's environment is ``environ`` (default: ours) with Open MPI's
-    ``--mca`` parameters added; its working directory ``cwd`` (default: ours)."""
-    from .toolcommon import run_request
-
-    environ_ = dict(os.environ) if environ is None else environ
-    given: dict[str, str] = {}  # what every process gets, whatever environment it starts from
-    for name, value in opts["mca"]:
-        if not _is_pydvm_param(name):
-            given[f"OMPI_MCA_{name}"] = value  # Open MPI's: to every process, as mpirun does
-    given.update(opts.get("genv") or {})  # mpiexec's -genv
-    env = {**environ_, **given}
-    apps = []
-    for a in opts["apps"]:
-        app_env = dict(a["env"])
-        env_from = a.get("env_from") or opts.get("env_from")
-        if env_from not in (None, "all"):
-            # mpiexec's -genvnone/-genvlist: the processes start from their
-            # node's environment, plus the variables listed, -genv's and their own
-            listed = env_from if isinstance(env_from, list) else []
-            app_env = {**{k: environ_[k] for k in listed if k in environ_}, **given,
-                       **app_env}
-        if a["path"]:
-            app_env["PATH"] = a["path"] + os.pathsep + app_env.get("PATH", env.get("PATH", ""))
-        hosts = a["hosts"] if a["hosts"] is not None else opts["hostfile"]
-        app: dict[str, Any] = {"argv": a["argv"], "n": a["n"], "hosts": hosts}
-        if app_env:
-            app["env"] = app_env
-        if a["cwd"]:
-            app["cwd"] = a["cwd"]
-        if env_from not in (None, "all"):
-            app["env"], app["env_from"] = app_env, "node"
-        apps.append(app)
-    placement = dict(opts["placement"])
-    derived = "npernode" in placement or "ppr" in placement or "ppn" in placement
-    for a, app in zip(opts["apps"], apps):
-        # Without -n a job runs one process -- unless -N, --ppr or a hostfile
-        # (for an app without --host) says how many, as mpirun derives it.
-        if app["n"] is None and not (derived or (a["hosts"] is None and opts["hostfile"])):
-            app["n"] = 1
-    req = run_request(apps, opts["session"], opts["abort_on_failure"], opts["pmix"],
-                      stdin=False, env=env, cwd=cwd)
-    if placement:
-        req["placement"] = placement
-    if opts["timeout"] is not None:
-        req["timeout"] = opts["timeout"]
-    if opts["stdin"]:
-        req["stdin_rank"] = opts["stdin"]
-    if opts.get("queue") is not None:
-        req["queue"] = opts["queue"]
-    if opts.get("stop_in_init"):
-        req["stop_in_init"] = True
-    if opts.get("mpi"):
-        if opts["pmix"] and opts["mpi"] != "pmix":
-            raise ValueError(f"--pmix asks for PMIx, --mpi {opts['mpi']} for another "
-                             "interface: give one of them")
-        req["mpi"] = opts["mpi"]
-    return req
 
 
 def job_output(opts: dict[str, Any]):
@@ -171,8 +107,8 @@ def _one_shot_hosts(named: dict[str, int], env):
     """
     from .start import _hosts
     from ..runtime.shared.jobs import HostSpec
-    from ..runtime.master.launchers import make_launcher
-    from ..runtime.master.slurm import allocation_from_env, in_allocation, select_hosts
+    from ..runtime.master import make_launcher
+    from ..runtime.master import allocation_from_env, in_allocation, select_hosts
 
     if not in_allocation(env):
         hosts = [HostSpec(n, max(1, slots)) for n, slots in sorted(named.items())] \
@@ -192,7 +128,7 @@ async def _one_shot(opts: dict, resolved) -> int:
     from .dvms import one_shot_warning
     from .start import _bind
     from ..runtime.shared.logs import setup_logging
-    from ..runtime.master.server import Master, StartError
+    from ..runtime.master import Master, StartError
     from .tool import ToolError, run_job
 
     setup_logging("pydvm-run", None, resolved["prte_data_server_verbose"].value)

@@ -105,8 +105,8 @@ def _start_hosts(text: str | None, launcher: str | None, env):
     Elsewhere: ``local``, this machine.  Raises ValueError with the reason.
     """
     from ..runtime.shared.jobs import parse_hosts
-    from ..runtime.master.launchers import LAUNCHERS, make_launcher
-    from ..runtime.master.slurm import allocation_from_env, in_allocation, select_hosts
+    from ..runtime.master import LAUNCHERS, make_launcher
+    from ..runtime.master import allocation_from_env, in_allocation, select_hosts
 
     if launcher is None:
         launcher = "slurm" if in_allocation(env) else "local"
@@ -151,7 +151,7 @@ async def _serve(a, hosts, launcher, resolved, ready_fd: int | None) -> int:
     import signal
 
     from ..runtime.shared.logs import setup_logging
-    from ..runtime.master.server import Master, StartError
+    from ..runtime.master import Master, StartError
 
     setup_logging("master", a.log_dir, resolved["prte_data_server_verbose"].value)
     from ..runtime.shared.auth import DvmUri, UriError
@@ -197,7 +197,7 @@ def _write_private(path: str, text: str) -> None:
 def _daemonize(a, hosts, launcher, resolved) -> int:
     import secrets
 
-    from ..runtime.master.launchers import default_log_dir
+    from ..runtime.master import default_log_dir
 
     if not a.log_dir:  # a detached DVM has no terminal: it logs to its own directory
         a.dvm_id = a.dvm_id or secrets.token_hex(4)
@@ -234,7 +234,7 @@ def _daemonize(a, hosts, launcher, resolved) -> int:
 
 
 def cmd_daemon(a) -> int:
-    from ..runtime.node.daemon import run_daemon
+    from ..runtime.node import run_daemon
     from ..runtime.shared.logs import setup_logging
 
     from ..runtime.shared.guard import Guardian

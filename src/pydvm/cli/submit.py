@@ -2,10 +2,11 @@
 
 The tool connects to the master (TCP, proving it holds the DVM's secret;
 else a multi-user DVM's tool socket, where the master reads who it is from
-the socket), submits the job, forwards its output and our stdin until the
-job ends, and exits with its status.  It loads the protocol module and
-nothing of the runtime, the store or asyncio: a ``pydvm run`` starts as
-fast as the interpreter allows.
+the socket: the library's :mod:`pydvm.client.connect`, as the job API's),
+submits the job, forwards its output and our stdin until the job ends, and
+exits with its status.  It loads the protocol module, the library's
+connecting and blocking channel, and nothing of the runtime, the store or
+asyncio: a ``pydvm run`` starts as fast as the interpreter allows.
 
 The exchange, and what is pipelined::
 
@@ -43,134 +44,28 @@ quietly, with 141.
 
 from __future__ import annotations
 
-import errno
 import os
 import select
 import time
 import _signal  # the C module: ``signal`` wraps it in enums, which costs an import
-import _socket
 
 from .. import _trace
-from ..client.channel import BlockingChannel
+from ..channel import BlockingChannel
+from ..client.connect import (  # noqa: F401 (RECV_BUFFER, connect_socket: re-exported)
+    POLL_IN as _IN, RECV_BUFFER, DvmUnreachable, Interrupted as _Interrupted, auth_request,
+    check_challenge, connect_socket, wait_ready as _wait)
 from ..errors import Status
-from ..protocol import (HANDSHAKE_TIMEOUT, DvmUri, FrameError, UriError, mac, pack, read_secret,
-                       tool_socket_name)
-from .toolcommon import (SIGNAL_EXIT, SIGPIPE, DvmUnreachable, JobOutput, StdinSource,
-                          ToolError, gave_up, job_exit, run_request, stdin_kind)
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
+from ..protocol import HANDSHAKE_TIMEOUT, DvmUri, FrameError, pack
+from .toolcommon import (SIGNAL_EXIT, SIGPIPE, JobOutput, StdinSource, ToolError, gave_up,
+                          job_exit, run_request, stdin_kind)
 
 #: The signals after which the tool waits at most SIGNAL_EXIT seconds for
 #: the job's end (SIGINT, Ctrl-C, waits for it and its report, as before: a
 #: second one exits at once).
 BOUNDED = (_signal.SIGTERM, _signal.SIGHUP)
 
-#: SO_RCVBUF of a connection to the master over TCP (the kernel doubles
-#: it).  Left to autotuning, a ``pydvm run`` whose reader is slow lets its
-#: receive buffer grow to megabytes of a job's output, on top of the output
-#: window -- still to be written after a Ctrl-C.  The master caps its side
-#: too (``runtime/master/toolreqs.py``, OUTPUT_SEND_BUFFER).
-RECV_BUFFER = 256 * 1024
-
 #: Request ids of the two requests a run makes.
 AUTH_ID, RUN_ID = 1, 2
-
-_IN = select.POLLIN | select.POLLPRI
-
-
-class _Interrupted(Exception):
-    """A signal came before the job was submitted: there is nothing to kill."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _wait(fd: int, events: int, deadline: float, signals: "_Signals | None") -> bool:
-    """Wait until ``fd`` is ready for ``events`` (True) or ``deadline`` (a
-    ``time.monotonic()``) passes (False); raise _Interrupted on a signal
-    (``signals`` None: none is watched -- a library's caller owns its signals)."""
-    poller = select.poll()
-    poller.register(fd, events)
-    if signals is not None:
-        poller.register(signals.rfd, _IN)
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        ready = dict(poller.poll(left * 1000))
-        for signum in signals.pending() if signals is not None else ():
-            raise _Interrupted(signum)
-        if fd in ready:
-            return True
-
-
-def connect_socket(uri: DvmUri, signals: "_Signals | None" = None
-                   ) -> tuple[Any, bytes | None, str]:
-    """A socket connected to the master, the secret to answer with (None
-    on a multi-user DVM's tool socket) and the master's name for messages.
-    ``pydvm run`` and the job API (:mod:`pydvm.client.jobs`) both connect
-    here.
-
-    Raises DvmUnreachable when there is nobody to talk to: this user has no
-    secret for the DVM and there is no tool socket, or nothing listens
-    within :data:`HANDSHAKE_TIMEOUT`; _Interrupted on one of ``signals``
-    meanwhile."""
-    name = f"master {uri.host}:{uri.port}"
-    try:
-        secret: bytes | None = read_secret(uri.dvmid)
-    except UriError as exc:
-        path = tool_socket_name(uri.dvmid)
-        if not os.path.exists(path):
-            raise DvmUnreachable(uri, str(exc)) from None
-        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        sock.settimeout(HANDSHAKE_TIMEOUT)  # a local socket: answered at once, or refused
-        try:
-            sock.connect(path)
-        except OSError as err:
-            sock.close()
-            raise DvmUnreachable(uri, f"cannot reach DVM master at {path}: {err}") from None
-        return sock, None, name
-    where = f"{uri.host}:{uri.port}"
-    deadline = time.monotonic() + HANDSHAKE_TIMEOUT
-    host = uri.host
-    if host.isascii():
-        host = host.encode()  # a str would be IDNA-encoded, which costs an import
-    try:
-        infos = _socket.getaddrinfo(host, uri.port, 0, _socket.SOCK_STREAM)
-    except (OSError, ValueError, OverflowError) as err:  # also a port past 65535
-        raise DvmUnreachable(uri, f"cannot reach DVM master at {where}: {err}") from None
-    problem: OSError | None = None
-    for family, kind, proto, _, addr in infos:
-        sock = _socket.socket(family, kind, proto)
-        try:  # before connecting: the window scale is agreed then
-            sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_RCVBUF, RECV_BUFFER)
-        except OSError:
-            pass
-        sock.setblocking(False)  # connect while watching for signals
-        try:
-            err = sock.connect_ex(addr)
-            if err == errno.EINPROGRESS:
-                if not _wait(sock.fileno(), select.POLLOUT, deadline, signals):
-                    raise TimeoutError(errno.ETIMEDOUT, "timed out")
-                err = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_ERROR)
-            if err:
-                raise OSError(err, os.strerror(err))
-        except OSError as exc:
-            sock.close()
-            problem = exc
-            continue
-        except BaseException:
-            sock.close()
-            raise
-        try:
-            sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
-        return sock, secret, name
-    raise DvmUnreachable(uri, f"cannot reach DVM master at {where}: {problem}")
 
 
 class _Signals:
@@ -279,18 +174,14 @@ class _Run:
 
     def _handshake(self) -> tuple[BlockingChannel, bytes]:
         """Connect and read the challenge; the channel and the auth answer."""
-        uri = self.uri
-        sock, secret, self.name = connect_socket(uri, self.signals)
+        sock, secret, self.name = connect_socket(self.uri, self.signals)
         ch = BlockingChannel(sock)
         try:
             challenge = self._challenge(ch)
         except BaseException:
             ch.close()
             raise
-        auth: dict = {"t": "auth", "id": AUTH_ID, "role": "tool"}
-        if secret is not None:
-            auth["mac"] = mac(secret, challenge["nonce"], "tool")
-        return ch, pack(auth)
+        return ch, pack(auth_request(challenge, secret, AUTH_ID))
 
     def _challenge(self, ch: BlockingChannel) -> dict:
         """The master's challenge, checked to come from the DVM named."""
@@ -308,13 +199,7 @@ class _Run:
                 break
             if eof:
                 raise DvmUnreachable(uri, f"{self.name} closed: peer closed")
-        challenge = msgs[0]
-        if challenge.get("t") != "challenge" or not isinstance(challenge.get("nonce"), bytes):
-            raise DvmUnreachable(uri, "master sent no challenge")
-        if challenge.get("dvm") != uri.dvmid:
-            raise DvmUnreachable(uri, f"{uri.host}:{uri.port} is DVM {challenge.get('dvm')}, "
-                                      f"not {uri.dvmid}")
-        return challenge
+        return check_challenge(msgs[0], uri, "master")
 
     # -- the loop -----------------------------------------------------------------
 

@@ -1,11 +1,15 @@
-"""What both ``pydvm run`` tools share: errors, the URI, output, stdin, the job's end.
+"""What both ``pydvm run`` tools share: output, stdin, the job's end.
 
 A persistent DVM's ``pydvm run`` is blocking (:mod:`pydvm.cli.submit`); a
 one-shot DVM's runs on the asyncio loop its master runs on
 (:mod:`pydvm.cli.tool`).  Both forward the job's output the same way
 (:class:`JobOutput`), read their stdin for the job's reading ranks the same way
 (:class:`StdinSource`: only the waiting differs) and end the same way
-(:func:`job_exit`).  Nothing here loads asyncio or the runtime.
+(:func:`job_exit`).  How to reach a DVM, and what fails there
+(:class:`ToolError`: the library's :class:`~pydvm.client.connect.DvmError`,
+:class:`DvmUnreachable`, :func:`resolve_uri`), is the library's
+(:mod:`pydvm.client.connect`), named here as the command line always named
+it.  Nothing here loads asyncio or the runtime.
 """
 
 from __future__ import annotations
@@ -13,8 +17,11 @@ from __future__ import annotations
 import os
 import sys
 
+from ..client.connect import (  # noqa: F401 (re-exported: the command line's names)
+    START_HINT, DvmError as ToolError, DvmUnreachable, resolve_uri)
+from ..client.request import run_request  # noqa: F401 (re-exported)
 from ..errors import Status
-from ..protocol import STDIN_CHUNK, STDIN_WINDOW, DvmUri
+from ..protocol import STDIN_CHUNK, STDIN_WINDOW
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -39,33 +46,6 @@ def gave_up(rid: int, nspace: "str | None", signum: "int | None") -> dict:
     signal ended (:data:`SIGNAL_EXIT`); :func:`job_exit` reports it."""
     return {"t": "reply", "id": rid, "status": 0, "gave_up": True, "nspace": nspace,
             "signal": signum}
-
-#: How to start a DVM, as every "no DVM here" message says it.
-START_HINT = "export PYDVM_URI=$(pydvm start --daemonize)"
-
-
-class ToolError(RuntimeError):
-    """A tool request failed; the message is meant for the user."""
-
-
-class DvmUnreachable(ToolError):
-    """No DVM answers at the URI (nothing listens there, or this user has no
-    credentials for it): the URI is probably stale.  The command line
-    explains what to do (:func:`pydvm.cli_dvms.unreachable_lines`)."""
-
-    def __init__(self, uri: DvmUri, why: str) -> None:
-        super().__init__(why)
-        self.uri = uri
-
-
-def resolve_uri(text: str | None) -> DvmUri:
-    """The DVM named by ``text``, else by ``PYDVM_URI``; ToolError if neither
-    names one, UriError if it is not a URI."""
-    text = text or os.environ.get("PYDVM_URI")
-    if not text:
-        raise ToolError("no DVM given: use --dvm URI or set PYDVM_URI ('pydvm dvms' lists your "
-                        f"running DVMs; '{START_HINT}' starts one)")
-    return DvmUri.parse(text)
 
 
 def status_name(st: Any) -> str:
@@ -273,15 +253,6 @@ def job_exit(r: dict, signum: int | None, output: JobOutput) -> int:
         except BrokenPipeError:
             silence(2)
     return code
-
-
-def run_request(apps: list[dict], session: int | None, abort_on_failure: bool | None,
-                pmix: bool, stdin: bool, env: dict[str, str] | None = None,
-                cwd: str | None = None) -> dict:
-    """The ``run`` request of a job (its id is the caller's)."""
-    return {"t": "run", "apps": apps, "session": session, "abort_on_failure": abort_on_failure,
-            "env": dict(os.environ if env is None else env), "cwd": cwd or os.getcwd(),
-            "pmix": pmix, "stdin": stdin}
 
 
 # ----------------------------------------------------------------------

@@ -40,7 +40,7 @@ from .mux import Mux
 from .proto import Found, LookupResult
 from ..enums import Persistence, Range
 from ..errors import UnreachableError
-from .channel import BlockingChannel
+from ..channel import BlockingChannel
 from ..protocol import Message
 
 TYPE_CHECKING = False  # (not typing's: importing typing costs every job process)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 
-from .channel import BlockingChannel
+from ..channel import BlockingChannel
 from ..errors import PMIxError, Status, UnreachableError, error_for
 from ..protocol import MASTER, NODE, Credential, DvmUri, Message, UriError, stores_for, \
     token_from_env

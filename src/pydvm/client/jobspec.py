@@ -2,8 +2,8 @@
 
 :mod:`pydvm.client.jobs` (blocking) and :mod:`pydvm.client.aiojobs`
 (asyncio) share it: a job's ``run`` request built from keyword arguments
-(:func:`run_request` -- through the very option table and request builder
-``pydvm run`` uses, :mod:`pydvm.cli.runopts` and :func:`pydvm.cli.run.build_request`,
+(:func:`run_request` -- through the very option table and request model
+``pydvm run`` uses, :mod:`pydvm.client.options` and :mod:`pydvm.client.request`,
 so the two cannot drift), where its output goes (:func:`output_sinks`),
 what it reads on stdin (:class:`StdinFeed`), and the values a program
 gets back: :class:`JobResult`, :class:`ProcessFailure`, :class:`JobInfo`,
@@ -141,7 +141,7 @@ def _hosts(hosts: Any) -> list[list] | None:
 
 
 def _app_opts(app: App) -> dict[str, Any]:
-    """``app`` as :func:`pydvm.cli.runopts.parse_run` shapes an app context."""
+    """``app`` as an app context of a job's options (:func:`pydvm.client.request.new_opts`)."""
     return {"argv": app.argv, "n": app.n, "hosts": _hosts(app.hosts),
             "env": dict(app.env or {}),
             "cwd": os.path.abspath(app.cwd) if app.cwd is not None else None,
@@ -160,11 +160,10 @@ def run_request(command: Any, n: int | None = 1, *, hosts: Any = None,
     None removes that variable); with ``inherit_env=False`` it is the whole
     environment.  ``mca``: Open MPI's parameters (``OMPI_MCA_NAME``, as
     ``pydvm run --mca``).  ``placement``: the keywords of
-    :data:`pydvm.cli.runopts.KEYWORDS`.  ValueError or TypeError for what
+    :data:`pydvm.client.options.KEYWORDS`.  ValueError or TypeError for what
     can be told wrong here; the DVM checks the rest (the job then fails with
     :class:`~pydvm.errors.BadParamError`)."""
-    from ..cli.run import _is_pydvm_param, build_request
-    from ..cli.runopts import apply_keywords, new_opts
+    from .request import apply_keywords, build_request, is_pydvm_param, new_opts
 
     opts = new_opts()
     if isinstance(command, (list, tuple)) and command and isinstance(command[0], App):
@@ -187,7 +186,7 @@ def run_request(command: Any, n: int | None = 1, *, hosts: Any = None,
         opts["timeout"] = timeout
     if mca:
         for name, value in mca.items():
-            if _is_pydvm_param(name):
+            if is_pydvm_param(name):
                 raise ValueError(f"mca {name}: pydvm's parameters are set on 'pydvm start'")
             opts["mca"].append((name, str(value)))
     if placement:

@@ -37,7 +37,7 @@ import threading
 from collections.abc import Callable
 
 from ..errors import PMIxError, Status, error_for
-from .channel import BlockingChannel
+from ..channel import BlockingChannel
 from ..protocol import FrameError, Message
 
 #: Requests sent without waiting (:meth:`Mux.post`) that may be unanswered

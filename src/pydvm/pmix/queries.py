@@ -43,6 +43,7 @@ from typing import Callable
 
 from . import _lib as L
 from . import constants as C
+from .replies import InfoReply
 from .requests import QueryItem
 from .values import DataArray, RegAttr, Value, argv_at, build_info, cstr, info_at
 
@@ -318,7 +319,6 @@ def start(server, fix: bool = True) -> str:
     for the affected versions the attribute-query fix installed (unless
     ``fix`` is False: the crash left in, to test what a libpmix crash does),
     answering through ``server``'s replies.  Returns what was done about the fix."""
-    from .replies import InfoReply
     lib = server.lib
     register_host_attributes(lib)
     if not affected(L.parse_version(lib.version)):

@@ -6,6 +6,11 @@ callback it gave the upcall, with the data converted to C and held until
 libpmix releases it; later calls do nothing and return False.  The reply
 contract (exceptions, garbage-collected replies, replies pending at
 finalize) is :mod:`pydvm.pmix.server`'s module docstring.
+
+A reply is built by the server and given the server itself: this module
+never imports it (:class:`Answering` is all a reply uses of it), so the
+server, and the helpers that build replies for it (:mod:`.jobctl`,
+:mod:`.queries`), import this one and nothing imports back.
 """
 
 from __future__ import annotations
@@ -15,17 +20,31 @@ import ctypes
 import inspect
 import logging
 import threading
-from typing import TYPE_CHECKING, Iterable
+from typing import Any, Iterable, MutableSet, Protocol
 
 from . import _lib as L
 from . import constants as C
 from .values import (PmixValueError, Value, build_info, check_key, check_nspace, proc_to_c,
                      value_to_c)
 
-if TYPE_CHECKING:
-    from .server import PmixServer
-
 log = logging.getLogger("pydvm.pmix")
+
+
+class Answering(Protocol):
+    """What a reply uses of the server it answers for
+    (:class:`~pydvm.pmix.server.PmixServer` is one)."""
+
+    #: the loaded libpmix (its ``malloc`` / ``free``)
+    lib: Any
+    #: False once finalized: a reply then answers nothing
+    _running: bool
+    #: the replies handed to the host and not answered yet
+    _pending: MutableSet
+    #: libpmix's release callback for data held by :meth:`_hold`
+    _release_c: Any
+
+    def _hold(self, buf: Any) -> int:
+        """Keep ``buf`` alive until libpmix releases it; its token."""
 
 
 class _Reply:
@@ -34,7 +53,7 @@ class _Reply:
     __slots__ = ("_server", "_cb", "_cbdata", "_done", "_lock", "kind", "notification",
                  "_tracked", "__weakref__")
 
-    def __init__(self, server: "PmixServer", cbfunc: int | None, cbdata: int | None,
+    def __init__(self, server: Answering, cbfunc: int | None, cbdata: int | None,
                  proto, kind: str):
         self._server = server
         self._cb = proto(cbfunc) if cbfunc else None

@@ -4,7 +4,19 @@ Each upcall of ``pmix_server_module_t`` becomes one of the dataclasses below,
 built on libpmix's progress thread (everything is copied out of C memory
 there) and delivered to the host's handler on its asyncio event loop.  Every
 request carries ``reply``: the object the host calls, once, to answer (see
-:mod:`pydvm.pmix.server` for the reply contract).
+:mod:`pydvm.pmix.server` for the reply contract).  A request is data: which
+reply it carries is the server's choice, made when it builds the request,
+and this module knows only the contract all replies keep (:class:`Reply`),
+not the reply classes (:mod:`pydvm.pmix.replies`, which import nothing of
+this module either).  What each request's reply takes:
+
+- ``reply(status)``: ClientConnected, ClientFinalized, Abort, Publish,
+  Unpublish, Connect, Disconnect, RegisterEvents, DeregisterEvents,
+  NotifyEvent (``OpReply``);
+- ``reply(status, found)``: Lookup (``LookupReply``);
+- ``reply(status, data=b"")``: Fence, DirectModex (``ModexReply``);
+- ``reply(status, nspace=None)``: Spawn (``SpawnReply``);
+- ``reply(status, info=())``: Group, JobControl, Allocate, Query (``InfoReply``).
 
 Identity: ``proc`` is the requesting process as libpmix authenticated it at
 connect (its registered namespace and rank).  The ``pmix.euid`` a client
@@ -15,12 +27,24 @@ host must use the uid/gid it registered for that proc.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .values import Proc, ProcInfo, RegAttr, Value  # noqa: F401 (the agents' codec)
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .replies import InfoReply, LookupReply, ModexReply, OpReply, SpawnReply
+
+class Reply(Protocol):
+    """How the host answers a request: ``request.reply(status, ...)``, once,
+    from any thread (later calls do nothing and return False); ``fail(status)``
+    answers an error with no data; ``done`` tells whether it was answered."""
+
+    kind: str
+
+    @property
+    def done(self) -> bool: ...
+
+    def __call__(self, status: int = ..., *answer: Any) -> bool: ...
+
+    def fail(self, status: int) -> bool: ...
 
 
 @dataclass(eq=False)
@@ -34,7 +58,7 @@ class ClientConnected(Request):
 
     proc: Proc
     info: dict[str, Value]
-    reply: "OpReply" = field(repr=False, default=None)
+    reply: Reply = field(repr=False, default=None)
     kind = "client_connected"
 
 
@@ -43,7 +67,7 @@ class ClientFinalized(Request):
     """A client called ``PMIx_Finalize``.  A client that dies without it sends nothing."""
 
     proc: Proc
-    reply: "OpReply" = field(repr=False, default=None)
+    reply: Reply = field(repr=False, default=None)
     kind = "client_finalized"
 
 
@@ -55,7 +79,7 @@ class Abort(Request):
     status: int
     message: str | None
     procs: list[Proc]
-    reply: "OpReply" = field(repr=False, default=None)
+    reply: Reply = field(repr=False, default=None)
     kind = "abort"
 
 
@@ -74,7 +98,7 @@ class Fence(Request):
     collect: bool
     timeout: int | None
     info: dict[str, Value]
-    reply: "ModexReply" = field(repr=False, default=None)
+    reply: Reply = field(repr=False, default=None)
     kind = "fence"
 
 
@@ -88,7 +112,7 @@ class DirectModex(Request):
 
     proc: Proc
     info: dict[str, Value]
-    reply: "ModexReply" = field(repr=False, default=None)
+    reply: Reply = field(repr=False, default=None)
     kind = "direct_modex"
 
 
@@ -112,7 +136,7 @@ class Publish(Request):
     access_uids: tuple[int, ...] | None
     access_gids: tuple[int, ...] | None
     directives: dict[str, Value]
-    reply: "OpReply" = field(repr=False, default=None)
+    reply: Reply = field(repr=False, default=None)
     kind = "publish"
 
 
@@ -132,7 +156,7 @@ class Lookup(Request):
     wait: int | None
     timeout: int | None
     directives: dict[str, Value]
-    reply: "LookupReply" = field(repr=False, default=None)
+    reply: Reply = field(repr=False, default=None)
     kind = "lookup"
 
     @property
@@ -151,7 +175,7 @@ class Unpublish(Request):
     keys: list[str] | None
     range: int | None
     directives: dict[str, Value]
-    reply: "OpReply" = field(repr=False, default=None)
+    reply: Reply = field(repr=False, default=None)
     kind = "unpublish"
 
 
@@ -174,7 +198,7 @@ class Spawn(Request):
     proc: Proc
     job_info: dict[str, Value]
     apps: list[App]
-    reply: "SpawnReply" = field(repr=False, default=None)
+    reply: Reply = field(repr=False, default=None)
     kind = "spawn"
 
 
@@ -188,7 +212,7 @@ class Connect(Request):
 
     procs: list[Proc]
     info: dict[str, Value]
-    reply: "OpReply" = field(repr=False, default=None)
+    reply: Reply = field(repr=False, default=None)
     kind = "connect"
 
 
@@ -198,7 +222,7 @@ class Disconnect(Request):
 
     procs: list[Proc]
     info: dict[str, Value]
-    reply: "OpReply" = field(repr=False, default=None)
+    reply: Reply = field(repr=False, default=None)
     kind = "disconnect"
 
 
@@ -211,7 +235,7 @@ class RegisterEvents(Request):
 
     codes: list[int]
     info: dict[str, Value]
-    reply: "OpReply" = field(repr=False, default=None)
+    reply: Reply = field(repr=False, default=None)
     kind = "register_events"
 
 
@@ -220,7 +244,7 @@ class DeregisterEvents(Request):
     """A client removed its handlers for ``codes``."""
 
     codes: list[int]
-    reply: "OpReply" = field(repr=False, default=None)
+    reply: Reply = field(repr=False, default=None)
     kind = "deregister_events"
 
 
@@ -239,7 +263,7 @@ class NotifyEvent(Request):
     source: Proc
     range: int
     info: list[tuple[str, Value]]
-    reply: "OpReply" = field(repr=False, default=None)
+    reply: Reply = field(repr=False, default=None)
     kind = "notify_event"
 
 
@@ -261,7 +285,7 @@ class Group(Request):
     grpid: str
     procs: list[Proc]
     directives: dict[str, Value]
-    reply: "InfoReply" = field(repr=False, default=None)
+    reply: Reply = field(repr=False, default=None)
     kind = "group"
 
 
@@ -281,7 +305,7 @@ class JobControl(Request):
     procs: list[Proc]
     directives: dict[str, Value]
     unreadable: list[str]
-    reply: "InfoReply" = field(repr=False, default=None)
+    reply: Reply = field(repr=False, default=None)
     kind = "job_control"
 
 
@@ -294,7 +318,7 @@ class Allocate(Request):
     proc: Proc
     directive: int
     info: dict[str, Value]
-    reply: "InfoReply" = field(repr=False, default=None)
+    reply: Reply = field(repr=False, default=None)
     kind = "allocate"
 
 
@@ -320,7 +344,7 @@ class Query(Request):
 
     server: Proc
     queries: list[QueryItem]
-    reply: "InfoReply" = field(repr=False, default=None)
+    reply: Reply = field(repr=False, default=None)
     kind = "query"
 
 

@@ -73,6 +73,12 @@ from .values import (PmixValueError, Proc, Value, argv_at, build_info, check_key
                      check_nspace, cstr, info_at, proc_at, proc_to_c, procs_at, validate,
                      PUBLISHABLE_TYPES)
 
+# The server's helpers -- clients (the kernel's check), jobctl and tools (their
+# upcalls), queries (reading queries, the attribute fix) -- are imported where
+# a server starts or builds its module table: a process that imports this
+# package for its constants (the master) does not load them.  The imports go
+# one way: neither they nor replies / requests import this module (DESIGN.md).
+
 log = logging.getLogger("pydvm.pmix")
 
 #: Default largest string / byte-object value accepted in a publish (bytes).

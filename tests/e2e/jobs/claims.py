@@ -8,7 +8,7 @@ import os
 import socket
 import sys
 
-from pydvm.wire import BlockingChannel
+from pydvm.channel import BlockingChannel
 
 key = sys.argv[1]
 sock = socket.socket(socket.AF_UNIX)

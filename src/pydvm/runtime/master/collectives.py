@@ -57,10 +57,10 @@ from ...errors import Status
 from ...pmix import constants as PC
 from ...pmix.constants import RANK_WILDCARD
 from ...wire import Message, reply
-from .core import DEFAULT_SESSION
+from ..shared.jobs import DEFAULT_SESSION
 from ..shared.jobs import JobRecord, ProcState
-from .nodes import NodeListener, NodeTable
 from ..shared.peers import DaemonSession
+from .nodes import NodeListener, NodeTable
 from .processes import ProcessListener, ProcessTable
 from .tasks import Tasks
 
@@ -106,9 +106,9 @@ class Collectives(ProcessListener, NodeListener):
         self._pending: dict[tuple, Collective] = {}
         #: the last PMIx group context id handed out (unique in the DVM's life).
         self._next_ctxid = 0
-        from ..pmixhost.query import MasterQueries
+        from ..pmixhost import MasterQueries
         self._queries = MasterQueries(processes, nodes)
-        from ..pmixhost.jobctl import MasterJobControl
+        from ..pmixhost import MasterJobControl
         self._jobctl = MasterJobControl(processes, nodes)
 
     def count(self) -> int:

@@ -46,11 +46,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...enums import Persistence
-from ..shared.jobs import JobRecord, ProcState, SessionRecord
+from ..shared.jobs import DEFAULT_SESSION, JobRecord, ProcState, SessionRecord
 
-#: The session every DVM has from start to stop; it never ends, so it needs
-#: no purge and keeps no history.
-DEFAULT_SESSION = 0
 #: The status of a process whose node was lost (or never started it).
 LOST_STATUS = 255
 

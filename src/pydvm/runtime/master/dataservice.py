@@ -39,15 +39,15 @@ from ...enums import Persistence
 from ...errors import Status
 from ...store import DataStore, MonotonicClock, StoreParams
 from ...wire import Message, reply
-from . import core
 from ..shared import dataops
 from ..shared.auth import DvmUri
-from .metrics import RequestStats
 from ..shared.peers import ClaimRefused, DaemonSession, PeerSession, ToolSession, process_caller, \
     route_answer
+from ..shared.stats import RequestStats
+from ..shared.storeguard import GuardedStats, guard_for, guarded_store
+from . import core
 from .processes import ProcessListener, ProcessTable
 from .relay import Relay
-from ..shared.storeguard import GuardedStats, guard_for, guarded_store
 
 log = logging.getLogger("pydvm.master")
 
@@ -242,6 +242,9 @@ class MasterRouter:
     master in place -- one hop, no re-encoding, the answer written straight
     to the client's connection.  (A daemon's clients go through an
     :class:`~pydvm.runtime.shared.dataops.UplinkRouter` instead.)"""
+
+    #: this node is the head node, served in the master's process
+    at_master = True
 
     def __init__(self, data: DataService) -> None:
         self.data = data

@@ -34,7 +34,7 @@ namespaces: :func:`~pydvm.runtime.shared.auth.host_identity`; the ``local``
 launcher's nodes) hand their clients the path of the master's direct-data
 Unix socket as well, and the client connects there rather than to the TCP
 port: a Unix socket's round trip costs less than a loopback TCP one
-(``bench/pingpong.py``).  The
+(``bench/store/pingpong.py``).  The
 handshake is the same; on that socket the peer's SO_PEERCRED uid and gid
 must also be the credential's.  The socket lives in a directory like a
 node's client socket (:func:`~pydvm.runtime.shared.sockdir.make_socket_dir`), open to
@@ -61,11 +61,11 @@ from ...wire import Channel, Message, refuse, reply
 from ..shared import credential
 from ..shared import dataops
 from ..shared.auth import host_identity
-from .dataservice import DataService
 from ..shared.guard import Guardian
-from ..shared.sockdir import make_socket_dir
-from .nodes import NodeTable
 from ..shared.peers import DirectSession
+from ..shared.sockdir import make_socket_dir
+from .dataservice import DataService
+from .nodes import NodeTable
 from .processes import ProcessListener, ProcessTable
 
 log = logging.getLogger("pydvm.master")
@@ -90,7 +90,7 @@ class DirectGate(ProcessListener):
         self.multi_user = multi_user
         self._on_message = on_message
         self._guardian = guardian
-        #: the key direct-data credentials are checked with (credential.py).
+        #: the key direct-data credentials are checked with (shared/credential.py).
         self._key = credential.domain_key(secret)
         #: (nspace, rank) -> that process's open direct sessions.
         self._sessions: dict[tuple[str, int], set[DirectSession]] = {}

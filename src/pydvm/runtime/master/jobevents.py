@@ -52,9 +52,9 @@ from typing import Any
 
 from ...errors import Status
 from ...wire import Message, reply
-from .jobqueue import JobQueue, QueueListener
 from ..shared.jobs import JobRecord
 from ..shared.peers import PeerSession, ToolSession
+from .jobqueue import JobQueue, QueueListener
 from .processes import ProcessListener, ProcessTable
 
 log = logging.getLogger("pydvm.master")

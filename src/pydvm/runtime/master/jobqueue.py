@@ -61,10 +61,10 @@ from typing import Any
 
 from ...errors import Status
 from ...wire import Message, reply
-from .core import LOST_STATUS
 from ..shared.jobs import JobRecord
-from .nodes import NodeListener, NodeTable
 from ..shared.peers import PeerSession, ToolSession
+from .core import LOST_STATUS
+from .nodes import NodeListener, NodeTable
 from .processes import ProcessListener, ProcessTable
 from .tasks import Tasks
 

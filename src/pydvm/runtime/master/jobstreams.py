@@ -41,10 +41,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...wire import Message
-from ..node.jobio import STDIN_WINDOW, output_cost
+from ..node import STDIN_WINDOW, output_cost
 from ..shared.jobs import JobRecord
-from .nodes import NodeTable
 from ..shared.peers import DaemonSession, PeerSession, ToolSession
+from .nodes import NodeTable
 from .processes import ProcessListener, ProcessTable
 
 log = logging.getLogger("pydvm.master")

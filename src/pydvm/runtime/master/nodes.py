@@ -28,12 +28,12 @@ from typing import Any, Callable
 
 from ...errors import Status
 from ...wire import Channel, LocalEnd, Message, heartbeat, local_pair, refuse, reply
+from ..node import NodeServer
 from ..shared.auth import host_identity
 from ..shared.guard import Guardian
 from ..shared.jobs import HostSpec
-from .launchers import DaemonCommand, LaunchError, Launcher, stderr_sink
-from ..node.server import NodeServer
 from ..shared.peers import DaemonSession
+from .launchers import DaemonCommand, LaunchError, Launcher, stderr_sink
 from .tasks import Tasks
 
 log = logging.getLogger("pydvm.master")

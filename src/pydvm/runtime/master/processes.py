@@ -12,7 +12,7 @@ callers it has vouched for.
 Who acts on the master store (SPEC 5)::
 
     daemon reports "exited"  -> PROC purge of that process
-    last process of an app   -> APP purge (per-app termination count, jobs.py),
+    last process of an app   -> APP purge (per-app termination count, shared/jobs.py),
                                 and the application notice to the nodes that
                                 ran it (an APP purge there), acknowledged
     last process of the job  -> NSPACE purge, then a purge broadcast to every
@@ -62,11 +62,11 @@ from ...placement import display_allocation_lines, display_map_lines
 from ...pmix import constants as PC
 from ...store import Caller
 from ...wire import Message, reply
-from . import core
-from .core import DEFAULT_SESSION
+from ..shared.jobs import DEFAULT_SESSION
 from ..shared.jobs import HostSpec, JobRecord, ProcState, SessionRecord, build_job
-from .nodes import EVENT_GRACE, NodeListener, NodeTable
 from ..shared.peers import ClaimRefused, DaemonSession, PeerSession, ToolSession, process_caller
+from . import core
+from .nodes import EVENT_GRACE, NodeListener, NodeTable
 from .tasks import Tasks
 
 log = logging.getLogger("pydvm.master")

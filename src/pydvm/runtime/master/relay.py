@@ -57,8 +57,8 @@ from typing import Any
 
 from ...enums import Persistence
 from ...errors import Status
-from ...store import Caller
 from ...stalls import stalls
+from ...store import Caller
 from ...store.rules import expires_by
 from ...wire import Channel, Message, ReplyCallback, heartbeat, reply
 from ..shared.auth import DvmUri, UriError, connect, read_secret, tool_socket_path

@@ -70,26 +70,27 @@ from ...errors import Status
 from ...store import DataStore
 from ...wire import Channel, Message, peer_credentials, poll_after_messages, refuse, reply, \
     stop_polling
+from ..pmixhost import pmix_status
 from ..shared import registry
 from ...seal import Offer, SealError, is_loopback, must_seal
 from ...seal import preload as preload_sealing
 from ..shared.auth import HANDSHAKE_TIMEOUT, DvmUri, check_auth, tool_socket_path
-from .collectives import PMIX_REQUESTS, Collectives
 from ..shared.credential import ROLE as DIRECT_ROLE
 from ..shared.dataops import DATA_OPS
-from .dataservice import DataService, MasterRouter
-from .direct import DirectGate
 from ..shared.door import Door, Listener
 from ..shared.guard import Guardian
+from ..shared.jobs import HostSpec, JobRecord, SessionRecord
+from ..shared.peers import DaemonSession, DirectSession, PeerSession, ToolSession
+from ..shared.stats import RequestStats
+from .collectives import PMIX_REQUESTS, Collectives
+from .dataservice import DataService, MasterRouter
+from .direct import DirectGate
 from .jobevents import JobEvents
 from .jobqueue import JobQueue
-from ..shared.jobs import HostSpec, JobRecord, SessionRecord
 from .jobstreams import JobStreams
 from .launchers import Launcher, make_launcher
-from .metrics import MetricsServer, MetricsUnavailable, RequestStats, require_prometheus
+from .metrics import MetricsServer, MetricsUnavailable, require_prometheus
 from .nodes import NodeRecord, NodeTable, StartError
-from ..shared.peers import DaemonSession, DirectSession, PeerSession, ToolSession
-from ..pmixhost.host import pmix_status
 from .processes import ProcessTable
 from .tasks import Tasks
 from .toolreqs import ADMIN_ONLY, ToolService
@@ -100,7 +101,7 @@ __all__ = ["Master", "StartError", "DAEMON_MESSAGES", "TOOL_MESSAGES", "DIRECT_M
 
 # ----------------------------------------------------------------------
 # message -> handler: (component, method); every handler takes
-# (peer session, message).  runtime/DESIGN.md has the same table.
+# (peer session, message).  master/DESIGN.md has the same table.
 # ----------------------------------------------------------------------
 
 #: What a daemon (or the head node's in-process link) sends the master.
@@ -209,7 +210,7 @@ class Master:
         self.bind = bind
         self.log_dir = log_dir
         self.uri: DvmUri | None = None
-        #: the front door (door.py): every listening socket, the strangers on them.
+        #: the front door (shared/door.py): every listening socket, the strangers on them.
         self.door: Door | None = None
         self._server: Listener | None = None
         self._tool_server: Listener | None = None
@@ -476,7 +477,7 @@ class Master:
         tools = server.pmix.tools if server is not None else None
         if tools is None or tools.uri is None:
             return None
-        from ..pmixhost.tools import URI_FILE
+        from ..pmixhost import URI_FILE
         return {"uri": tools.uri, "file": str(server.socket_dir / URI_FILE),
                 "node": None if server.tools_only else server.name,
                 "connected": tools.describe(), **tools.system_info()}

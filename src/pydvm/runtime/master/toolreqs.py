@@ -25,12 +25,12 @@ from typing import Any, Awaitable, Callable
 from ... import _trace
 from ...errors import Status
 from ...wire import Message, reply
-from .core import DEFAULT_SESSION
+from ..shared.jobs import DEFAULT_SESSION
+from ..shared.jobs import HostSpec, JobRecord, ProcState
+from ..shared.peers import ToolSession
 from .dataservice import DataService
 from .jobqueue import QUEUED_KILL_EXIT, JobQueue, pmix_refusal
-from ..shared.jobs import HostSpec, JobRecord, ProcState
 from .nodes import NodeTable
-from ..shared.peers import ToolSession
 from .processes import ProcessTable
 from .tasks import Tasks
 
@@ -43,7 +43,7 @@ MAX_BATCH = 10_000
 #: doubles it).  TCP's autotuning lets a slow reader's backlog grow to
 #: 4 MiB there, on top of the output windows; this keeps what is in flight
 #: to about the windows (``pydvm run`` caps its receive buffer too:
-#: cli/submit.py, RECV_BUFFER), and output still flows at loopback's pace.
+#: client/connect.py, RECV_BUFFER), and output still flows at loopback's pace.
 OUTPUT_SEND_BUFFER = 128 * 1024
 
 

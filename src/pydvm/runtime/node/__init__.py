@@ -1,1 +1,41 @@
-"""node room."""
+"""The node room: serving one node of a DVM.
+
+``server.NodeServer`` serves a node -- its store, its clients, the jobs it
+runs -- in a daemon process (``daemon``) or, for the head node, in the
+master's.  Launching a job's share of processes: ``launch`` (with
+``jobdirs`` and ``ompienv`` for the rank environment); its processes' I/O:
+``jobio``; binding them to CPUs: ``binding`` (pure policy), ``topology``,
+``cpubind``; the PMI-1 server MPICH-family jobs talk to: ``pmi1host`` (its
+pure core is :mod:`pydvm.pmi1`); handing memory back: ``heap``.  The PMIx
+server is hosted by the next room down, :mod:`pydvm.runtime.pmixhost`.
+Where to change what: ``DESIGN.md`` beside this file.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+#: The door: name -> (module of this room, name there).  Other rooms and
+#: the command line import these names from here, and nothing else of the room.
+_DOOR = {
+    "NodeServer": ("server", "NodeServer"),
+    "run_daemon": ("daemon", "run_daemon"),
+    "STDIN_WINDOW": ("jobio", "STDIN_WINDOW"),
+    "output_cost": ("jobio", "output_cost"),
+}
+__all__ = sorted(_DOOR)
+
+def __getattr__(name: str):
+    """Load a door's name from its module on first use (PEP 562), so that a
+    process importing one module of the room does not load the whole room."""
+    try:
+        module, attr = _DOOR[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(import_module(f"{__name__}.{module}"), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_DOOR))

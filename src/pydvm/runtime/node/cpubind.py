@@ -31,8 +31,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from . import binding
 from ..shared.guard import pid_alive
+from . import binding
 from .topology import Topology, format_cpu_list, read
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from . import ompienv
 from ..shared.sockdir import make_socket_dir
+from . import ompienv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -31,16 +31,16 @@ from typing import TYPE_CHECKING
 
 from ... import _trace
 from ...errors import Status
-from ...wire import Message, reply
 from ...pmi1 import detect
+from ...wire import Message, reply
+from ..pmixhost import FOREIGN_LAUNCH_PREFIXES, OMPI_JOB_DIRS
+from ..shared import jobproc
+from ..shared.credential import ENV as credential_env
+from ..shared.peers import ClientSession
 from . import jobdirs
 from . import jobio
-from ..shared import jobproc
 from . import ompienv
-from ..shared.credential import ENV as credential_env
 from .jobio import PumpState, drain_output, pump_output
-from ..shared.peers import ClientSession
-from ..pmixhost.host import FOREIGN_LAUNCH_PREFIXES, OMPI_JOB_DIRS
 
 if TYPE_CHECKING:
     from .server import NodeServer

@@ -78,36 +78,31 @@ import shutil
 import signal
 from pathlib import Path
 
+from ... import _trace
 from ... import params as P
 from ...enums import Persistence
-from ... import _trace
 from ...errors import Status
 from ...store import DataStore, MonotonicClock, StoreParams
 from ...wire import Channel, Message, peer_credentials, refuse, reply
+from ..pmixhost import PmixHost, jobctl_on_master, pids_of
 from ..shared import dataops
 from ..shared import jobproc
+from ..shared.auth import host_identity
+from ..shared.credential import Voucher
+from ..shared.door import Door, Listener
+from ..shared.guard import Guardian, group_alive
+from ..shared.jobproc import KILL_GRACE
+from ..shared.peers import ClientSession, process_caller, route_answer
+from ..shared.sockdir import make_socket_dir, same_host_socket
+from ..shared.stats import RequestStats, store_sample
+from ..shared.storeguard import GuardedStats, StoreGuard, guard_for, guarded_store
 from .cpubind import NodeBinding
 from .heap import IdleTrim, tune as tune_heap
-from ..shared.door import Door, Listener
-from ..shared.credential import Voucher
-from ..shared.auth import host_identity
-from ..shared.guard import Guardian, group_alive
 from .jobio import StdinFeed
-from ..master.metrics import RequestStats, store_sample
 from .launch import LocalJob, LocalProc, start_share
-from ..shared.peers import ClientSession, process_caller, route_answer
-from ..pmixhost import jobctl as pmixjobctl
-from ..pmixhost import query as pmixquery
 from .pmi1host import Pmi1Host
-from ..pmixhost.host import PmixHost
-from ..shared.sockdir import make_socket_dir, same_host_socket
-from ..shared.storeguard import GuardedStats, StoreGuard, guard_for, guarded_store
 
 log = logging.getLogger("pydvm.node")
-
-#: Seconds between SIGTERM and SIGKILL when killing a job's processes.
-KILL_GRACE = 3.0
-
 
 class NodeServer:
     """Serves one node (see the module docstring).
@@ -220,7 +215,7 @@ class NodeServer:
                  # what ppr:N:socket and --map-by core:SPAN count (placement.py)
                  "topo": self.binding.topology.counts(),
                  # which process this is, where: a PMIx tool that sees what the
-                 # master sees may name it (--pid) to reach the DVM (pmixtools.py)
+                 # master sees may name it (--pid) to reach the DVM (pmixhost/tools.py)
                  "pid": os.getpid(), "where": host_identity()}
         if self.voucher is not None:
             ready["holders"] = []  # from now on announced (see _holder_changed)
@@ -338,9 +333,9 @@ class NodeServer:
                 ch.send(await self.pmix.dmodex(msg))
             self.spawn(dmodex(), rid)
         elif t == "jobctl":
-            pmixjobctl.on_master(self, ch, msg)
+            jobctl_on_master(self, ch, msg)
         elif t == "pids":
-            ch.send(reply(rid, Status.SUCCESS, pids=pmixquery.pids_of(self, msg.get("nspace"))))
+            ch.send(reply(rid, Status.SUCCESS, pids=pids_of(self, msg.get("nspace"))))
         elif t == "signal":  # signal_job: one signal to each live process's group
             n = jobproc.signal_all(self.jobs.get(msg.get("nspace")), msg.get("signal"))
             if rid is not None:
@@ -441,7 +436,7 @@ class NodeServer:
     # ------------------------------------------------------------------
 
     async def _launch(self, msg: Message) -> None:
-        """A job's ``launch``: its share here started, answered (see :func:`.nodelaunch.start_share`)."""
+        """A job's ``launch``: its share here started, answered (see :func:`.launch.start_share`)."""
         self._expect_stdin(msg)
         self.uplink.send({**await start_share(self, msg), "id": msg.get("id")})
 

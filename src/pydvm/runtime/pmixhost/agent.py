@@ -71,8 +71,8 @@ from typing import Any
 from ...errors import Status
 from ...pmix import constants as C
 from ...wire import Channel, Message, pack, reply
-from .data import DATA_KINDS, answer, data_request
 from .codec import decode, encode_request
+from .data import DATA_KINDS, answer, data_request
 
 log = logging.getLogger("pydvm.pmix")
 
@@ -356,7 +356,7 @@ class Agent:
     async def _do_probe(self, msg: Message) -> None:
         """The node's watchdog asks whether libpmix still serves: refused
         ``PMIX_ERR_TIMEOUT`` when its progress thread did not complete a
-        call within ``timeout`` seconds (pmixusers.UserServers.watch)."""
+        call within ``timeout`` seconds (users.UserServers.watch)."""
         from ...pmix import PmixServerError
         if self.server is None:
             return
@@ -432,7 +432,7 @@ class Agent:
             if not req.reply.notification:
                 req.reply.fail(int(Status.ERR_UNREACH))
 
-    # -- tools (the tool server: pmixusers.UserServers.start_tools) ---------
+    # -- tools (the tool server: users.UserServers.start_tools) ---------
 
     def _tool_connected(self, req) -> None:
         """A tool asks to connect: what this process found of it (the

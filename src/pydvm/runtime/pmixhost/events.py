@@ -48,7 +48,7 @@ def notify(host: "PmixHost", req) -> None:
     msg = {"t": "notify", "code": req.code, "source": [req.source.nspace, req.source.rank],
            "range": req.range, "info": pmixcodec.info_to_wire(req.info)}
     tool = host.tools.event_source(req.source.nspace)
-    if tool is not None:  # a tool's (pmixtools.py): the master decides where
+    if tool is not None:  # a tool's (tools.py): the master decides where
         msg["tool_uid"], msg["source"] = tool[0], [tool[1], 0]
     origin = getattr(req, "origin", None)
     if origin is not None or host.users.running():

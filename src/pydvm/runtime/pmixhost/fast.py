@@ -95,7 +95,7 @@ def _read(sock: socket.socket, n: int, spin_ns: int = 0) -> bytes | None:
     poll, and when the scheduler puts them on one CPU the one that is to
     answer would otherwise wait for the other's poll to run out (a request
     took 430-490 µs instead of 115-170 in some runs, by where the threads
-    landed; bench/pmix_isolate.py)."""
+    landed; bench/pmix/pmix_isolate.py)."""
     buf = bytearray()
     if spin_ns:
         end = time.perf_counter_ns() + spin_ns

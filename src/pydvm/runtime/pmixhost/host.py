@@ -95,15 +95,14 @@ from typing import TYPE_CHECKING, Any, Callable
 from ... import _trace
 from ...errors import Status
 from ...wire import MAX_FRAME, Message
-from .data import BAD as _BAD, REFUSED as _REFUSED, RelayedData, answer_reply, \
-    data_request
 from ..shared.peers import process_caller
 from . import events as pmixevents
+from .data import BAD as _BAD, REFUSED as _REFUSED, RelayedData, answer_reply, \
+    data_request
 from .session import NoServerHere, PmixSession
 
 if TYPE_CHECKING:
-    from ..node.server import NodeServer
-    from ..node.launch import LocalJob
+    from .contract import HostJob, HostNode
 
 log = logging.getLogger("pydvm.pmix")
 
@@ -162,7 +161,7 @@ class PmixHost:
     and for jobs that require PMIx.
     """
 
-    def __init__(self, node: "NodeServer") -> None:
+    def __init__(self, node: "HostNode") -> None:
         self.node = node
         self.server = None
         #: (available, version or reason, library path) -- what `pydvm info` shows.
@@ -334,7 +333,7 @@ class PmixHost:
     # jobs and processes
     # ------------------------------------------------------------------
 
-    async def register_job(self, job: "LocalJob", layout: dict, uid: int, gid: int,
+    async def register_job(self, job: "HostJob", layout: dict, uid: int, gid: int,
                            proc_extra: dict | None, procs: list[tuple[int, int]]
                            ) -> list[dict[str, str]]:
         """Register a job's share of this node with libpmix: its namespace
@@ -373,7 +372,7 @@ class PmixHost:
         return [self._registered(job, server, rank, app_idx, uid, gid)
                 for rank, app_idx in procs]
 
-    def _registered(self, job: "LocalJob", server, rank: int, app_idx: int, uid: int,
+    def _registered(self, job: "HostJob", server, rank: int, app_idx: int, uid: int,
                     gid: int) -> dict[str, str]:
         """A process libpmix now knows: its session here, and its environment."""
         from ...pmix import Proc
@@ -535,7 +534,7 @@ class PmixHost:
 
     async def deliver_event(self, msg: Message) -> int:
         """The master's ``event``: deliver it to this node's clients in range
-        (:func:`.pmixevents.deliver`)."""
+        (:func:`.events.deliver`)."""
         return await pmixevents.deliver(self, msg)
 
     # -- groups --------------------------------------------------------------
@@ -720,11 +719,11 @@ class PmixHost:
         def answered(r: Message) -> None:
             ok = r.get("status") == Status.SUCCESS
             req.reply(r.get("status", Status.ERR_UNREACH), r.get("nspace") if ok else None)
-        from ..master.debugging import spawn_directives
+        from .debugger import spawn_directives
         msg = {"t": "spawn", "parent": [req.proc.nspace, req.proc.rank], "apps": apps,
                **spawn_directives(req.job_info)}
         tool = self.tools.tools.get(req.proc.nspace)
-        if tool is not None:  # a tool's spawn: its kernel-checked identity (pmixtools.py)
+        if tool is not None:  # a tool's spawn: its kernel-checked identity (tools.py)
             msg["tool_uid"], msg["tool_gid"] = tool.uid, tool.gid
         self.ask_master(msg, answered)
 

@@ -136,7 +136,7 @@ def on_master(node, ch, msg: Message) -> None:
         for lp in procs:
             jobproc.signal_group(lp.pgid, _signal.SIGKILL)
     elif procs:
-        from ..node.server import KILL_GRACE
+        from ..shared.jobproc import KILL_GRACE
         node.spawn(node.kill_procs(procs, KILL_GRACE))
     ch.send(reply(rid, Status.SUCCESS, procs=len(procs)))
 

@@ -90,13 +90,14 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-from ...errors import Status
 from ...enums import Persistence
-from ..shared.peers import process_caller
+from ...errors import Status
 from ..shared.guard import pid_alive
+from ..shared.peers import process_caller
 
 if TYPE_CHECKING:
-    from .host import PmixHost, PmixSession
+    from .host import PmixHost
+    from .session import PmixSession
 
 log = logging.getLogger("pydvm.pmix")
 
@@ -165,8 +166,7 @@ class ToolHost:
     def wanted(self) -> bool:
         """Tools are served by the head node (the master's process): by its
         own server, or with ``pydvm_pmix_isolate`` by a tool server process."""
-        from ..master.dataservice import MasterRouter
-        return isinstance(self.host.node.router, MasterRouter)
+        return self.host.node.router.at_master
 
     def started(self, tmp: str, pid: int, version: str) -> None:
         """A server with tool support runs in directory ``tmp`` in process
@@ -353,7 +353,7 @@ class ToolHost:
             self.host.mark_connected((str(given[0]), int(given[1])))
             req.reply(Status.SUCCESS, Proc(*given))
             return
-        from .host import PmixSession
+        from .session import PmixSession
         ns = f"{node.dvm_nspace}-tool.{self._count}"
         gid = req.claimed_gid
         caller = process_caller(ns, 0, req.uid, gid, node.name)

@@ -307,7 +307,7 @@ class UserServers:
             node.uplink.send({"t": "pmix_lost", "nspaces": sorted(nspaces),
                               "why": f"its PMIx server ended on node {node.name} ({reason})"})
         if procs:
-            from ..node.server import KILL_GRACE
+            from ..shared.jobproc import KILL_GRACE
             node.spawn(node.kill_procs(procs, KILL_GRACE))
 
     def _tools_lost(self, agent: UserServer, reason: str) -> None:

@@ -295,6 +295,8 @@ class UplinkRouter:
 
     #: nothing is answered here: every request waits for the master.
     answers_now = False
+    #: a daemon's node, not the head node
+    at_master = False
 
     def __init__(self, uplink: "Channel") -> None:
         self.uplink = uplink

@@ -62,6 +62,9 @@ except ImportError:  # pragma: no cover - every CPython on Linux has it
 
 DEVNULL = subprocess.DEVNULL
 
+#: Seconds between SIGTERM and SIGKILL when a job's processes are ended.
+KILL_GRACE = 3.0
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

@@ -316,6 +316,11 @@ def build_job(
     return JobRecord(nspace, session_id, app_recs, procs)
 
 
+#: The session every DVM has from start to stop; it never ends, so it needs
+#: no purge and keeps no history.
+DEFAULT_SESSION = 0
+
+
 @dataclass
 class SessionRecord:
     id: int

@@ -53,7 +53,7 @@ from ...errors import Status
 from ...store import Caller, Reply
 from ...wire import BODY, Message, pack_payload, reply, unpack_body
 from . import dataops
-from ..master.core import DEFAULT_SESSION
+from .jobs import DEFAULT_SESSION
 
 if TYPE_CHECKING:
     from ...wire import Channel

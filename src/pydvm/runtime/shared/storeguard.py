@@ -89,7 +89,7 @@ from typing import Any, Callable, Hashable
 from ...store import DataStore, Reply
 from ...wire import Message
 from . import dataops
-from ..master.metrics import RequestStats
+from .stats import RequestStats
 
 log = logging.getLogger("pydvm.storeguard")
 
@@ -356,7 +356,7 @@ _PROBE = ("pmix-now",)
 
 
 class GuardedStats(RequestStats):
-    """:class:`~pydvm.runtime.master.metrics.RequestStats` counted and read under the guard."""
+    """:class:`~pydvm.runtime.shared.stats.RequestStats` counted and read under the guard."""
 
     __slots__ = ("guard",)
 
