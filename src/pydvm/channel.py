@@ -17,7 +17,7 @@ TYPE_CHECKING = False  # (not typing's: importing typing costs every job process
 if TYPE_CHECKING:  # for type checkers and the API reference only
     import socket
 
-from .protocol import MAX_FRAME, FrameDecoder, Message, pack
+from .protocol import HANDSHAKE_FRAME, MAX_FRAME, FrameDecoder, Message, pack
 
 #: How long (µs) a blocking client polls for a reply before it sleeps in
 #: ``recv`` (``PYDVM_CLIENT_SPIN_US``; 0: sleep at once).  On a virtual
@@ -72,9 +72,38 @@ class BlockingChannel:
         self._sleepy = 0
         #: how many waits the next empty poll makes sleep (SPIN_BACKOFF_MAX)
         self._backoff = 1
+        #: the link's keys once it is sealed (:meth:`seal`; None: clear frames).
+        self.box = None
 
     def send(self, msg: Message) -> None:
-        self.sock.sendall(pack(msg))
+        self.sock.sendall(self.frames(pack(msg)))
+
+    def frames(self, clear: bytes) -> bytes:
+        """What to write for the clear frames ``clear``: themselves, or on a
+        sealed link the same frames sealed (in the order they are sent)."""
+        return clear if self.box is None else self.box.sealer.frames(clear)
+
+    # -- the handshake -----------------------------------------------------------
+
+    def gate(self) -> None:
+        """Decode one frame at a time, each at most HANDSHAKE_FRAME long: the
+        master's challenge, before we know whether what follows is sealed."""
+        self._decoder.handshake = HANDSHAKE_FRAME
+
+    def seal(self, box) -> None:
+        """Seal the link from here on (:mod:`pydvm.seal`): every frame sent
+        after this call, and every frame not yet decoded, with ``box``."""
+        from .seal import TAG
+        self.box = box
+        self._decoder.open_with(box.opener.open, TAG)
+
+    def ungate(self) -> None:
+        """The handshake is answered: decode as frames come."""
+        self._decoder.handshake = None
+
+    def _buffered(self) -> list[Message]:
+        """Frames the decoder holds already whole (left by the gate)."""
+        return self._decoder.feed(b"") if self._decoder.pending_bytes else []
 
     def _poll(self) -> bytes | None:
         """Read without sleeping for up to :attr:`spin` seconds; None if
@@ -104,6 +133,8 @@ class BlockingChannel:
         if timeout != self._timeout:
             self.sock.settimeout(timeout)
             self._timeout = timeout
+        if not self._queue and self._decoder.pending_bytes:
+            self._queue.extend(self._buffered())
         while not self._queue:
             data = self._poll()
             if data is None:
@@ -139,6 +170,7 @@ class BlockingChannel:
             self.sock.settimeout(None)
             self._timeout = None
         eof = False
+        self._queue.extend(self._buffered())
         for _ in range(AVAILABLE_READS):
             try:
                 data = self.sock.recv(1 << 16, MSG_DONTWAIT)

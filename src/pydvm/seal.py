@@ -205,6 +205,23 @@ class Sealer(_Direction):
         header, sealed = self.seal(body)
         return header + sealed
 
+    def frames(self, clear) -> bytes:
+        """Clear frames (``u32 length | body``, one or more back to back, as
+        :func:`~pydvm.protocol.pack` makes them) as the same frames sealed,
+        in order.  ValueError if ``clear`` is not whole frames."""
+        view = memoryview(clear)
+        out: list = []
+        pos, end = 0, len(view)
+        while pos < end:
+            if end - pos < 4:
+                raise ValueError("not whole frames: a length field cut short")
+            (n,) = _HEADER.unpack_from(view, pos)
+            if end - pos - 4 < n:
+                raise ValueError("not whole frames: a body cut short")
+            out += self.seal(view[pos + 4:pos + 4 + n])
+            pos += 4 + n
+        return b"".join(out)
+
 
 class Opener(_Direction):
     """What one side receives: each frame opened under the number it must

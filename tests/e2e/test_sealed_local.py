@@ -84,7 +84,7 @@ def sealed(make_dvm):
     return make_dvm(hosts="a,b", pydvm_seal="all")
 
 
-def test_with_seal_all_the_daemons_tools_and_jobs_of_a_local_dvm_are_sealed(sealed):
+def test_with_seal_all_the_daemons_tools_and_jobs_of_a_local_dvm_are_sealed(sealed, monkeypatch):
     p = sealed.cmd("info", check=True)
     m = re.search(r"links: (\d+) sealed, (\d+) clear over TCP \(pydvm_seal all\)", p.stdout)
     assert m and int(m.group(1)) == 3 and m.group(2) == "0", p.stdout  # 2 daemons + info
@@ -92,6 +92,7 @@ def test_with_seal_all_the_daemons_tools_and_jobs_of_a_local_dvm_are_sealed(seal
     assert p.returncode == 0 and sorted(p.stdout.split("\n")[:2]) == [
         "rank 0 on a", "rank 1 on b"], p.stdout + p.stderr
     import pydvm.jobs
+    monkeypatch.setenv("PYDVM_STATE_DIR", sealed.env["PYDVM_STATE_DIR"])
     with pydvm.jobs.connect(sealed.uri) as api:
         r = api.submit("echo via-api", stdout="capture").result(timeout=60)
         assert r.ok and b"via-api" in r.stdout

@@ -12,9 +12,11 @@ The exchange, and what is pipelined::
 
     tool                                   master
     connect                  ------------>
-                             <------------  challenge (nonce, DVM id)
+                             <------------  challenge (nonce, DVM id, signed)
+    [seal: our key share]
     auth (MAC of the nonce)
-    run                      ------------>  (both in one write)
+    run                      ------------>  (all in one write; from the auth
+                                            on sealed, on a sealed link)
                              <------------  welcome (the auth's reply)
                              <------------  (queued, with --queue,) started,
                                             output, stdin_ack ...
@@ -52,7 +54,7 @@ import _signal  # the C module: ``signal`` wraps it in enums, which costs an imp
 from .. import _trace
 from ..channel import BlockingChannel
 from ..client.connect import (  # noqa: F401 (RECV_BUFFER, connect_socket: re-exported)
-    POLL_IN as _IN, RECV_BUFFER, DvmUnreachable, Interrupted as _Interrupted, auth_request,
+    POLL_IN as _IN, RECV_BUFFER, DvmUnreachable, Interrupted as _Interrupted, answer,
     check_challenge, connect_socket, wait_ready as _wait)
 from ..errors import Status
 from ..protocol import HANDSHAKE_TIMEOUT, DvmUri, FrameError, pack
@@ -173,15 +175,22 @@ class _Run:
     # -- connecting -------------------------------------------------------------
 
     def _handshake(self) -> tuple[BlockingChannel, bytes]:
-        """Connect and read the challenge; the channel and the auth answer."""
+        """Connect and read the challenge; the channel (sealed when the
+        master says the link is) and the bytes of our answer (a sealed
+        link's key share, then the auth)."""
         sock, secret, self.name = connect_socket(self.uri, self.signals)
         ch = BlockingChannel(sock)
+        ch.gate()  # the challenge alone, until we know whether the rest is sealed
         try:
             challenge = self._challenge(ch)
+            first, box = answer(challenge, self.uri, secret, self.name, AUTH_ID)
         except BaseException:
             ch.close()
             raise
-        return ch, pack(auth_request(challenge, secret, AUTH_ID))
+        if box is not None:
+            ch.seal(box)
+        ch.ungate()
+        return ch, first
 
     def _challenge(self, ch: BlockingChannel) -> dict:
         """The master's challenge, checked to come from the DVM named."""
@@ -220,7 +229,7 @@ class _Run:
         if _trace.PATH:
             _trace.mark("tool.send")
         try:
-            ch.sock.sendall(auth + pack(run))  # the run right behind the auth answer
+            ch.sock.sendall(auth + ch.frames(pack(run)))  # the run right behind the auth
         except OSError as exc:
             ch.close()
             raise DvmUnreachable(self.uri, f"{self.name} closed: connection lost: {exc}") \

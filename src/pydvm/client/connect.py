@@ -6,7 +6,10 @@ signals meanwhile) and the job API (:mod:`pydvm.client.jobs`, through
 :mod:`pydvm.client.jobconn`).  A tool gets in with the DVM's secret (a
 MAC of the master's challenge) if this user has it, else through a
 multi-user DVM's tool socket, where the master reads who it is from the
-socket.
+socket.  With the secret it first checks the challenge is signed with it,
+and when the master says the link is sealed (:mod:`pydvm.seal`: a link
+between machines, by default) it sends its key share and everything from
+its auth on sealed (:func:`answer`).
 
 What fails is a :class:`DvmError`, whose message is meant for the user;
 :class:`DvmUnreachable` when nobody answers at the URI (the command line
@@ -23,8 +26,8 @@ import select
 import time
 import _socket  # the C module: ``socket`` wraps it in enums, which costs an import
 
-from ..protocol import (HANDSHAKE_TIMEOUT, DvmUri, FrameDecoder, FrameError, UriError, mac,
-                       pack, read_secret, tool_socket_name)
+from ..protocol import (HANDSHAKE_FRAME, HANDSHAKE_TIMEOUT, DvmUri, FrameDecoder, FrameError,
+                        UriError, mac, pack, read_secret, tool_socket_name)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -191,18 +194,49 @@ def auth_request(challenge: dict, secret: bytes | None, rid: int) -> dict:
     return auth
 
 
+def answer(challenge: dict, uri: DvmUri, secret: bytes | None, who: str,
+           rid: int) -> tuple[bytes, Any]:
+    """What a tool writes in answer to ``challenge`` (checked by
+    :func:`check_challenge`), and the link's box (None: a clear link).
+
+    Holding the DVM's ``secret``, we first check the challenge is signed
+    with it: a master without it, or a challenge changed on the way (one
+    stripped of its seal), is refused here, before we say anything --
+    DvmUnreachable naming why.  On a sealed link the answer is our key
+    share, clear, then the auth (request id ``rid``) sealed; what follows
+    must be sealed with the box too."""
+    from ..seal import Answer, SealError
+    try:
+        hello = Answer(challenge, dvm=uri.dvmid, role="tool", secret=secret, where=who)
+        if hello.sealed and secret is None:
+            raise SealError(f"{who} offered a sealed link to a tool without the DVM's secret")
+    except SealError as exc:
+        raise DvmUnreachable(uri, str(exc)) from None
+    auth = pack(auth_request(challenge, secret, rid))
+    if not hello.sealed:
+        return auth, None
+    box = hello.box(secret)
+    return pack(hello.message) + box.sealer.frames(auth), box
+
+
 def handshake(sock: Any, uri: DvmUri, secret: bytes | None, name: str,
-              timeout: float) -> tuple[FrameDecoder, list]:
+              timeout: float) -> tuple[FrameDecoder, list, Any]:
     """Answer the master's challenge on the blocking ``sock`` and wait for
-    its welcome, ``timeout`` seconds at most for each; the decoder and
-    whatever came after the welcome.  DvmUnreachable if we are not let in.
-    (``pydvm run`` does not wait for the welcome: its run request follows
-    the answer at once, :mod:`pydvm.cli.submit`.)"""
+    its welcome, ``timeout`` seconds at most for each; the decoder (opening
+    sealed frames on a sealed link), whatever came after the welcome, and
+    the link's box (None: clear; else every frame sent must be sealed with
+    it).  DvmUnreachable if we are not let in.  (``pydvm run`` does not
+    wait for the welcome: its run request follows the answer at once,
+    :mod:`pydvm.cli.submit`.)"""
+    from ..seal import TAG
     sock.settimeout(timeout)
-    dec = FrameDecoder()
+    # one frame, the challenge, until we know whether the rest is sealed
+    dec = FrameDecoder(handshake=HANDSHAKE_FRAME)
     msgs: list = []
 
     def next_msg() -> dict:
+        if not msgs and dec.pending_bytes:
+            msgs.extend(dec.feed(b""))
         while not msgs:
             try:
                 data = sock.recv(1 << 16)
@@ -217,12 +251,16 @@ def handshake(sock: Any, uri: DvmUri, secret: bytes | None, name: str,
         return msgs.pop(0)
 
     challenge = check_challenge(next_msg(), uri, name)
+    first, box = answer(challenge, uri, secret, name, 0)
+    if box is not None:
+        dec.open_with(box.opener.open, TAG)
+    dec.handshake = None
     try:
-        sock.sendall(pack(auth_request(challenge, secret, 0)))
+        sock.sendall(first)
     except OSError as exc:
         raise DvmUnreachable(uri, f"{name} closed: {exc}") from None
     welcome = next_msg()
     if welcome.get("status") != 0:
         raise DvmUnreachable(uri, f"master refused the connection: {welcome.get('msg')}")
     sock.settimeout(None)
-    return dec, msgs
+    return dec, msgs, box

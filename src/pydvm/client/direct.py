@@ -30,8 +30,9 @@ import os
 
 from ..channel import BlockingChannel
 from ..errors import PMIxError, Status, UnreachableError, error_for
-from ..protocol import MASTER, NODE, Credential, DvmUri, Message, UriError, stores_for, \
-    token_from_env
+from ..protocol import (HANDSHAKE_FRAME, MASTER, NODE, Credential, DvmUri, FrameError, Message,
+                        UriError, pack, stores_for, token_from_env)
+from ..seal import MODES, Answer, SealError, is_loopback, must_seal
 
 TYPE_CHECKING = False  # (not typing's: importing typing costs every job process)
 if TYPE_CHECKING:  # for type checkers and the API reference only
@@ -70,12 +71,14 @@ class DirectInfo:
     it may not), or why its credential is unusable (``problem``)."""
 
     def __init__(self, uri: DvmUri | None, cred: Credential | None, nspace: str, rank: int,
-                 problem: str = "", unix: str = "") -> None:
+                 problem: str = "", unix: str = "", seal_mode: str = "network") -> None:
         self.uri, self.cred = uri, cred
         self.nspace, self.rank = nspace, rank
         self.problem = problem
         #: the master's direct-data Unix socket ("": connect over TCP).
         self.unix = unix
+        #: which TCP links the DVM seals (``pydvm_seal``, from the daemon).
+        self.seal_mode = seal_mode
 
     @classmethod
     def from_hello(cls, hello: Message, nspace: str, rank: int) -> "DirectInfo":
@@ -88,9 +91,11 @@ class DirectInfo:
         if os.environ.get("PYDVM_NSPACE") != nspace or os.environ.get("PYDVM_RANK") != str(rank):
             return cls(None, None, nspace, rank)  # the credential is not for this identity
         unix = hello.get("direct_unix")
+        mode = hello.get("direct_seal")
         try:
             info = cls(DvmUri.parse(where), Credential.parse(token), nspace, rank,
-                       unix=unix if isinstance(unix, str) else "")
+                       unix=unix if isinstance(unix, str) else "",
+                       seal_mode=mode if mode in MODES else "network")
         except (UriError, ValueError) as exc:
             return cls(None, None, nspace, rank,
                        f"unusable direct-data credential in the environment: {exc}")
@@ -113,6 +118,18 @@ class DirectInfo:
                                   f"{challenge.get('dvm')}, not {self.uri.dvmid}")
         return {"t": "auth", "id": 0,
                 **self.cred.answer(challenge["nonce"], self.nspace, self.rank)}
+
+    def seal_answer(self, challenge: Message, peer_host: str) -> Answer:
+        """The sealing side of our answer to ``challenge`` on a link to
+        ``peer_host`` (the master's address; "" on the Unix socket): whether
+        the link is sealed, our key share.  SealError if the master offers a
+        clear link where the DVM seals its links."""
+        c = self.cred
+        need = bool(peer_host) and must_seal(self.seal_mode, is_loopback(peer_host))
+        return Answer(challenge, dvm=self.uri.dvmid, role=CLIENT_ROLE, secret=None,
+                      need_seal=need, where=f"master {self.uri.host}:{self.uri.port}",
+                      extra={"cred": [self.nspace, self.rank, c.node, c.uid, c.gid, c.app,
+                                      c.session, c.nonce]})
 
     def refused(self, r: Message) -> PMIxError:
         try:
@@ -140,7 +157,15 @@ def open_blocking(info: DirectInfo) -> BlockingChannel | None:
             return None
     try:
         ch = BlockingChannel(sock)
-        ch.send(info.auth(ch.recv(CONNECT_TIMEOUT)))
+        ch.gate()  # the challenge alone, until we know whether the rest is sealed
+        challenge = ch.recv(CONNECT_TIMEOUT)
+        auth = info.auth(challenge)
+        hello = info.seal_answer(challenge, _peer_host(sock))
+        if hello.sealed:
+            sock.sendall(pack(hello.message))
+            ch.seal(hello.box(info.cred.key))
+        ch.ungate()
+        ch.send(auth)
         r = ch.recv(CONNECT_TIMEOUT)
         if r.get("status") != 0:
             raise info.refused(r)
@@ -148,7 +173,11 @@ def open_blocking(info: DirectInfo) -> BlockingChannel | None:
     except PMIxError:
         sock.close()
         raise
-    except (OSError, ConnectionError, ValueError) as exc:
+    except SealError as exc:
+        sock.close()
+        log.warning("direct data: refused the master at %s: %s; using the daemon", info.uri, exc)
+        return None
+    except (OSError, ConnectionError, ValueError, FrameError) as exc:
         sock.close()
         log.debug("direct data: no handshake with the master at %s: %s; using the daemon",
                   info.uri, exc)
@@ -166,26 +195,42 @@ async def open_async(info: DirectInfo) -> "Channel | None":
     first: asyncio.Future = loop.create_future()
 
     def on_first(ch: Channel, msg: Message) -> None:
-        if not first.done():
-            first.set_result(msg)
+        if first.done():
+            return
+        # The challenge, answered before another frame is read: what follows
+        # it is read sealed when the link is.
+        try:
+            hello = info.seal_answer(msg, ch.peer_host)
+            if hello.sealed:
+                ch.send(hello.message)
+                ch.seal(hello.box(info.cred.key))
+        except SealError as exc:
+            first.set_exception(exc)
+            ch.close(f"handshake refused: {exc}")
+            return
+        ch._decoder.handshake = None
+        first.set_result(msg)
 
     def closed(ch: Channel, reason: str) -> None:
         if not first.done():
             first.set_exception(ConnectionError(f"master closed: {reason}"))
 
+    def gated(name: str) -> Channel:
+        ch = Channel(on_first, closed, name=name)
+        ch.gate(HANDSHAKE_FRAME)  # the challenge alone, until it is answered
+        return ch
+
     ch = None
     if info.unix:
         try:
             _, ch = await asyncio.wait_for(loop.create_unix_connection(
-                lambda: Channel(on_first, closed, name=f"master {info.unix}"), info.unix),
-                CONNECT_TIMEOUT)
+                lambda: gated(f"master {info.unix}"), info.unix), CONNECT_TIMEOUT)
         except (OSError, asyncio.TimeoutError) as exc:
             log.debug("direct data: cannot connect to %s: %s; trying TCP", info.unix, exc)
     if ch is None:
         try:
             _, ch = await asyncio.wait_for(loop.create_connection(
-                lambda: Channel(on_first, closed,
-                                name=f"master {info.uri.host}:{info.uri.port}"),
+                lambda: gated(f"master {info.uri.host}:{info.uri.port}"),
                 info.uri.host, info.uri.port), CONNECT_TIMEOUT)
         except (OSError, asyncio.TimeoutError) as exc:
             log.debug("direct data: cannot reach the master at %s: %s; using the daemon",
@@ -197,6 +242,10 @@ async def open_async(info: DirectInfo) -> "Channel | None":
         auth = info.auth(challenge)
         del auth["id"]
         r = await ch.call(auth, CONNECT_TIMEOUT)
+    except SealError as exc:
+        ch.close("handshake refused")
+        log.warning("direct data: refused the master at %s: %s; using the daemon", info.uri, exc)
+        return None
     except (ConnectionError, asyncio.TimeoutError) as exc:
         ch.close("handshake failed")
         log.debug("direct data: no handshake with the master at %s: %s; using the daemon",
@@ -206,6 +255,15 @@ async def open_async(info: DirectInfo) -> "Channel | None":
         ch.close("refused")
         raise info.refused(r)
     return ch
+
+
+def _peer_host(sock: "socket.socket") -> str:
+    """The address ``sock`` is connected to ("" for a Unix socket)."""
+    try:
+        peer = sock.getpeername()
+    except OSError:
+        return ""
+    return str(peer[0]) if isinstance(peer, tuple) else ""
 
 
 def _connect_unix(path: str) -> "socket.socket | None":

@@ -17,11 +17,13 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-def open_tool(uri: "str | None", timeout: float) -> tuple[Any, DvmUri, str, FrameDecoder, list]:
+def open_tool(uri: "str | None", timeout: float
+              ) -> tuple[Any, DvmUri, str, FrameDecoder, list, Any]:
     """A connection to the master of the DVM at ``uri`` (default
     ``$PYDVM_URI``), let in as a tool: the socket (blocking), the URI, the
-    master's name for messages, the frame decoder and what came after the
-    welcome.  UnreachableError if no DVM answers or it refuses us."""
+    master's name for messages, the frame decoder, what came after the
+    welcome and the link's box (None: clear; :mod:`pydvm.seal`).
+    UnreachableError if no DVM answers or it refuses us."""
     from .connect import DvmError, connect_socket, handshake, resolve_uri
 
     try:
@@ -30,14 +32,14 @@ def open_tool(uri: "str | None", timeout: float) -> tuple[Any, DvmUri, str, Fram
     except DvmError as exc:
         raise UnreachableError(str(exc)) from None
     try:
-        dec, early = handshake(sock, parsed, secret, name, timeout)
+        dec, early, box = handshake(sock, parsed, secret, name, timeout)
     except DvmError as exc:
         sock.close()
         raise UnreachableError(str(exc)) from None
     except BaseException:
         sock.close()
         raise
-    return sock, parsed, name, dec, early
+    return sock, parsed, name, dec, early, box
 
 
 def start_dvm(hosts: Any, params: dict[str, Any], args: Any, timeout: float) -> str:

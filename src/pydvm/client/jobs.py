@@ -305,12 +305,15 @@ class Dvm:
     start = staticmethod(start)
 
     def __init__(self, sock: Any, uri: DvmUri, name: str, decoder: FrameDecoder,
-                 early: list) -> None:
+                 early: list, box: Any = None) -> None:
         self.uri = uri
         self.name = name
         #: this connection started the DVM (:func:`start`): close() stops it
         self.owned = False
         self._sock = sock
+        #: the link's keys on a sealed link (pydvm.seal): every frame is
+        #: sealed under the send lock, so in the order it is written.
+        self._box = box
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -622,6 +625,8 @@ class Dvm:
     def _send(self, frame: bytes) -> None:
         try:
             with self._send_lock:
+                if self._box is not None:
+                    frame = self._box.sealer.frames(frame)
                 self._sock.sendall(frame)
         except OSError as exc:
             self._fail_all(UnreachableError(f"connection to {self.name} lost: {exc}"))
