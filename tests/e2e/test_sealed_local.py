@@ -111,7 +111,7 @@ def test_a_raw_sealed_tool_is_served_and_a_flipped_frame_closes_only_it(sealed):
         assert peer.recv() is None  # closed, and nothing answered
     finally:
         peer.close()
-    one_line(sealed, "master", re.escape(f"tool#") + r"\d+: " + re.escape(
+    one_line(sealed, "master", re.escape("tool#") + r"\d+: " + re.escape(
         f"closed: sealed link broken from {peer.local}: sealed frame #2 does not open"))
     assert sealed.cmd("ps").returncode == 0
 

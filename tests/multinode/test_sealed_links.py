@@ -24,7 +24,6 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import msgpack
 import pytest
 
 import dvmkit
@@ -129,7 +128,7 @@ def test_a_jobs_secret_and_a_restricted_value_never_cross_the_wire_readable(
         assert {"daemon", "tool", "client"} <= roles, roles  # every kind of link crossed
         seal = info(dvm)["seal"]
         capture = mitm.capture()
-    assert len(capture) > 20_000
+    assert len(capture) > 5_000
     if mode == "off":
         assert env_secret.encode() in capture and value.encode() in capture
         assert seal["sealed_open"] == 0
@@ -181,15 +180,16 @@ def test_a_tampered_daemon_frame_closes_that_link_and_starts_nothing(
                  what="seal-a to be declared lost")
         ran = marker.read_text().splitlines() if marker.exists() else []
         assert len(ran) <= (1 if action == "replay" else 0), ran
+        # one line where the link is closed (the loss it causes is told apart)
         if direction == DOWN:  # the daemon read it: its line names the master
-            lines = log_lines(dvm, VICTIM, said)
+            lines = log_lines(dvm, VICTIM, ": closed: ")
             assert len(lines) == 1, dvm.log(VICTIM)
-            assert f"master {MASTER_ADDR}:{port}: closed:" in lines[0], lines
+            assert f"master {MASTER_ADDR}:{port}: closed:" in lines[0] and said in lines[0], lines
         else:  # the master read it: its line names the daemon and the address
-            lines = log_lines(dvm, "master", said)
+            lines = log_lines(dvm, "master", ": closed: ")
             assert len(lines) == 1, dvm.log("master")
             assert f"daemon {VICTIM}: closed: sealed link broken from {ATTACKER_ADDR}:" \
-                in lines[0], lines
+                in lines[0] and said in lines[0], lines
         b_still_serves(dvm)
         if action != "cut":
             assert info(dvm)["seal"]["broken"] == (1 if direction == UP else 0)

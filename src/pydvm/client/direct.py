@@ -30,8 +30,8 @@ import os
 
 from ..channel import BlockingChannel
 from ..errors import PMIxError, Status, UnreachableError, error_for
-from ..protocol import (HANDSHAKE_FRAME, MASTER, NODE, Credential, DvmUri, FrameError, Message,
-                        UriError, pack, stores_for, token_from_env)
+from ..protocol import (CLIENT_ROLE, HANDSHAKE_FRAME, MASTER, NODE, Credential, DvmUri,
+                        FrameError, Message, UriError, pack, stores_for, token_from_env)
 from ..seal import MODES, Answer, SealError, is_loopback, must_seal
 
 TYPE_CHECKING = False  # (not typing's: importing typing costs every job process)
