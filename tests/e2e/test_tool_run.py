@@ -260,12 +260,32 @@ def test_a_peer_that_never_greets_gets_up_to_the_handshake_timeout(tmp_path):
 
 
 def test_a_peer_that_greets_but_never_welcomes_gets_up_to_the_handshake_timeout(tmp_path):
-    fake = _FakeMaster({"t": "challenge", "nonce": b"n" * 32, "dvm": "mine"})
+    # a challenge signed with the secret the tool holds (_run_once's: zeros)
+    from pydvm.seal import challenge_sig
+    fake = _FakeMaster({"t": "challenge", "nonce": b"n" * 32, "dvm": "mine", "seal": False,
+                        "sig": challenge_sig(bytes(32), "mine", b"n" * 32, False, b"")})
     p, took = _run_against(fake, "mine", tmp_path)
     assert p.returncode == 1, p
     assert "master refused the connection: no reply from master 127.0.0.1:" in p.stderr, \
         p.stderr
     assert 9 < took < 30, took
+
+
+def test_a_challenge_not_signed_with_the_secret_is_refused_before_anything_is_sent(tmp_path):
+    """Not this DVM's master (or a challenge changed on the way): the tool
+    says nothing -- not even its MAC -- and names why."""
+    fake = _FakeMaster({"t": "challenge", "nonce": b"n" * 32, "dvm": "mine"})
+    try:
+        p, took = _run_once(fake, "mine", tmp_path)
+        conn = fake.conns[0]
+        conn.settimeout(5)
+        sent = conn.recv(1 << 16)
+    finally:
+        fake.close()
+    assert p.returncode == 1, p
+    assert "challenge is not signed with DVM mine's secret" in p.stderr, p.stderr
+    assert took < 9, took
+    assert sent == b""  # it closed without a word
 
 
 def test_ctrl_c_while_waiting_for_the_master_ends_run_at_once_submitting_nothing(tmp_path):
