@@ -424,3 +424,55 @@ def test_a_direction_ends_at_two_to_the_64_frames():
     s.frame(b"last")
     with pytest.raises(SealError, match="2\\^64"):
         s.frame(b"one too many")
+
+
+# ---------------------------------------------------------------------------
+# the blocking clients' pieces
+# ---------------------------------------------------------------------------
+
+
+def test_clear_frames_are_resealed_one_by_one_in_order():
+    m, p = handshake()
+    sent = [msg(i, 7 * i) for i in range(5)]
+    stream = m.sealer.frames(b"".join(pack(x) for x in sent))
+    got, err, pending = read(p, stream)
+    assert err is None and pending == 0 and got == sent
+    for bad in (pack(sent[0])[:-1], pack(sent[0]) + b"\0\0"):
+        with pytest.raises(ValueError, match="not whole frames"):
+            m.sealer.frames(bad)
+
+
+def test_a_blocking_channel_reads_what_came_with_the_challenge_sealed():
+    """The challenge and a frame right behind it in one segment: the frame
+    is not read until the challenge is answered, and then read sealed -- a
+    clear frame spliced in there is refused, never taken as the master's."""
+    import socket
+
+    from pydvm.channel import BlockingChannel
+
+    for spliced in (False, True):
+        a, b = socket.socketpair()
+        try:
+            offer = Offer(DVM, SECRET, True)
+            ch = BlockingChannel(b)
+            ch.gate()
+            behind = pack({"t": "run", "id": 66}) if spliced else b""
+            a.sendall(pack(offer.challenge) + behind)
+            challenge = ch.recv(5)
+            ans = Answer(challenge, dvm=DVM, role="tool", secret=SECRET)
+            box = ans.box(SECRET)
+            ch.seal(box)
+            ch.ungate()
+            master = offer.accept(wire_copy(ans.message), SECRET)
+            if not spliced:
+                a.sendall(master.sealer.frame(packb({"t": "reply", "id": 0, "status": 0})))
+                assert ch.recv(5) == {"t": "reply", "id": 0, "status": 0}
+                ch.send({"t": "ps", "id": 1})
+                data = a.recv(65536)
+                assert master.opener.open(data[:4], data[4:]) == packb({"t": "ps", "id": 1})
+            else:
+                with pytest.raises(SealError):
+                    ch.recv(5)
+        finally:
+            a.close()
+            b.close()

@@ -96,7 +96,7 @@ class Dvm:
 
     def __init__(self, mode: str, hosts: list[str], master: str, tmp: Path) -> None:
         self.mode, self.hosts = mode, hosts
-        self.env = dict(os.environ, PYDVM_STATE_DIR=str(tmp / f"state-{mode}"),
+        self.env = dict(os.environ,
                         OMPI_MCA_btl_tcp_if_include=f"10.250.{TAG}.0/24",
                         OMPI_MCA_oob_tcp_if_include=f"10.250.{TAG}.0/24")
         self.env.pop("PYDVM_URI", None)
@@ -200,6 +200,8 @@ def main() -> None:
     if why:
         raise SystemExit(f"bench/security/seal.py needs test hosts: {why}")
     tmp = Path(tempfile.mkdtemp(prefix="pydvm-bench-seal-"))
+    # both DVMs' secrets in one state directory: the job API reads ours
+    os.environ["PYDVM_STATE_DIR"] = str(tmp / "state")
     exe, no_mpi = mpi_program(tmp)
     samples: dict[tuple[str, str], list[float]] = {}
     with HostNet(4, tag=TAG) as net:

@@ -76,7 +76,11 @@ class BlockingChannel:
         self.box = None
 
     def send(self, msg: Message) -> None:
-        self.sock.sendall(self.frames(pack(msg)))
+        box = self.box
+        if box is None:
+            self.sock.sendall(pack(msg))
+        else:
+            self.sock.sendall(box.sealer.frames(pack(msg)))
 
     def frames(self, clear: bytes) -> bytes:
         """What to write for the clear frames ``clear``: themselves, or on a

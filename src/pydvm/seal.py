@@ -135,6 +135,18 @@ def preload() -> None:
     from cryptography.hazmat.primitives.kdf.hkdf import HKDF  # noqa: F401
 
 
+_InvalidTag = None
+
+
+def _invalid_tag():
+    """cryptography's InvalidTag (imported once, on the first frame that fails)."""
+    global _InvalidTag
+    if _InvalidTag is None:
+        from cryptography.exceptions import InvalidTag
+        _InvalidTag = InvalidTag
+    return _InvalidTag
+
+
 def _aead(key: bytes):
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
     return AESGCM(key)
@@ -243,10 +255,9 @@ class Opener(_Direction):
         if len(sealed) < TAG:
             self.broken = f"sealed frame #{self.count} is shorter than its tag ({len(sealed)} bytes)"
             raise SealError(self.broken)
-        from cryptography.exceptions import InvalidTag
         try:
-            body = self._aead.decrypt(nonce, sealed, bytes(header))
-        except InvalidTag:
+            body = self._aead.decrypt(nonce, sealed, header)
+        except _invalid_tag():
             self.broken = (f"sealed frame #{self.count} does not open (altered, replayed, "
                            "reordered, dropped or forged in transit"
                            + (", or the peer lacks the key" if self.count == 0 else "") + ")")

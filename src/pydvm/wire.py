@@ -378,7 +378,10 @@ class Channel(Requests, asyncio.Protocol):
         except SealError as exc:  # 2^64 frames: the link must end
             self.close(str(exc), error=True)
             return
-        self.transport.writelines([header, sealed])
+        if len(sealed) < 16384:
+            self.transport.write(header + sealed)  # one buffer: one segment for a request
+        else:
+            self.transport.writelines([header, sealed])
 
     def send_error(self, status: Status, text: str) -> None:
         self.send({"t": "error", "status": int(status), "msg": text})
