@@ -17,7 +17,7 @@ TYPE_CHECKING = False  # (not typing's: importing typing costs every job process
 if TYPE_CHECKING:  # for type checkers and the API reference only
     import socket
 
-from .protocol import HANDSHAKE_FRAME, MAX_FRAME, FrameDecoder, Message, pack
+from .protocol import BODY, HANDSHAKE_FRAME, MAX_FRAME, FrameDecoder, Message, pack, packb
 
 #: How long (µs) a blocking client polls for a reply before it sleeps in
 #: ``recv`` (``PYDVM_CLIENT_SPIN_US``; 0: sleep at once).  On a virtual
@@ -79,8 +79,10 @@ class BlockingChannel:
         box = self.box
         if box is None:
             self.sock.sendall(pack(msg))
-        else:
+        elif BODY in msg:
             self.sock.sendall(box.sealer.frames(pack(msg)))
+        else:
+            self.sock.sendall(box.sealer.frame(packb(msg)))
 
     def frames(self, clear: bytes) -> bytes:
         """What to write for the clear frames ``clear``: themselves, or on a

@@ -160,10 +160,14 @@ def next_key(key: bytes) -> bytes:
 
 
 class _Direction:
-    """One direction of a sealed link: its current key and frame counter."""
+    """One direction of a sealed link: its current key and frame counter.
 
-    __slots__ = ("_key", "_aead", "count", "_bytes", "_records", "rekey_bytes",
-                 "rekey_records", "keys_used")
+    (The hot paths, :meth:`Sealer.seal` and :meth:`Opener.open`, run for
+    every frame of the link: they count down what the key may still
+    carry rather than calling helpers.)"""
+
+    __slots__ = ("_key", "_aead", "_cipher", "count", "_left_bytes", "_left_records",
+                 "rekey_bytes", "rekey_records", "keys_used")
 
     def __init__(self, key: bytes, *, rekey_bytes: int = REKEY_BYTES,
                  rekey_records: int = REKEY_RECORDS, start: int = 0) -> None:
@@ -171,31 +175,32 @@ class _Direction:
             raise ValueError(f"a sealing key is {KEY_BYTES} bytes, not {len(key)}")
         if rekey_bytes < 1 or rekey_records < 1:
             raise ValueError("rekey limits must be >= 1")
-        self._key = key
-        self._aead = _aead(key)
-        #: the number of the next frame (its nonce).
-        self.count = start
-        self._bytes = 0
-        self._records = 0
         self.rekey_bytes = rekey_bytes
         self.rekey_records = rekey_records
+        #: the number of the next frame (its nonce).
+        self.count = start
         #: keys this direction has used so far (1 + its rekeyings).
-        self.keys_used = 1
+        self.keys_used = 0
+        self._use(key)
 
-    def _nonce(self) -> bytes:
-        if self.count >= COUNTER_LIMIT:
-            raise SealError("the link has sealed 2^64 frames one way: it must end")
-        return self.count.to_bytes(12, "big")
+    def _use(self, key: bytes) -> None:
+        """Seal or open with ``key`` from the next frame on."""
+        self._key = key
+        self._aead = _aead(key)
+        self._cipher = self._bind()
+        self._left_bytes = self.rekey_bytes
+        self._left_records = self.rekey_records
+        self.keys_used += 1
 
-    def _advance(self, nbytes: int) -> None:
-        self.count += 1
-        self._bytes += nbytes
-        self._records += 1
-        if self._bytes >= self.rekey_bytes or self._records >= self.rekey_records:
-            self._key = next_key(self._key)
-            self._aead = _aead(self._key)
-            self._bytes = self._records = 0
-            self.keys_used += 1
+    def _bind(self):  # pragma: no cover - each subclass binds its own operation
+        raise NotImplementedError
+
+    def _spent(self) -> None:
+        """The key carried what it may: the next one (HKDF-Expand of it)."""
+        self._use(next_key(self._key))
+
+    def _used_up(self) -> SealError:
+        return SealError("the link has sealed 2^64 frames one way: it must end")
 
 
 class Sealer(_Direction):
@@ -203,13 +208,23 @@ class Sealer(_Direction):
 
     __slots__ = ()
 
+    def _bind(self):
+        return self._aead.encrypt
+
     def seal(self, body) -> tuple[bytes, bytes]:
         """``body`` (bytes-like) as a sealed frame: (its length field, the
         ciphertext with its tag), to be written in that order."""
-        nonce = self._nonce()
-        header = _HEADER.pack(len(body) + TAG)
-        sealed = self._aead.encrypt(nonce, body, header)
-        self._advance(len(body))
+        n = self.count
+        if n >= COUNTER_LIMIT:
+            raise self._used_up()
+        size = len(body)
+        header = _HEADER.pack(size + TAG)
+        sealed = self._cipher(n.to_bytes(12, "big"), body, header)
+        self.count = n + 1
+        self._left_bytes -= size
+        self._left_records -= 1
+        if self._left_bytes <= 0 or self._left_records <= 0:
+            self._spent()
         return header, sealed
 
     def frame(self, body) -> bytes:
@@ -221,9 +236,14 @@ class Sealer(_Direction):
         """Clear frames (``u32 length | body``, one or more back to back, as
         :func:`~pydvm.protocol.pack` makes them) as the same frames sealed,
         in order.  ValueError if ``clear`` is not whole frames."""
+        end = len(clear)
+        if end >= 4:
+            (n,) = _HEADER.unpack_from(clear, 0)
+            if n == end - 4:  # the usual case: one frame
+                return self.frame(memoryview(clear)[4:])
         view = memoryview(clear)
         out: list = []
-        pos, end = 0, len(view)
+        pos = 0
         while pos < end:
             if end - pos < 4:
                 raise ValueError("not whole frames: a length field cut short")
@@ -243,26 +263,35 @@ class Opener(_Direction):
     __slots__ = ("broken",)
 
     def __init__(self, key: bytes, **kw) -> None:
-        super().__init__(key, **kw)
         self.broken = ""
+        super().__init__(key, **kw)
+
+    def _bind(self):
+        return self._aead.decrypt
 
     def open(self, header: bytes, sealed) -> bytes:
         """The body of the sealed frame ``header`` + ``sealed``; raises
         :class:`SealError` naming the frame if it does not open."""
+        n = self.count
         if self.broken:
             raise SealError(self.broken)
-        nonce = self._nonce()
+        if n >= COUNTER_LIMIT:
+            raise self._used_up()
         if len(sealed) < TAG:
-            self.broken = f"sealed frame #{self.count} is shorter than its tag ({len(sealed)} bytes)"
+            self.broken = f"sealed frame #{n} is shorter than its tag ({len(sealed)} bytes)"
             raise SealError(self.broken)
         try:
-            body = self._aead.decrypt(nonce, sealed, header)
+            body = self._cipher(n.to_bytes(12, "big"), sealed, header)
         except _invalid_tag():
-            self.broken = (f"sealed frame #{self.count} does not open (altered, replayed, "
+            self.broken = (f"sealed frame #{n} does not open (altered, replayed, "
                            "reordered, dropped or forged in transit"
-                           + (", or the peer lacks the key" if self.count == 0 else "") + ")")
+                           + (", or the peer lacks the key" if n == 0 else "") + ")")
             raise SealError(self.broken) from None
-        self._advance(len(body))
+        self.count = n + 1
+        self._left_bytes -= len(body)
+        self._left_records -= 1
+        if self._left_bytes <= 0 or self._left_records <= 0:
+            self._spent()
         return body
 
 
