@@ -10,8 +10,8 @@ every link between a master and a daemon, and every tool's and direct
 client's link, is a TCP link between network stacks: one DVM with
 ``pydvm_seal network`` (the default: all of them sealed), one with
 ``pydvm_seal off`` (clear frames, as before sealing).  Each measurement is
-taken on both in turn, the order swapped every round, so both see the same
-machine:
+taken on both back to back, after a pause, the order swapped every round,
+so both see the same machine:
 
 * **job API**: jobs per second of one ``pydvm.jobs`` connection submitting
   one-process ``true`` jobs, alternately to each node, output discarded;
@@ -48,6 +48,8 @@ sys.path.insert(0, str(ROOT / "tests" / "multinode"))
 PYDVM = [sys.executable, "-m", "pydvm"]
 TAG = 236  # the test hosts' subnet, 10.250.236.0/24: no test uses it
 OUTPUT_BYTES = 100 * 1024 * 1024
+#: Seconds of rest before each sample.
+SETTLE = 0.5
 
 INIT_C = r"""
 #include <mpi.h>
@@ -191,7 +193,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer samples")
     ap.add_argument("--rounds", type=int, default=None)
     args = ap.parse_args()
-    rounds = args.rounds or (3 if args.quick else 7)
+    rounds = args.rounds or (3 if args.quick else 9)
     jobs = 60 if args.quick else 200
     pings = 200 if args.quick else 500
 
@@ -213,15 +215,20 @@ def main() -> None:
                 d.output()
                 if exe is not None:
                     d.mpi_init(exe)
+            measures = [("jobs", lambda d: d.jobs_per_second(jobs)),
+                        ("rtt", lambda d: d.round_trip(pings)),
+                        ("output", lambda d: d.output())]
+            if exe is not None:
+                measures.append(("mpi", lambda d: d.mpi_init(exe)))
             for r in range(rounds):
+                # each measurement on both DVMs back to back, the order
+                # swapped every round; a pause first, so that neither
+                # inherits the other's work still in flight
                 order = ["network", "off"] if r % 2 == 0 else ["off", "network"]
-                for mode in order:
-                    d = dvms[mode]
-                    samples.setdefault(("jobs", mode), []).append(d.jobs_per_second(jobs))
-                    samples.setdefault(("rtt", mode), []).append(d.round_trip(pings))
-                    samples.setdefault(("output", mode), []).append(d.output())
-                    if exe is not None:
-                        samples.setdefault(("mpi", mode), []).append(d.mpi_init(exe))
+                for key, measure in measures:
+                    for mode in order:
+                        time.sleep(SETTLE)
+                        samples.setdefault((key, mode), []).append(measure(dvms[mode]))
                 print(f"round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
         finally:
             for d in dvms.values():

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # for type checkers and the API reference only
     import socket
 
 from .protocol import BODY, HANDSHAKE_FRAME, MAX_FRAME, FrameDecoder, Message, pack, packb
+from .seal import TAG
 
 #: How long (µs) a blocking client polls for a reply before it sleeps in
 #: ``recv`` (``PYDVM_CLIENT_SPIN_US``; 0: sleep at once).  On a virtual
@@ -99,7 +100,6 @@ class BlockingChannel:
     def seal(self, box) -> None:
         """Seal the link from here on (:mod:`pydvm.seal`): every frame sent
         after this call, and every frame not yet decoded, with ``box``."""
-        from .seal import TAG
         self.box = box
         self._decoder.open_with(box.opener.open, TAG)
 

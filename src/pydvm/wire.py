@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 
 from .errors import Status
+from .seal import TAG, SealError
 from .stalls import STALL_MIN, stalls
 from .protocol import (  # noqa: F401 (the frame codec: re-exported for the runtime)
     BODY, ENVELOPE, EXT_TYPED, HANDSHAKE_FRAME, HEADER, MAX_FRAME, FrameDecoder, FrameError,
@@ -217,7 +218,6 @@ class Channel(Requests, asyncio.Protocol):
         """Seal the link from here on (:mod:`pydvm.seal`): every frame sent
         after this call, and every frame received after the one being
         handled -- those already buffered too --, is sealed with ``box``."""
-        from .seal import TAG
         self.box = box
         self._decoder.open_with(box.opener.open, TAG)
 
@@ -264,7 +264,6 @@ class Channel(Requests, asyncio.Protocol):
     def _bad_stream(self, bad: FrameError) -> None:
         """The peer's bytes cannot be read as frames any more: close, with
         one log line naming the peer."""
-        from .seal import SealError
         if isinstance(bad, SealError):
             self.seal_failed = True
             where = f" from {self.address}" if self.address else ""
@@ -372,7 +371,6 @@ class Channel(Requests, asyncio.Protocol):
             self.transport.writelines([HEADER.pack(len(body)), body])
 
     def _send_sealed(self, box: Any, body) -> None:
-        from .seal import SealError
         try:
             header, sealed = box.sealer.seal(body)
         except SealError as exc:  # 2^64 frames: the link must end
