@@ -532,6 +532,8 @@ class Master:
             if ch.auth_timer is not None:
                 ch.auth_timer.cancel()
             self.direct.register(ch, msg)
+            if ch.sealed and ch.session is not None:
+                self.seal_counts["accepted"] += 1
             return
         if ch.unix == "direct":
             problem = "only direct-data clients connect on the direct-data socket"
