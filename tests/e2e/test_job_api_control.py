@@ -207,7 +207,10 @@ def test_a_jobs_nodes_and_processes_once_started(api):
     for r in (0, 2):
         p = procs[r]
         assert p.state == "running" and p.status is None and p.pid > 0
-        env = _environ(p.pid)  # the real process of that rank
+        # the real process of that rank; read once its `exec sleep` is through (while
+        # the kernel builds the new image, /proc/PID/environ reads empty)
+        wait_for(lambda: "PYDVM_NSPACE" in _environ(p.pid), what=f"rank {r}'s environment")
+        env = _environ(p.pid)
         assert env["PYDVM_NSPACE"] == job.nspace and env["PYDVM_RANK"] == str(r)
     job.kill(signal=signal.SIGKILL)
     job.result(60)
