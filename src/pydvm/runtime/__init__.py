@@ -20,3 +20,31 @@ door (its package's names):
 The map, the import rules and where to change what: ``DESIGN.md`` next to
 this file; each room's own notes are the ``DESIGN.md`` in its folder.
 """
+
+from __future__ import annotations
+
+import sys
+from importlib import import_module
+from typing import Any, Callable
+
+
+def door(package: str, names: dict[str, tuple[str, str]]
+         ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A room's door: the module ``__getattr__`` and ``__dir__`` (PEP 562) of
+    ``package`` that load each of ``names`` (name -> (module of the room,
+    name there)) from its module on first use, so that a process importing
+    one module of a room does not load the whole room."""
+
+    def __getattr__(name: str) -> Any:
+        try:
+            module, attr = names[name]
+        except KeyError:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+        value = getattr(import_module(f"{package}.{module}"), attr)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(vars(sys.modules[package])) | set(names))
+
+    return __getattr__, __dir__

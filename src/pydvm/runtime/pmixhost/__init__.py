@@ -13,7 +13,7 @@ Where to change what: ``DESIGN.md`` beside this file.
 
 from __future__ import annotations
 
-from importlib import import_module
+from .. import door
 
 #: The door: name -> (module of this room, name there).  Other rooms and
 #: the command line import these names from here, and nothing else of the room.
@@ -29,18 +29,4 @@ _DOOR = {
     "jobctl_on_master": ("jobctl", "on_master"),
 }
 __all__ = sorted(_DOOR)
-
-def __getattr__(name: str):
-    """Load a door's name from its module on first use (PEP 562), so that a
-    process importing one module of the room does not load the whole room."""
-    try:
-        module, attr = _DOOR[name]
-    except KeyError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    value = getattr(import_module(f"{__name__}.{module}"), attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_DOOR))
+__getattr__, __dir__ = door(__name__, _DOOR)
