@@ -35,7 +35,6 @@ names: one user per machine at a time (a lock file, as HostNet's).
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import os
 import socket
 import struct
@@ -47,7 +46,7 @@ from typing import Callable
 
 import msgpack
 
-from hostnet import IP
+from hostnet import IP, Topology
 
 BRIDGE = "pseal-br"
 ATTACKER, VICTIM, PLAIN = "seal-x", "seal-a", "seal-b"
@@ -72,7 +71,7 @@ def _in(ns: str, *args: str) -> None:
     _ip("netns", "exec", ns, IP, *args)
 
 
-class AttackNet:
+class AttackNet(Topology):
     """The topology above; a context manager that always removes it."""
 
     names = (VICTIM, PLAIN)
@@ -81,31 +80,11 @@ class AttackNet:
     def __init__(self) -> None:
         self._lock: int | None = None
 
-    def __enter__(self) -> "AttackNet":
-        lock_dir = "/run/lock" if os.path.isdir("/run/lock") else "/tmp"
-        self._lock = os.open(f"{lock_dir}/pydvm-attacknet.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(self._lock, fcntl.LOCK_EX)
-        try:
-            self.down()
-            self.up()
-        except BaseException:
-            self.down()
-            self._unlock()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        try:
-            self.down()
-        finally:
-            self._unlock()
-
-    def _unlock(self) -> None:
-        if self._lock is not None:
-            os.close(self._lock)
-            self._lock = None
+    def lock_name(self) -> str:
+        return "pydvm-attacknet"
 
     def up(self) -> None:
+        self.down()  # leftovers of a crashed earlier run
         _ip("link", "add", BRIDGE, "type", "bridge")
         _ip("addr", "add", f"{MASTER_ADDR}/24", "dev", BRIDGE)
         _ip("link", "set", BRIDGE, "up")

@@ -52,8 +52,48 @@ def unavailable_reason() -> str:
     return ""
 
 
+class Topology:
+    """Test hosts made under a machine-wide lock named by ``lock_name()``
+    (released by close, even if the test crashes): ``up()`` on enter,
+    ``down()`` on exit and when ``up()`` fails."""
+
+    _lock: int | None = None
+
+    def lock_name(self) -> str:
+        raise NotImplementedError
+
+    def up(self) -> None:
+        raise NotImplementedError
+
+    def down(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        lock_dir = "/run/lock" if os.path.isdir("/run/lock") else "/tmp"
+        self._lock = os.open(f"{lock_dir}/{self.lock_name()}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        try:
+            self.up()
+        except BaseException:
+            self.down()
+            self._unlock()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.down()
+        finally:
+            self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+
 @dataclass
-class HostNet:
+class HostNet(Topology):
     """N namespaces on one bridge.  Use as a context manager; always cleans up."""
 
     n: int
@@ -81,29 +121,9 @@ class HostNet:
     def veth(self, i: int) -> str:
         return f"{self.prefix}-v{i}"
 
-    def __enter__(self) -> "HostNet":
+    def lock_name(self) -> str:
         key = "-".join(sorted(self.want)) if self.want else self.prefix
-        lock_dir = "/run/lock" if os.path.isdir("/run/lock") else "/tmp"
-        self._lock = os.open(f"{lock_dir}/pydvm-hostnet-{key}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(self._lock, fcntl.LOCK_EX)  # released by close, even if we crash
-        try:
-            self.up()
-        except BaseException:
-            self.down()
-            self._unlock()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        try:
-            self.down()
-        finally:
-            self._unlock()
-
-    def _unlock(self) -> None:
-        if self._lock is not None:
-            os.close(self._lock)
-            self._lock = None
+        return f"pydvm-hostnet-{key}"
 
     def up(self) -> None:
         self.down()  # leftovers of a crashed earlier run with the same tag
